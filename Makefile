@@ -1,0 +1,37 @@
+# The two quick-start commands live here: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: run test lint cluster bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test-installed: $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/python -m mqttring.node --mqtt 127.0.0.1:1883 --data-dir ./data
+
+test: $(VENV)/.test-installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check src tests benchmarks
+
+cluster: $(VENV)/.installed
+	$(BIN)/python -m mqttring.devcluster --nodes 3 --data-dir ./data/cluster
+
+bench: $(VENV)/.test-installed
+	$(BIN)/python -m benchmarks compare --quick
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,144 @@
+"""Node configuration: one frozen value built from defaults, a TOML file and CLI flags.
+
+Every limit the broker enforces lives here so that it is configurable and documented in
+one place (``docs/configuration.md`` mirrors this file).  A value is validated when the
+config is built, so a bad setting stops the node at start-up rather than at the first client.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """``"host:port"``, ``":port"`` or ``"[::1]:port"`` to a tuple; port 0 means any free port."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"expected HOST:PORT, got {text!r}")
+    host = host.strip("[]") or default_host
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"port is not a number in {text!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"port out of range in {text!r}")
+    return host, number
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one client may cost the node; each limit has one documented outcome."""
+
+    #: Largest packet accepted (remaining length); a bigger one closes the connection.
+    max_packet_size: int = 1 * 1024 * 1024
+    #: Outbound QoS 1/2 messages awaiting acknowledgement per client; more wait in its queue.
+    max_inflight: int = 32
+    #: Messages queued per session (offline or behind the inflight window).  When full, the
+    #: oldest QoS 0 message is dropped first, then the oldest QoS 1/2 message; drops are counted.
+    max_queued: int = 1000
+    #: Open client connections per node; CONNECT beyond it gets CONNACK 3 (server unavailable).
+    max_connections: int = 100_000
+    #: Seconds a socket may stay open without sending CONNECT before it is closed.
+    connect_timeout: float = 10.0
+    #: Bytes of encoded packets buffered for one connection before QoS 0 deliveries to it are
+    #: dropped (and counted); a client stuck above twice this is disconnected.
+    max_outgoing_buffer: int = 4 * 1024 * 1024
+    #: Subscriptions per client; more are refused with SUBACK 0x80.
+    max_subscriptions: int = 10_000
+    #: Seconds a queued message for an offline session is kept (0 = forever).
+    queued_message_ttl: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """Tuning of the node's LMDB store (see ``docs/storage.md``)."""
+
+    map_size: int = 256 * 1024 * 1024
+    lazy_sync_ms: int = 200
+    memtable_max_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Everything one node needs to run; ``BrokerConfig()`` is a working single node."""
+
+    node_id: str = "node1"
+    mqtt: str | None = "127.0.0.1:1883"
+    ws: str | None = None
+    data_dir: Path | None = Path("data")
+    sys_interval: float = 10.0
+    limits: Limits = field(default_factory=Limits)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    num_shards: int = 1024
+    # Cluster settings (used when a node joins or forms a cluster).
+    cluster: str | None = None
+    raft: str | None = None
+    join: str | None = None
+    cluster_secret: str | None = None
+    replication: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("mqtt", "ws", "cluster", "raft", "join"):
+            value = getattr(self, name)
+            if value is not None:
+                parse_hostport(value)
+        if self.mqtt is None and self.ws is None:
+            raise ConfigError("at least one of mqtt or ws listeners is needed")
+        if self.sys_interval < 0:
+            raise ConfigError("sys_interval must be >= 0 (0 disables $SYS)")
+        if self.num_shards < 1:
+            raise ConfigError("num_shards must be >= 1")
+        if self.replication < 1:
+            raise ConfigError("replication must be >= 1")
+        lim = self.limits
+        if lim.max_packet_size < 16 or lim.max_packet_size > 268_435_455:
+            raise ConfigError("limits.max_packet_size must be in 16..268435455")
+        if not 1 <= lim.max_inflight <= 65535:
+            raise ConfigError("limits.max_inflight must be in 1..65535")
+        for name in ("max_queued", "max_connections", "max_subscriptions"):
+            if getattr(lim, name) < 1:
+                raise ConfigError(f"limits.{name} must be >= 1")
+        if lim.connect_timeout <= 0:
+            raise ConfigError("limits.connect_timeout must be > 0")
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> BrokerConfig:
+        """Read a TOML file (top-level keys plus ``[limits]`` and ``[store]`` tables)."""
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        return cls.from_mapping(raw, **overrides)
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any], **overrides: Any) -> BrokerConfig:
+        raw = dict(raw)
+        limits = _build(Limits, raw.pop("limits", {}), "limits")
+        store = _build(StoreSettings, raw.pop("store", {}), "store")
+        base = _build(cls, raw, "")
+        base = replace(base, limits=limits, store=store)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
+    known = {f.name: f for f in fields(kind)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known or name in ("limits", "store"):
+            where = f"[{section}] " if section else ""
+            raise ConfigError(f"unknown setting {where}{key!r}")
+        if name == "data_dir" and value is not None:
+            value = Path(value)
+        kwargs[name] = value
+    try:
+        return kind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc

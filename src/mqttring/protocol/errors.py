@@ -1,0 +1,37 @@
+"""One error family for everything a peer can get wrong.
+
+Who is at fault decides what happens: an ``MQTTError`` always means *the peer* sent something
+invalid, so the connection adapter closes that one connection (logging at debug) and the node
+keeps serving.  A bug in our own code raises ordinary Python exceptions, which tests surface.
+
+Every message starts with the conformance statement it violates, e.g.
+``MalformedPacket("MQTT-3.3.2-2", "topic name must not contain wildcards: 'a/+'")`` prints as
+``[MQTT-3.3.2-2] topic name must not contain wildcards: 'a/+'``.
+"""
+
+from __future__ import annotations
+
+
+class MQTTError(Exception):
+    """A peer violated MQTT 3.1.1; ``rule`` names the normative statement."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+        self.detail = message
+
+
+class MalformedPacket(MQTTError):
+    """The bytes do not form a valid packet (codec level)."""
+
+
+class PacketTooLarge(MalformedPacket):
+    """Remaining length exceeds the configured maximum packet size."""
+
+
+class ProtocolViolation(MQTTError):
+    """A well-formed packet arrived where the session state forbids it."""
+
+
+class InvalidTopic(MalformedPacket):
+    """A topic name or topic filter breaks the rules of section 4.7."""
