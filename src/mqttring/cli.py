@@ -1,0 +1,33 @@
+"""The ``mqttring`` command: one subcommand per operator task.
+
+Each subcommand lives next to the code it drives and exposes ``register(subparsers)``, which
+adds its parser and sets ``func`` (a callable taking the parsed args and returning an exit
+code).  Adding a command is one line in ``SUBCOMMANDS``; this module stays a dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: Modules that provide ``register(subparsers)``.
+SUBCOMMANDS: tuple[str, ...] = ("mqttring.node",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mqttring", description=__doc__.split("\n")[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
