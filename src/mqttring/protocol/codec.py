@@ -1,0 +1,667 @@
+"""Sans-IO MQTT 3.1.1 codec: packets to bytes, bytes (in arbitrary chunks) to packets.
+
+Theory of operation
+-------------------
+Nothing here does I/O.  A connection adapter calls ``PacketDecoder.feed`` with whatever the
+transport delivered and drains ``next_packet`` (or iterates the decoder) until it returns
+``None``; to send, it writes ``encode(packet)`` or, on the fan-out hot path, bytes from
+``encode_publish`` / ``publish_with_packet_id``.  The same code serves the broker, test clients,
+fuzzers and benchmarks.
+
+Decoder invariants:
+
+* One ``bytearray`` holds unconsumed input and ``_pos`` marks where the next packet starts.
+  Consumed bytes are dropped at the next ``feed`` with ``del buf[:pos]``, which CPython
+  implements by moving the array's start pointer, so per-packet work copies nothing but the
+  topic and payload slices.
+* The size limit is enforced from the fixed header alone: a peer announcing a packet larger
+  than ``max_packet_size`` is rejected before a single byte of its body is buffered (even a
+  partially received remaining-length field is checked against the limit).
+* Every way the bytes can be wrong raises a member of the ``MalformedPacket`` family naming
+  the conformance statement; no ``IndexError``, ``UnicodeDecodeError`` or ``struct.error`` can
+  escape, because every read is bounds-checked against the packet's declared end first.  Rules
+  without a numbered statement cite their section: ``MQTT-2.2.1`` (reserved packet type) and
+  ``MQTT-2.2.3`` (remaining length: too long a field, or contents that do not fill the
+  declared length exactly).  After an error the caller closes the connection; the decoder
+  makes no attempt to resynchronise.
+* PUBLISH, the only packet whose rate matters, is decoded inline in ``next_packet``; other
+  packet types go through a dispatch table.
+
+Encoder invariants: ``encode`` refuses (with the same error family) to produce bytes that the
+decoder would reject, so ``decode(encode(p)) == p`` for every packet it accepts.
+``encode_publish`` is the exception by design: it trusts its caller (the router, which took
+the topic from an already-validated packet) and only builds bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from struct import Struct
+
+from mqttring.protocol.errors import InvalidTopic, MalformedPacket, PacketTooLarge
+from mqttring.protocol.packets import (
+    SUBACK_FAILURE,
+    ConnAck,
+    Connect,
+    ConnectReturnCode,
+    Disconnect,
+    Packet,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from mqttring.protocol.topics import validate_topic_filter, validate_topic_name
+
+__all__ = [
+    "MAX_REMAINING_LENGTH",
+    "PacketDecoder",
+    "decode",
+    "encode",
+    "encode_publish",
+    "encode_remaining_length",
+    "publish_with_packet_id",
+]
+
+MAX_REMAINING_LENGTH = 268_435_455
+"""Largest value four remaining-length bytes can carry (0xFF 0xFF 0xFF 0x7F)."""
+
+_RULE_LENGTH = "MQTT-2.2.3"
+_RULE_FLAGS = "MQTT-2.2.2-1"
+
+_U16 = Struct(">H")
+_pack_u16 = _U16.pack
+_pack_hdr_u16 = Struct(">BBH").pack  # first byte, 1-byte remaining length, a 16-bit field
+
+
+# --------------------------------------------------------------------------------- encoding
+
+
+def encode_remaining_length(length: int) -> bytes:
+    """The variable-length "Remaining Length" field (section 2.2.3)."""
+    if length < 128:
+        if length < 0:
+            raise ValueError(f"negative remaining length {length}")
+        return bytes((length,))
+    if length > MAX_REMAINING_LENGTH:
+        raise PacketTooLarge(
+            _RULE_LENGTH, f"remaining length {length} exceeds {MAX_REMAINING_LENGTH}"
+        )
+    out = bytearray()
+    while True:
+        byte = length & 0x7F
+        length >>= 7
+        if length:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _frame(first_byte: int, body: bytes) -> bytes:
+    return bytes((first_byte,)) + encode_remaining_length(len(body)) + body
+
+
+def _encode_str(value: str) -> bytes:
+    """A length-prefixed UTF-8 string, refusing what a receiver must reject (section 1.5.3)."""
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedPacket("MQTT-1.5.3-1", f"not well-formed UTF-8: {value!r}") from None
+    if "\x00" in value:
+        raise MalformedPacket("MQTT-1.5.3-2", f"string must not contain U+0000: {value!r}")
+    if len(raw) > 0xFFFF:
+        raise MalformedPacket("MQTT-1.5.3", f"string longer than 65535 bytes ({len(raw)})")
+    return _pack_u16(len(raw)) + raw
+
+
+def _encode_bin(value: bytes) -> bytes:
+    if len(value) > 0xFFFF:
+        raise MalformedPacket("MQTT-3.1.3", f"binary field longer than 65535 bytes ({len(value)})")
+    return _pack_u16(len(value)) + value
+
+
+def encode_publish(
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+) -> bytes:
+    """Hot-path PUBLISH encoder; the caller vouches that ``topic`` is a valid UTF-8 name.
+
+    No validation beyond what building the bytes needs: the router encodes each message once
+    per QoS from a packet the decoder already checked, and per-call checks would be paid on
+    every fan-out.  ``encode(Publish(...))`` is the checked entry point.
+    """
+    first = 0x30 | (dup << 3) | (qos << 1) | retain
+    topic_len = len(topic)
+    if qos:
+        length = topic_len + len(payload) + 4
+        if length < 128:
+            return _pack_hdr_u16(first, length, topic_len) + topic + _pack_u16(packet_id) + payload  # type: ignore[arg-type]
+        return b"".join(
+            (
+                bytes((first,)),
+                encode_remaining_length(length),
+                _pack_u16(topic_len),
+                topic,
+                _pack_u16(packet_id),  # type: ignore[arg-type]
+                payload,
+            )
+        )
+    length = topic_len + len(payload) + 2
+    if length < 128:
+        return _pack_hdr_u16(first, length, topic_len) + topic + payload
+    return b"".join(
+        (bytes((first,)), encode_remaining_length(length), _pack_u16(topic_len), topic, payload)
+    )
+
+
+def publish_with_packet_id(
+    packet: bytes,
+    qos: int,
+    packet_id: int | None,
+    *,
+    dup: bool = False,
+    retain: bool | None = None,
+) -> bytes:
+    """Turn a pre-encoded QoS 0 PUBLISH into the variant one subscriber needs.
+
+    Fan-out encodes a message once at QoS 0 (which every QoS 0 subscriber receives verbatim)
+    and stamps QoS 1/2 copies from it: the new fixed header and packet identifier are spliced
+    around the untouched topic and payload, so the payload is copied exactly once and never
+    re-encoded.  ``retain=None`` keeps the original RETAIN flag; pass ``False`` for live
+    forwarding [MQTT-3.3.1-9] or ``True`` when replaying retained messages on subscribe
+    [MQTT-3.3.1-8].  With ``qos=0`` only the RETAIN flag can change.
+
+    Misuse (not a QoS 0 PUBLISH, bad QoS/packet id) is our bug, hence ``ValueError``.
+    """
+    first = packet[0] if packet else 0
+    if first & 0xF6 != 0x30:
+        raise ValueError("publish_with_packet_id expects an encoded QoS 0 PUBLISH")
+    retain_bit = (first & 1) if retain is None else int(retain)
+    if qos == 0:
+        if packet_id is not None or dup:
+            raise ValueError("a QoS 0 PUBLISH carries neither a packet id nor DUP")
+        if retain_bit == first & 1:
+            return packet
+        return bytes((0x30 | retain_bit,)) + packet[1:]
+    if qos not in (1, 2) or packet_id is None or not 1 <= packet_id <= 0xFFFF:
+        raise ValueError(f"bad qos/packet id for a stamped PUBLISH: {qos}, {packet_id}")
+    length = 0
+    shift = 0
+    index = 1
+    while True:
+        byte = packet[index]
+        length |= (byte & 0x7F) << shift
+        index += 1
+        if byte < 128:
+            break
+        shift += 7
+    topic_end = index + 2 + ((packet[index] << 8) | packet[index + 1])
+    first_byte = 0x30 | (dup << 3) | (qos << 1) | retain_bit
+    view = memoryview(packet)
+    return b"".join(
+        (
+            bytes((first_byte,)),
+            encode_remaining_length(length + 2),
+            view[index:topic_end],
+            _pack_u16(packet_id),
+            view[topic_end:],
+        )
+    )
+
+
+def _encode_connect(packet: Connect) -> bytes:
+    name, level = packet.protocol_name, packet.protocol_level
+    if not (name == "MQTT" or (name == "MQIsdp" and level == 3)):
+        raise MalformedPacket("MQTT-3.1.2-1", f"unsupported protocol {name!r} level {level}")
+    if not 0 <= level <= 0xFF:
+        raise MalformedPacket("MQTT-3.1.2-2", f"protocol level out of range: {level}")
+    flags = 0x02 if packet.clean_session else 0
+    parts = [_encode_str(name), bytes((level,)), b"", _pack_u16(packet.keepalive)]
+    parts.append(_encode_str(packet.client_id))
+    will = packet.will
+    if will is not None:
+        validate_topic_name(will.topic)
+        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+        parts.append(_encode_str(will.topic))
+        parts.append(_encode_bin(will.payload))
+    if packet.username is not None:
+        flags |= 0x80
+        parts.append(_encode_str(packet.username))
+    if packet.password is not None:
+        flags |= 0x40
+        parts.append(_encode_bin(packet.password))
+    parts[2] = bytes((flags,))
+    return _frame(0x10, b"".join(parts))
+
+
+def _encode_connack(packet: ConnAck) -> bytes:
+    code = int(packet.return_code)
+    if packet.session_present and code:
+        raise MalformedPacket("MQTT-3.2.2-4", "session present must be 0 when refusing")
+    return bytes((0x20, 0x02, 0x01 if packet.session_present else 0, code))
+
+
+def _encode_publish_packet(packet: Publish) -> bytes:
+    validate_topic_name(packet.topic)
+    topic = packet.topic.encode("utf-8")
+    return encode_publish(
+        topic, packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id
+    )
+
+
+def _encode_subscribe(packet: Subscribe) -> bytes:
+    parts = [_pack_u16(packet.packet_id)]
+    for topic_filter, qos in packet.topics:
+        validate_topic_filter(topic_filter)
+        parts.append(_encode_str(topic_filter))
+        parts.append(bytes((qos,)))
+    return _frame(0x82, b"".join(parts))
+
+
+def _encode_suback(packet: SubAck) -> bytes:
+    return _frame(0x90, _pack_u16(packet.packet_id) + bytes(packet.return_codes))
+
+
+def _encode_unsubscribe(packet: Unsubscribe) -> bytes:
+    parts = [_pack_u16(packet.packet_id)]
+    for topic_filter in packet.topics:
+        validate_topic_filter(topic_filter)
+        parts.append(_encode_str(topic_filter))
+    return _frame(0xA2, b"".join(parts))
+
+
+def _ack_encoder(first_byte: int) -> Callable[[Packet], bytes]:
+    prefix = bytes((first_byte, 0x02))
+
+    def encode_ack(packet: Packet) -> bytes:
+        return prefix + _pack_u16(packet.packet_id)  # type: ignore[union-attr]
+
+    return encode_ack
+
+
+def _constant_encoder(first_byte: int) -> Callable[[Packet], bytes]:
+    frame = bytes((first_byte, 0x00))
+    return lambda _packet: frame
+
+
+_ENCODERS: dict[type, Callable[[Packet], bytes]] = {
+    Connect: _encode_connect,  # type: ignore[dict-item]
+    ConnAck: _encode_connack,  # type: ignore[dict-item]
+    Publish: _encode_publish_packet,  # type: ignore[dict-item]
+    PubAck: _ack_encoder(0x40),
+    PubRec: _ack_encoder(0x50),
+    PubRel: _ack_encoder(0x62),
+    PubComp: _ack_encoder(0x70),
+    Subscribe: _encode_subscribe,  # type: ignore[dict-item]
+    SubAck: _encode_suback,  # type: ignore[dict-item]
+    Unsubscribe: _encode_unsubscribe,  # type: ignore[dict-item]
+    UnsubAck: _ack_encoder(0xB0),
+    PingReq: _constant_encoder(0xC0),
+    PingResp: _constant_encoder(0xD0),
+    Disconnect: _constant_encoder(0xE0),
+}
+
+
+def encode(packet: Packet) -> bytes:
+    """Bytes for any packet; raises the MalformedPacket family rather than emit invalid ones."""
+    encoder = _ENCODERS.get(type(packet))
+    if encoder is None:
+        raise TypeError(f"not an MQTT packet: {packet!r}")
+    return encoder(packet)
+
+
+# --------------------------------------------------------------------------------- decoding
+#
+# Readers take the shared buffer plus the packet's [offset, stop) window and return the value
+# with the next offset.  They check bounds against ``stop`` themselves so that a field can
+# never run into the following packet.
+
+
+def _truncated(what: str) -> MalformedPacket:
+    return MalformedPacket(_RULE_LENGTH, f"{what} runs past the packet's remaining length")
+
+
+def _read_u16(buf: bytearray, offset: int, stop: int, what: str) -> int:
+    if offset + 2 > stop:
+        raise _truncated(what)
+    return (buf[offset] << 8) | buf[offset + 1]
+
+
+def _read_str(buf: bytearray, offset: int, stop: int, what: str) -> tuple[str, int]:
+    end = offset + 2 + _read_u16(buf, offset, stop, what)
+    if end > stop:
+        raise _truncated(what)
+    try:
+        value = buf[offset + 2 : end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacket("MQTT-1.5.3-1", f"{what} is not well-formed UTF-8") from None
+    if "\x00" in value:
+        raise MalformedPacket("MQTT-1.5.3-2", f"{what} must not contain U+0000: {value!r}")
+    return value, end
+
+
+def _read_bin(buf: bytearray, offset: int, stop: int, what: str) -> tuple[bytes, int]:
+    end = offset + 2 + _read_u16(buf, offset, stop, what)
+    if end > stop:
+        raise _truncated(what)
+    return bytes(buf[offset + 2 : end]), end
+
+
+def _expect_end(offset: int, stop: int, what: str) -> None:
+    if offset != stop:
+        raise MalformedPacket(_RULE_LENGTH, f"{stop - offset} trailing bytes after {what}")
+
+
+def _decode_connect(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+    name, offset = _read_str(buf, start, stop, "CONNECT protocol name")
+    if offset + 4 > stop:
+        raise _truncated("CONNECT variable header")
+    level = buf[offset]
+    connect_flags = buf[offset + 1]
+    keepalive = (buf[offset + 2] << 8) | buf[offset + 3]
+    offset += 4
+    # Level != 4 under the name "MQTT" is decoded so that the session can answer it with
+    # CONNACK code 1 [MQTT-3.1.2-2]; "MQIsdp" is the name MQTT 3.1 clients use.
+    if not (name == "MQTT" or (name == "MQIsdp" and level == 3)):
+        raise MalformedPacket("MQTT-3.1.2-1", f"unsupported protocol {name!r} level {level}")
+    if connect_flags & 0x01:
+        raise MalformedPacket("MQTT-3.1.2-3", "reserved CONNECT flag must be 0")
+    will_flag = connect_flags & 0x04
+    will_qos = (connect_flags >> 3) & 0x03
+    will_retain = bool(connect_flags & 0x20)
+    if not will_flag:
+        if will_qos:
+            raise MalformedPacket("MQTT-3.1.2-13", "will QoS must be 0 without the will flag")
+        if will_retain:
+            raise MalformedPacket("MQTT-3.1.2-15", "will retain must be 0 without the will flag")
+    elif will_qos == 3:
+        raise MalformedPacket("MQTT-3.1.2-14", "will QoS must not be 3")
+    has_username = connect_flags & 0x80
+    has_password = connect_flags & 0x40
+    if has_password and not has_username:
+        raise MalformedPacket("MQTT-3.1.2-22", "password flag set without the user name flag")
+    client_id, offset = _read_str(buf, offset, stop, "client identifier")
+    will = None
+    if will_flag:
+        will_topic, offset = _read_str(buf, offset, stop, "will topic")
+        validate_topic_name(will_topic)
+        will_payload, offset = _read_bin(buf, offset, stop, "will message")
+        will = Will(will_topic, will_payload, will_qos, will_retain)
+    username = password = None
+    if has_username:
+        username, offset = _read_str(buf, offset, stop, "user name")
+    if has_password:
+        password, offset = _read_bin(buf, offset, stop, "password")
+    _expect_end(offset, stop, "CONNECT payload")
+    return Connect(
+        client_id=client_id,
+        clean_session=bool(connect_flags & 0x02),
+        keepalive=keepalive,
+        will=will,
+        username=username,
+        password=password,
+        protocol_name=name,
+        protocol_level=level,
+    )
+
+
+def _decode_connack(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+    if stop - start != 2:
+        raise MalformedPacket(
+            _RULE_LENGTH, f"CONNACK remaining length must be 2, not {stop - start}"
+        )
+    ack_flags, code = buf[start], buf[start + 1]
+    if ack_flags & 0xFE:
+        raise MalformedPacket("MQTT-3.2.2.1", "reserved CONNACK acknowledge flags must be 0")
+    if code > ConnectReturnCode.NOT_AUTHORIZED:
+        raise MalformedPacket("MQTT-3.2.2.3", f"reserved CONNACK return code {code}")
+    if ack_flags and code:
+        raise MalformedPacket("MQTT-3.2.2-4", "session present must be 0 when refusing")
+    return ConnAck(bool(ack_flags), ConnectReturnCode(code))
+
+
+def _ack_decoder(cls: type[PubAck | PubRec | PubRel | PubComp | UnsubAck]) -> _Decoder:
+    name = cls.__name__.upper()
+
+    def decode_ack(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+        if stop - start != 2:
+            raise MalformedPacket(
+                _RULE_LENGTH, f"{name} remaining length must be 2, not {stop - start}"
+            )
+        return cls((buf[start] << 8) | buf[start + 1])
+
+    return decode_ack
+
+
+def _decode_subscribe(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+    packet_id = _read_u16(buf, start, stop, "SUBSCRIBE packet identifier")
+    offset = start + 2
+    topics: list[tuple[str, int]] = []
+    while offset < stop:
+        topic_filter, offset = _read_str(buf, offset, stop, "SUBSCRIBE topic filter")
+        if offset >= stop:
+            raise _truncated("SUBSCRIBE requested QoS")
+        qos = buf[offset]
+        offset += 1
+        if qos > 2:
+            raise MalformedPacket("MQTT-3-8.3-4", f"invalid requested QoS byte {qos:#04x}")
+        validate_topic_filter(topic_filter)
+        topics.append((topic_filter, qos))
+    if not topics:
+        raise MalformedPacket("MQTT-3.8.3-3", "SUBSCRIBE must contain at least one filter")
+    return Subscribe(packet_id, tuple(topics))
+
+
+def _decode_suback(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+    packet_id = _read_u16(buf, start, stop, "SUBACK packet identifier")
+    codes = tuple(buf[start + 2 : stop])
+    for code in codes:
+        if code > 2 and code != SUBACK_FAILURE:
+            raise MalformedPacket("MQTT-3.9.3-2", f"invalid SUBACK return code {code:#04x}")
+    return SubAck(packet_id, codes)
+
+
+def _decode_unsubscribe(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+    packet_id = _read_u16(buf, start, stop, "UNSUBSCRIBE packet identifier")
+    offset = start + 2
+    topics: list[str] = []
+    while offset < stop:
+        topic_filter, offset = _read_str(buf, offset, stop, "UNSUBSCRIBE topic filter")
+        validate_topic_filter(topic_filter)
+        topics.append(topic_filter)
+    if not topics:
+        raise MalformedPacket("MQTT-3.10.3-2", "UNSUBSCRIBE must contain at least one filter")
+    return Unsubscribe(packet_id, tuple(topics))
+
+
+def _empty_decoder(cls: type[PingReq | PingResp | Disconnect]) -> _Decoder:
+    name = cls.__name__.upper()
+    instance = cls()
+
+    def decode_empty(flags: int, buf: bytearray, start: int, stop: int) -> Packet:
+        if stop != start:
+            raise MalformedPacket(_RULE_LENGTH, f"{name} remaining length must be 0")
+        return instance
+
+    return decode_empty
+
+
+_Decoder = Callable[[int, bytearray, int, int], Packet]
+
+# Index = packet type; PUBLISH (3) is handled inline, 0 and 15 are reserved.
+_DECODERS: list[_Decoder | None] = [
+    None,
+    _decode_connect,
+    _decode_connack,
+    None,
+    _ack_decoder(PubAck),
+    _ack_decoder(PubRec),
+    _ack_decoder(PubRel),
+    _ack_decoder(PubComp),
+    _decode_subscribe,
+    _decode_suback,
+    _decode_unsubscribe,
+    _ack_decoder(UnsubAck),
+    _empty_decoder(PingReq),
+    _empty_decoder(PingResp),
+    _empty_decoder(Disconnect),
+    None,
+]
+# Required low nibble of the first byte per packet type (Table 2.2); PUBLISH's is free.
+_FIXED_FLAGS = (0, 0, 0, -1, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
+
+
+class PacketDecoder:
+    """Incremental decoder for one connection's inbound byte stream.
+
+    ``max_packet_size`` bounds the *remaining length* (everything after the fixed header),
+    matching ``PacketTooLarge``; the default is the protocol maximum.
+    """
+
+    __slots__ = ("_buf", "_max", "_pos")
+
+    def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self._max = max_packet_size
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet decoded (at most one partial packet after draining)."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        """Append bytes from the transport, in chunks of any size."""
+        if self._pos:
+            del self._buf[: self._pos]  # O(1) in CPython: moves the start pointer
+            self._pos = 0
+        self._buf += data
+
+    def __iter__(self) -> Iterator[Packet]:
+        """Decoded packets until more data is needed."""
+        next_packet = self.next_packet
+        while (packet := next_packet()) is not None:
+            yield packet
+
+    def next_packet(self) -> Packet | None:
+        """The next complete packet, or ``None`` if more bytes are needed."""
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        if end - pos < 2:
+            return None
+        first = buf[pos]
+        length = buf[pos + 1]
+        if length < 128:
+            start = pos + 2
+        else:
+            length, start = self._long_length(buf, pos, end)
+            if start < 0:
+                return None
+        if length > self._max:
+            raise PacketTooLarge(
+                _RULE_LENGTH, f"remaining length {length} exceeds the limit of {self._max}"
+            )
+        stop = start + length
+        if stop > end:
+            return None
+        self._pos = stop
+        packet_type = first >> 4
+        if packet_type == 3:
+            return self._decode_publish(first, buf, start, stop)
+        decoder = _DECODERS[packet_type]
+        if decoder is None:
+            raise MalformedPacket("MQTT-2.2.1", f"reserved packet type {packet_type}")
+        if first & 0x0F != _FIXED_FLAGS[packet_type]:
+            raise MalformedPacket(
+                _RULE_FLAGS,
+                f"invalid fixed header flags {first & 0x0F:#06b} for type {packet_type}",
+            )
+        return decoder(first & 0x0F, buf, start, stop)
+
+    def _long_length(self, buf: bytearray, pos: int, end: int) -> tuple[int, int]:
+        """Multi-byte remaining length: ``(length, body_start)``, or ``(-1, -1)`` if partial.
+
+        A partial field is still checked against the limit: its value so far is a lower bound
+        on the final one, so an over-size announcement is refused before more is buffered.
+        """
+        length = 0
+        multiplier = 1
+        index = pos + 1
+        for _ in range(4):
+            if index >= end:
+                if length > self._max:
+                    raise PacketTooLarge(
+                        _RULE_LENGTH,
+                        f"remaining length >= {length} exceeds the limit of {self._max}",
+                    )
+                return -1, -1
+            byte = buf[index]
+            index += 1
+            length += (byte & 0x7F) * multiplier
+            if byte < 128:
+                return length, index
+            multiplier <<= 7
+        raise MalformedPacket(_RULE_LENGTH, "remaining length field longer than 4 bytes")
+
+    @staticmethod
+    def _decode_publish(first: int, buf: bytearray, start: int, stop: int) -> Publish:
+        qos = (first >> 1) & 0x03
+        if qos == 3:
+            raise MalformedPacket("MQTT-3.3.1-4", "PUBLISH QoS must not be 3")
+        if stop - start < 2:
+            raise _truncated("PUBLISH topic name")
+        topic_end = start + 2 + ((buf[start] << 8) | buf[start + 1])
+        if qos:
+            payload_start = topic_end + 2
+            if payload_start > stop:
+                raise _truncated("PUBLISH topic name and packet identifier")
+            packet_id: int | None = (buf[topic_end] << 8) | buf[topic_end + 1]
+        else:
+            payload_start = topic_end
+            if payload_start > stop:
+                raise _truncated("PUBLISH topic name")
+            packet_id = None
+        try:
+            topic = buf[start + 2 : topic_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedPacket("MQTT-1.5.3-1", "topic name is not well-formed UTF-8") from None
+        if not topic:
+            raise InvalidTopic("MQTT-4.7.3-1", "PUBLISH topic name must not be empty")
+        if "+" in topic or "#" in topic:
+            raise InvalidTopic("MQTT-3.3.2-2", f"topic name must not contain wildcards: {topic!r}")
+        if "\x00" in topic:
+            raise MalformedPacket("MQTT-1.5.3-2", f"topic name must not contain U+0000: {topic!r}")
+        return Publish(
+            topic,
+            bytes(buf[payload_start:stop]),
+            qos,
+            bool(first & 0x01),
+            bool(first & 0x08),
+            packet_id,
+        )
+
+
+def decode(data: bytes, max_packet_size: int = MAX_REMAINING_LENGTH) -> Packet:
+    """Exactly one packet from ``data``; incomplete input or leftovers are malformed."""
+    decoder = PacketDecoder(max_packet_size)
+    decoder.feed(data)
+    packet = decoder.next_packet()
+    if packet is None:
+        raise MalformedPacket(_RULE_LENGTH, f"incomplete packet ({len(data)} bytes)")
+    if decoder.buffered:
+        raise MalformedPacket(_RULE_LENGTH, f"{decoder.buffered} bytes after the packet")
+    return packet
