@@ -1,0 +1,303 @@
+"""Authenticated request/response RPC between cluster members, on the cluster address.
+
+Why this exists
+---------------
+Joining, leaving, heartbeats, status and "I caught up" reports need a way to talk to a
+member before (or besides) Raft.  pysyncobj's own port is not it: its transport unpickles
+what it receives and is keyed by Raft addresses.  This is a small, explicit protocol that
+the data plane (issue 5) is meant to share: one TCP port per node, ``config.cluster``.
+
+Framing
+-------
+Every frame is a 4-byte big-endian length followed by a msgpack map (``MAX_FRAME`` caps the
+length; a bigger frame is a protocol error and closes the connection).  A connection starts
+with a challenge-response handshake, both ways, keyed by ``HMAC-SHA256(cluster secret,
+"mqttring-rpc-v1")``::
+
+    server -> {"t": "challenge", "v": 1, "node": S, "nonce": Ns}       (32 random bytes)
+    client -> {"t": "auth", "node": C, "nonce": Nc, "mac": H("C" Ns Nc C)}
+    server -> {"t": "welcome", "mac": H("S" Nc Ns S)}                   (or it hangs up)
+
+A peer that cannot prove the secret is refused (logged at warning with its address) before
+any message kind is looked at.  Frames are not encrypted or individually MACed: the cluster
+network is assumed private (loopback in tests); TLS can wrap the stream later unchanged.
+
+After the handshake the client sends either requests::
+
+    {"t": "req", "id": n, "kind": K, "body": {...}}
+    <- {"t": "res", "id": n, "ok": true, "body": {...}} | {..., "ok": false, "error": "..."}
+
+or one ``{"t": "stream", "kind": K, "body": {...}}`` frame that hands the whole connection
+to the handler registered for K (for long-lived links that batch many messages per write).
+
+Extension point
+---------------
+``RpcServer.register(kind, handler)`` adds a request kind; ``register_stream(kind, handler)``
+adds a connection-owning kind.  Metadata kinds are listed in ``mqttring.raft.service``; the
+data plane registers its own (prefix them, e.g. ``"data.forward"``) on the same server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import trio
+
+from mqttring.config import parse_hostport
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME = 16 * 1024 * 1024
+PROTOCOL_VERSION = 1
+HANDSHAKE_TIMEOUT = 5.0
+_LEN = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame or message (their fault)."""
+
+
+class AuthError(Exception):
+    """The handshake failed: the peer does not hold the cluster secret (or we don't)."""
+
+
+class RpcError(Exception):
+    """The remote handler refused the request; the message says why."""
+
+
+def derive_key(secret: str, purpose: str) -> bytes:
+    """A per-purpose key so that the Raft password and the RPC key never coincide."""
+    return hmac.new(secret.encode(), purpose.encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    node_id: str
+    address: str
+
+
+class FramedStream:
+    """Length-prefixed msgpack frames over a trio stream."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self._buffer = bytearray()
+        self._send_lock = trio.Lock()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        payload = msgpack.packb(message, use_bin_type=True)
+        async with self._send_lock:
+            await self.stream.send_all(_LEN.pack(len(payload)) + payload)
+
+    async def _fill(self, size: int) -> None:
+        while len(self._buffer) < size:
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                raise EOFError("connection closed by peer")
+            self._buffer += chunk
+
+    async def receive(self) -> dict[str, Any]:
+        await self._fill(4)
+        (size,) = _LEN.unpack_from(self._buffer)
+        if size > MAX_FRAME:
+            raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+        await self._fill(4 + size)
+        payload = bytes(self._buffer[4 : 4 + size])
+        del self._buffer[: 4 + size]
+        try:
+            message = msgpack.unpackb(payload, raw=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise ProtocolError(f"undecodable frame: {exc}") from None
+        if not isinstance(message, dict):
+            raise ProtocolError("frame is not a map")
+        return message
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+async def _server_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
+    nonce = os.urandom(32)
+    await fs.send({"t": "challenge", "v": PROTOCOL_VERSION, "node": node_id, "nonce": nonce})
+    reply = await fs.receive()
+    peer, cnonce, mac = reply.get("node"), reply.get("nonce"), reply.get("mac")
+    if reply.get("t") != "auth" or not isinstance(peer, str) or not isinstance(cnonce, bytes) \
+            or not isinstance(mac, bytes):
+        raise ProtocolError("expected an auth frame")
+    if not hmac.compare_digest(mac, _mac(key, b"C", nonce, cnonce, peer.encode())):
+        raise AuthError(f"peer claiming to be {peer!r} does not hold the cluster secret")
+    await fs.send({"t": "welcome", "mac": _mac(key, b"S", cnonce, nonce, node_id.encode())})
+    return peer
+
+
+async def _client_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
+    challenge = await fs.receive()
+    peer, nonce = challenge.get("node"), challenge.get("nonce")
+    if challenge.get("t") != "challenge" or not isinstance(peer, str) \
+            or not isinstance(nonce, bytes):
+        raise ProtocolError("expected a challenge frame")
+    cnonce = os.urandom(32)
+    await fs.send({"t": "auth", "node": node_id, "nonce": cnonce,
+                   "mac": _mac(key, b"C", nonce, cnonce, node_id.encode())})
+    try:
+        welcome = await fs.receive()
+    except EOFError:
+        raise AuthError(f"{peer!r} refused us: wrong cluster secret?") from None
+    mac = welcome.get("mac")
+    if welcome.get("t") != "welcome" or not isinstance(mac, bytes) or not hmac.compare_digest(
+        mac, _mac(key, b"S", cnonce, nonce, peer.encode())
+    ):
+        raise AuthError(f"{peer!r} could not prove the cluster secret")
+    return peer
+
+
+Handler = Callable[[dict[str, Any], Peer], Awaitable[dict[str, Any]]]
+StreamHandler = Callable[[FramedStream, Peer, dict[str, Any]], Awaitable[None]]
+
+
+class RpcServer:
+    """Accepts authenticated connections and dispatches frames by ``kind``."""
+
+    def __init__(self, key: bytes, node_id: str) -> None:
+        self._key = key
+        self._node_id = node_id
+        self._handlers: dict[str, Handler] = {}
+        self._stream_handlers: dict[str, StreamHandler] = {}
+        #: Connections refused for a failed handshake (for tests and status).
+        self.refused = 0
+
+    def register(self, kind: str, handler: Handler) -> None:
+        if kind in self._handlers or kind in self._stream_handlers:
+            raise ValueError(f"RPC kind {kind!r} registered twice")
+        self._handlers[kind] = handler
+
+    def register_stream(self, kind: str, handler: StreamHandler) -> None:
+        if kind in self._handlers or kind in self._stream_handlers:
+            raise ValueError(f"RPC kind {kind!r} registered twice")
+        self._stream_handlers[kind] = handler
+
+    async def serve(self, address: str, *, task_status: trio.TaskStatus[int] =
+                    trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``address``; ``task_status.started`` gets the bound port."""
+        host, port = parse_hostport(address)
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            address = f"{host}:{port}"
+        except OSError:
+            address = "?"
+        fs = FramedStream(stream)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                peer = Peer(await _server_handshake(fs, self._key, self._node_id), address)
+        except (AuthError, ProtocolError, EOFError, trio.TooSlowError,
+                trio.BrokenResourceError) as exc:
+            self.refused += 1
+            log.warning("refused cluster connection from %s: %s", address, exc)
+            await fs.aclose()
+            return
+        try:
+            await self._dispatch(fs, peer)
+        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except ProtocolError as exc:
+            log.debug("closing connection from %s: %s", peer, exc)
+        finally:
+            await fs.aclose()
+
+    async def _dispatch(self, fs: FramedStream, peer: Peer) -> None:
+        while True:
+            frame = await fs.receive()
+            kind = frame.get("kind")
+            if frame.get("t") == "stream" and kind in self._stream_handlers:
+                await self._stream_handlers[kind](fs, peer, frame.get("body") or {})
+                return
+            if frame.get("t") != "req" or "id" not in frame:
+                raise ProtocolError(f"unexpected frame {frame.get('t')!r}")
+            handler = self._handlers.get(kind)  # type: ignore[arg-type]
+            if handler is None:
+                await fs.send({"t": "res", "id": frame["id"], "ok": False,
+                               "error": f"unknown kind {kind!r}"})
+                continue
+            try:
+                body = await handler(frame.get("body") or {}, peer)
+                reply = {"t": "res", "id": frame["id"], "ok": True, "body": body}
+            except RpcError as exc:
+                reply = {"t": "res", "id": frame["id"], "ok": False, "error": str(exc)}
+            except Exception:
+                log.exception("RPC handler %r failed", kind)
+                reply = {"t": "res", "id": frame["id"], "ok": False, "error": "internal error"}
+            await fs.send(reply)
+
+
+class RpcClient:
+    """One authenticated connection; requests are sent one at a time."""
+
+    def __init__(self, fs: FramedStream, peer: str) -> None:
+        self._fs = fs
+        self.peer = peer
+        self._next_id = 0
+        self._lock = trio.Lock()
+
+    @classmethod
+    async def connect(cls, address: str, key: bytes, node_id: str,
+                      timeout: float = HANDSHAKE_TIMEOUT) -> RpcClient:
+        host, port = parse_hostport(address)
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            fs = FramedStream(stream)
+            try:
+                peer = await _client_handshake(fs, key, node_id)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+        return cls(fs, peer)
+
+    async def call(self, kind: str, body: dict[str, Any] | None = None,
+                   timeout: float = 10.0) -> dict[str, Any]:
+        async with self._lock:
+            self._next_id += 1
+            with trio.fail_after(timeout):
+                await self._fs.send({"t": "req", "id": self._next_id, "kind": kind,
+                                     "body": body or {}})
+                reply = await self._fs.receive()
+        if reply.get("t") != "res" or reply.get("id") != self._next_id:
+            raise ProtocolError("response does not match request")
+        if not reply.get("ok"):
+            raise RpcError(str(reply.get("error")))
+        return reply.get("body") or {}
+
+    async def open_stream(self, kind: str, body: dict[str, Any] | None = None) -> FramedStream:
+        """Turn this connection into a ``kind`` stream; the client must not ``call`` again."""
+        await self._fs.send({"t": "stream", "kind": kind, "body": body or {}})
+        return self._fs
+
+    async def aclose(self) -> None:
+        await self._fs.aclose()
+
+
+async def call_once(address: str, key: bytes, node_id: str, kind: str,
+                    body: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    """Connect, make one request, close: for rare calls (join, admin commands)."""
+    with trio.fail_after(timeout):
+        client = await RpcClient.connect(address, key, node_id, timeout)
+        try:
+            return await client.call(kind, body, timeout)
+        finally:
+            await client.aclose()
