@@ -1,0 +1,310 @@
+"""Group commit: the queue writers append to and the one thread that turns it into LMDB commits.
+
+``CommitQueue`` is the state writers, readers and the flusher share, all under one
+``threading.Lock`` held only for O(batch) bookkeeping (never for I/O):
+
+- ``last_seq`` numbers writes; a write's sequence is assigned, its ops enter the memtable and
+  its batch is appended to ``pending`` in one locked step, so queue order is sequence order
+  and a durable waiter registered in that step can never miss its wakeup.
+- ``pending_bytes`` counts encoded bytes of writes not yet committed; a writer that would
+  push it past ``max_bytes`` waits (back-pressure) unless nothing is pending at all, so one
+  oversized write still goes through instead of waiting forever.
+- ``committed_seq`` / ``synced_seq``: everything up to these is in LMDB / on stable storage.
+
+``Flusher`` owns the only LMDB write transactions (so they never leave its thread): it takes
+everything pending, writes it in a single transaction, releases the memtable entries, fsyncs
+if any write in it was durable (or ``lazy_sync_s`` has passed), then wakes the writers whose
+sequence is now synced.  It never sleeps for batching: a lone writer's commit starts at once,
+and writers arriving during an fsync form the next batch.  A full map is grown here, between
+transactions, behind the ``MapGate``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from mqttring.lsm.mapgate import MapGate
+from mqttring.lsm.memtable import EncodedOp, Memtable
+from mqttring.lsm.ops import StoreError
+from mqttring.lsm.wakeups import Waiter, wake_all
+
+#: Name of the internal sub-database and its keys (sequence of the last commit, schema).
+INTERNAL_DB = b"__lsm__"
+SEQUENCE_KEY = b"sequence"
+SCHEMA_KEY = b"schema_version"
+
+
+@dataclass(slots=True)
+class Batch:
+    """One ``write`` call: applied atomically, in one LMDB transaction."""
+
+    seq: int
+    ops: list[EncodedOp]
+    durable: bool
+    nbytes: int
+
+
+@dataclass(slots=True)
+class SnapshotRequest:
+    """Queue marker: hand over a read transaction that sees exactly writes <= ``seq``."""
+
+    seq: int
+    ready: threading.Event = field(default_factory=threading.Event)
+    txn: lmdb.Transaction | None = None
+    error: StoreError | None = None
+
+
+@dataclass(slots=True)
+class Counters:
+    writes: int = 0
+    durable_writes: int = 0
+    puts: int = 0
+    deletes: int = 0
+    commits: int = 0
+    committed_ops: int = 0
+    max_batch_ops: int = 0
+    max_batch_writes: int = 0
+    syncs: int = 0
+    map_grows: int = 0
+    backpressure_waits: int = 0
+    snapshots: int = 0
+    expired: int = 0
+
+
+class CommitQueue:
+    """Shared state between writers (any thread), readers and the flusher; see module doc."""
+
+    def __init__(self, last_seq: int, max_bytes: int) -> None:
+        self.lock = threading.Lock()
+        self._wakeup = threading.Condition(self.lock)
+        self.memtable = Memtable()
+        self.counters = Counters()
+        self.last_seq = last_seq
+        self.committed_seq = last_seq
+        self.synced_seq = last_seq
+        self.max_bytes = max_bytes
+        self.pending_bytes = 0
+        self.peak_bytes = 0
+        self.failure: StoreError | None = None
+        self.stopping = False
+        self._pending: list[Batch | SnapshotRequest] = []
+        self._flusher_idle = False
+        self._durable_waiters: deque[tuple[int, Waiter]] = deque()
+        self._space_waiters: list[Waiter] = []
+
+    # -- writers (caller holds self.lock) -------------------------------------------------
+
+    def check_writable_locked(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self.stopping:
+            raise StoreError("store is closed (or closing); writes are refused")
+
+    def has_room_locked(self, nbytes: int) -> bool:
+        return self.pending_bytes == 0 or self.pending_bytes + nbytes <= self.max_bytes
+
+    def wait_for_room_locked(self, waiter: Waiter) -> None:
+        self.counters.backpressure_waits += 1
+        self._space_waiters.append(waiter)
+
+    def enqueue_locked(self, ops: list[EncodedOp], durable: bool, nbytes: int,
+                       waiter: Waiter | None) -> int:
+        self.last_seq += 1
+        seq = self.last_seq
+        self.memtable.apply(seq, ops)
+        self._pending.append(Batch(seq, ops, durable, nbytes))
+        self.pending_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.pending_bytes)
+        c = self.counters
+        c.writes += 1
+        c.durable_writes += durable
+        for _, _, blob in ops:
+            if blob is None:
+                c.deletes += 1
+            else:
+                c.puts += 1
+        if waiter is not None:
+            self._durable_waiters.append((seq, waiter))
+        self._notify_locked()
+        return seq
+
+    def request_snapshot_locked(self) -> SnapshotRequest:
+        request = SnapshotRequest(self.last_seq)
+        self._pending.append(request)
+        self._notify_locked()
+        return request
+
+    def _notify_locked(self) -> None:
+        if self._flusher_idle:
+            self._flusher_idle = False
+            self._wakeup.notify()
+
+    # -- flusher ------------------------------------------------------------------------
+
+    def take(self, timeout: float | None) -> list[Batch | SnapshotRequest]:
+        """Everything pending, waiting up to ``timeout`` (None: forever) if nothing is."""
+        with self.lock:
+            if not self._pending and not self.stopping:
+                self._flusher_idle = True
+                self._wakeup.wait(timeout)
+                self._flusher_idle = False
+            items, self._pending = self._pending, []
+            return items
+
+    def committed(self, batches: list[Batch], seq: int) -> None:
+        """``batches`` are visible in LMDB: drop them from the memtable, release bytes."""
+        with self.lock:
+            for batch in batches:
+                self.memtable.release(batch.seq, batch.ops)
+                self.pending_bytes -= batch.nbytes
+            self.committed_seq = seq
+            waiters, self._space_waiters = self._space_waiters, []
+        wake_all(waiters)
+
+    def synced(self, seq: int) -> None:
+        """Everything <= ``seq`` is on stable storage: wake its durable writers."""
+        woken: list[Waiter] = []
+        with self.lock:
+            self.synced_seq = seq
+            queue = self._durable_waiters
+            while queue and queue[0][0] <= seq:
+                woken.append(queue.popleft()[1])
+        wake_all(woken)
+
+    def fail(self, error: StoreError) -> None:
+        """The flusher died: refuse writes from now on and wake everyone so they can raise."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+            waiters = [w for _, w in self._durable_waiters] + self._space_waiters
+            self._durable_waiters.clear()
+            self._space_waiters = []
+            requests = [r for r in self._pending if isinstance(r, SnapshotRequest)]
+        for request in requests:
+            request.error = error
+            request.ready.set()
+        wake_all(waiters)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self._wakeup.notify()
+            waiters, self._space_waiters = self._space_waiters, []
+        wake_all(waiters)
+
+
+class Flusher:
+    """The group-commit thread; see the module docstring for its loop and invariants."""
+
+    def __init__(self, env: lmdb.Environment, handles: dict[str, Any], internal: Any,
+                 gate: MapGate, queue: CommitQueue, lazy_sync_s: float) -> None:
+        self._env = env
+        self._handles = handles
+        self._internal = internal
+        self._gate = gate
+        self._queue = queue
+        self._lazy_sync_s = lazy_sync_s
+        self._last_sync = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="lsm-flusher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        q = self._queue
+        try:
+            while True:
+                timeout = None
+                if q.committed_seq > q.synced_seq:
+                    timeout = max(0.0, self._last_sync + self._lazy_sync_s - time.monotonic())
+                items = q.take(timeout)
+                if items:
+                    self._process(items)
+                if q.committed_seq > q.synced_seq and (
+                    q.stopping or time.monotonic() >= self._last_sync + self._lazy_sync_s
+                ):
+                    self._sync()
+                if q.stopping and not items:
+                    break
+        except BaseException as exc:
+            q.fail(StoreError(f"store flusher failed, writes are refused: {exc!r}"))
+            if not isinstance(exc, Exception):
+                raise
+
+    def _process(self, items: list[Batch | SnapshotRequest]) -> None:
+        done: list[Batch] = []
+        segment: list[Batch] = []
+        for item in items:
+            if isinstance(item, SnapshotRequest):
+                if segment:
+                    self._commit(segment)
+                    done.extend(segment)
+                    segment = []
+                self._hand_over(item)
+            else:
+                segment.append(item)
+        if segment:
+            self._commit(segment)
+            done.extend(segment)
+        if not done:
+            return
+        self._queue.committed(done, done[-1].seq)
+        if any(batch.durable for batch in done):
+            self._sync()
+
+    def _commit(self, batches: list[Batch]) -> None:
+        """Write ``batches`` in one transaction, growing the map until it fits."""
+        handles = self._handles
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for batch in batches:
+                        for db, key, blob in batch.ops:
+                            if blob is None:
+                                txn.delete(key, db=handles[db])
+                            else:
+                                txn.put(key, blob, db=handles[db])
+                    txn.put(SEQUENCE_KEY, batches[-1].seq.to_bytes(8, "big"),
+                            db=self._internal)
+                break
+            except lmdb.MapFullError:
+                self._grow()
+        c = self._queue.counters
+        ops = sum(len(batch.ops) for batch in batches)
+        c.commits += 1
+        c.committed_ops += ops
+        c.max_batch_ops = max(c.max_batch_ops, ops)
+        c.max_batch_writes = max(c.max_batch_writes, len(batches))
+
+    def _grow(self) -> None:
+        with self._gate.exclusive():
+            size = self._env.info()["map_size"]
+            self._env.set_mapsize(size * 2)
+        self._queue.counters.map_grows += 1
+
+    def _sync(self) -> None:
+        seq = self._queue.committed_seq
+        self._env.sync(True)
+        self._last_sync = time.monotonic()
+        self._queue.counters.syncs += 1
+        self._queue.synced(seq)
+
+    def _hand_over(self, request: SnapshotRequest) -> None:
+        """Open the snapshot's read transaction now, between commits, so it sees exactly the
+        writes queued before the request.  The snapshot thread leaves the gate when done."""
+        self._gate.enter()
+        try:
+            request.txn = self._env.begin(write=False, buffers=True)
+        except BaseException:
+            self._gate.leave()
+            raise
+        request.ready.set()

@@ -1,0 +1,468 @@
+"""LsmStore: a node's durable store, an LSM-style memtable in front of LMDB.
+
+Theory of operation
+-------------------
+Who calls it: the broker's trio tasks (async API: ``write``/``get``/``scan``/``snapshot``/
+``expire``), plain threads and start-up code (the ``*_sync`` twins), and CLI tools.  Any
+number of trio runs, in any threads, may use one store at the same time.
+
+Write path: ``write`` validates and msgpack-encodes the ops in the caller's frame, then, in
+one step under the queue lock, takes the next sequence number, puts the ops in the memtable
+(so they are readable at once) and appends the batch to the commit queue.  The single
+flusher thread (``flusher.py``) commits everything queued in one LMDB write transaction,
+releases the memtable entries, fsyncs when a durable write is in the batch, and only then
+wakes the durable writers.  LMDB's copy-on-write commit is the write-ahead log: a commit is
+atomic, and after ``env.sync`` it survives power loss.  The env is opened ``sync=True,
+metasync=False``: every commit flushes its data pages before its meta page is written, so
+the file is never corrupt after a crash; an un-synced commit may only be rolled back to the
+previous one.  (``sync=False`` would save one fdatasync per lazy commit, but a later un-synced
+commit can then overwrite pages still referenced by the last synced meta page, and a power
+loss would corrupt data that durable writers were told is safe.  See docs/storage.md.)
+
+Read path: memtable first (an entry there is newer than LMDB, a tombstone hides the LMDB
+row), then a fresh LMDB read transaction.  Because the flusher removes a memtable entry only
+after the commit holding it (or a newer version) is visible, a reader that misses the
+memtable and then opens a read transaction cannot see an older value than the one it missed.
+
+Invariants:
+- Every ``write`` is atomic (one batch, one transaction) and writes apply in sequence order.
+- A DURABLE ``write`` returns only when ``synced_seq >= its seq``; if the flusher fails it
+  raises StoreError instead, never returns a sequence that is not on disk.
+- Pending (uncommitted) encoded bytes stay below ``memtable_max_bytes`` except for a single
+  oversized write; writers wait (back-pressure) rather than grow memory without bound.
+- Only the flusher thread opens write transactions after start-up, and it grows the map
+  between transactions with all readers held off (``MapGate``).
+
+Must never: block the trio event loop on I/O or on the flusher (async reads that cannot
+enter the gate at once, scans, snapshots and expiry run in worker threads; the queue lock
+is held only for in-memory bookkeeping), acknowledge a durable write before its fsync, or
+open a write transaction on a thread other than the one that commits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import lmdb
+import trio
+
+from mqttring.config import StoreSettings
+from mqttring.lsm.flusher import (
+    INTERNAL_DB,
+    SCHEMA_KEY,
+    SEQUENCE_KEY,
+    CommitQueue,
+    Flusher,
+)
+from mqttring.lsm.keys import SCHEMA_VERSION, decode_value, encode_value, is_expired, key_range
+from mqttring.lsm.mapgate import MapGate
+from mqttring.lsm.memtable import EncodedOp
+from mqttring.lsm.ops import DATABASES, Delete, Durability, Put, StoreError, check_db, check_key
+from mqttring.lsm.snapshot import Manifest, write_snapshot
+from mqttring.lsm.wakeups import ThreadWaiter, TrioWaiter
+
+_DEFAULTS = StoreSettings()
+#: Bookkeeping bytes charged per op on top of key and value, so that many tiny writes still
+#: count against ``memtable_max_bytes`` roughly as much memory as they really take.
+OP_OVERHEAD = 96
+#: Rows checked and deleted per locked step of ``expire``.
+_EXPIRE_CHUNK = 512
+_T = TypeVar("_T")
+
+
+class LsmStore:
+    """A node's store; see the module docstring for the theory of operation."""
+
+    def __init__(self, path: Path, *, map_size: int = _DEFAULTS.map_size,
+                 lazy_sync_ms: int = _DEFAULTS.lazy_sync_ms,
+                 memtable_max_bytes: int = _DEFAULTS.memtable_max_bytes,
+                 node_id: str | None = None) -> None:
+        if map_size <= 0 or lazy_sync_ms < 0 or memtable_max_bytes <= 0:
+            raise StoreError("map_size and memtable_max_bytes must be > 0, lazy_sync_ms >= 0")
+        self.path = Path(path)
+        self.node_id = node_id
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=len(DATABASES) + 1,
+                                  max_readers=512, sync=True, metasync=False)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open store at {self.path}: {exc}") from exc
+        try:
+            self._handles, self._internal, last_seq = self._open_databases()
+        except BaseException:
+            self._env.close()
+            raise
+        self._lazy_sync_s = lazy_sync_ms / 1000
+        self._queue = CommitQueue(last_seq, memtable_max_bytes)
+        self._gate = MapGate()
+        self._flusher: Flusher | None = None
+        self._closed = False
+
+    @classmethod
+    def from_settings(cls, path: Path, settings: StoreSettings,
+                      node_id: str | None = None) -> LsmStore:
+        return cls(path, map_size=settings.map_size, lazy_sync_ms=settings.lazy_sync_ms,
+                   memtable_max_bytes=settings.memtable_max_bytes, node_id=node_id)
+
+    def _open_databases(self) -> tuple[dict[str, Any], Any, int]:
+        """Create/open the sub-databases and check the schema, in one start-up transaction."""
+        with self._env.begin(write=True) as txn:
+            handles = {db: self._env.open_db(db.encode(), txn=txn) for db in DATABASES}
+            internal = self._env.open_db(INTERNAL_DB, txn=txn)
+            schema = txn.get(SCHEMA_KEY, db=internal)
+            if schema is None:
+                txn.put(SCHEMA_KEY, SCHEMA_VERSION.to_bytes(4, "big"), db=internal)
+            elif int.from_bytes(schema, "big") != SCHEMA_VERSION:
+                raise StoreError(f"store {self.path} has schema version "
+                                 f"{int.from_bytes(schema, 'big')}, this code reads "
+                                 f"{SCHEMA_VERSION}")
+            raw_seq = txn.get(SEQUENCE_KEY, db=internal)
+        return handles, internal, 0 if raw_seq is None else int.from_bytes(raw_seq, "big")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the flusher thread; writes are refused before this."""
+        if self._closed:
+            raise StoreError("store is closed; open a new LsmStore")
+        if self._flusher is None:
+            self._flusher = Flusher(self._env, self._handles, self._internal, self._gate,
+                                    self._queue, self._lazy_sync_s)
+            self._flusher.start()
+
+    def close(self) -> None:
+        """Commit and fsync everything written so far, stop the flusher, close LMDB.
+
+        Blocks while it flushes; from trio use ``aclose``.  Idempotent.
+        """
+        if self._closed:
+            return
+        self._queue.stop()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._gate.exclusive():
+            self._closed = True
+            self._env.close()
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self.close)
+
+    def __enter__(self) -> LsmStore:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence number of the newest accepted write (persisted across reopen)."""
+        return self._queue.last_seq
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for $SYS topics and benchmarks (cheap; safe from any thread)."""
+        q = self._queue
+        with q.lock:
+            out: dict[str, Any] = {
+                "last_sequence": q.last_seq,
+                "committed_sequence": q.committed_seq,
+                "synced_sequence": q.synced_seq,
+                "memtable_bytes": q.pending_bytes,
+                "memtable_peak_bytes": q.peak_bytes,
+                "memtable_max_bytes": q.max_bytes,
+                "memtable_entries": len(q.memtable),
+            }
+            out.update({name: getattr(q.counters, name)
+                        for name in q.counters.__dataclass_fields__})
+        commits = out["commits"]
+        out["mean_batch_ops"] = out["committed_ops"] / commits if commits else 0.0
+        if not self._closed:
+            out["map_size"] = self._env.info()["map_size"]
+        return out
+
+    # -- writes --------------------------------------------------------------------------
+
+    @staticmethod
+    def _encode(ops: Sequence[Put | Delete]) -> tuple[list[EncodedOp], int]:
+        encoded: list[EncodedOp] = []
+        nbytes = 0
+        for op in ops:
+            if isinstance(op, Put):
+                blob = encode_value(op.value)
+                encoded.append((op.db, op.key, blob))
+                nbytes += len(op.key) + len(blob) + OP_OVERHEAD
+            elif isinstance(op, Delete):
+                encoded.append((op.db, op.key, None))
+                nbytes += len(op.key) + OP_OVERHEAD
+            else:
+                raise StoreError(f"write takes Put and Delete ops, got {type(op).__name__}")
+        return encoded, nbytes
+
+    def _check_started(self) -> None:
+        if self._flusher is None:
+            if self._closed:
+                raise StoreError("store is closed; writes are refused")
+            raise StoreError("store not started: call start() (or use it as a context "
+                             "manager) before writing")
+
+    def _check_synced(self, seq: int) -> None:
+        q = self._queue
+        if q.synced_seq < seq:
+            raise q.failure or StoreError(f"write {seq} was not made durable (store closed)")
+
+    def write_sync(self, ops: Sequence[Put | Delete],
+                   durability: Durability = Durability.DURABLE) -> int:
+        """Blocking twin of ``write`` for plain threads (never call it on the event loop)."""
+        encoded, nbytes = self._encode(ops)
+        durable = durability is Durability.DURABLE
+        self._check_started()
+        q = self._queue
+        waiter = ThreadWaiter() if durable else None
+        while True:
+            with q.lock:
+                q.check_writable_locked()
+                if q.has_room_locked(nbytes):
+                    seq = q.enqueue_locked(encoded, durable, nbytes, waiter)
+                    break
+                room = ThreadWaiter()
+                q.wait_for_room_locked(room)
+            room.wait()
+        if waiter is not None:
+            waiter.wait()
+            self._check_synced(seq)
+        return seq
+
+    async def write(self, ops: Sequence[Put | Delete],
+                    durability: Durability = Durability.DURABLE) -> int:
+        """Apply ``ops`` atomically; return the write's sequence number.
+
+        DURABLE resumes after the fsync'd commit containing the write; LAZY once it is in the
+        memtable (readable), possibly after waiting for memtable room.  Cancelling a waiting
+        DURABLE caller does not undo a write that was already queued.
+        """
+        encoded, nbytes = self._encode(ops)
+        durable = durability is Durability.DURABLE
+        self._check_started()
+        q = self._queue
+        waiter = TrioWaiter() if durable else None
+        while True:
+            with q.lock:
+                q.check_writable_locked()
+                if q.has_room_locked(nbytes):
+                    seq = q.enqueue_locked(encoded, durable, nbytes, waiter)
+                    break
+                room = TrioWaiter()
+                q.wait_for_room_locked(room)
+            await room.wait()
+        if waiter is not None:
+            await waiter.wait()
+            self._check_synced(seq)
+        else:
+            await trio.lowlevel.checkpoint()
+        return seq
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _read(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
+        """Run ``fn`` in a fresh read transaction; caller has entered the gate."""
+        if self._closed:
+            raise StoreError("store is closed; reads are refused")
+        try:
+            with self._env.begin(write=False, buffers=True) as txn:
+                return fn(txn)
+        except lmdb.Error as exc:
+            raise StoreError(f"read from {self.path} failed: {exc}") from exc
+
+    def _lmdb_get(self, db: str, key: bytes) -> Any | None:
+        handle = self._handles[db]
+
+        def read(txn: lmdb.Transaction) -> Any | None:
+            blob = txn.get(key, db=handle)
+            return None if blob is None else decode_value(blob)
+
+        return self._read(read)
+
+    def _memtable_get(self, db: str, key: bytes) -> tuple[bool, Any | None]:
+        check_db(db)
+        check_key(key)
+        with self._queue.lock:
+            found, blob = self._queue.memtable.lookup(db, key)
+        if not found:
+            return False, None
+        return True, None if blob is None else decode_value(blob)
+
+    def get_sync(self, db: str, key: bytes) -> Any | None:
+        found, value = self._memtable_get(db, key)
+        if found:
+            return value
+        with self._gate.reading():
+            return self._lmdb_get(db, key)
+
+    async def get(self, db: str, key: bytes) -> Any | None:
+        """The value of ``db[key]``, or None.  A point read from the page cache takes
+        microseconds, so it runs inline; while a map growth is pending it moves to a thread."""
+        found, value = self._memtable_get(db, key)
+        if not found:
+            if self._gate.try_enter():
+                try:
+                    value = self._lmdb_get(db, key)
+                finally:
+                    self._gate.leave()
+            else:
+                value = await trio.to_thread.run_sync(self.get_sync, db, key)
+        await trio.lowlevel.checkpoint()
+        return value
+
+    def _merge(self, db: str, low: bytes, high: bytes | None, limit: int | None,
+               convert: Callable[[Any], Any]) -> list[tuple[bytes, Any]]:
+        """Memtable entries merged over LMDB rows in [low, high), tombstones dropped."""
+        check_db(db)
+        if limit is not None and limit <= 0:
+            return []
+        if high is not None and low >= high:
+            return []
+        with self._queue.lock:
+            mem = self._queue.memtable.range(db, low, high)
+        handle = self._handles[db]
+
+        def read(txn: lmdb.Transaction) -> list[tuple[bytes, Any]]:
+            out: list[tuple[bytes, Any]] = []
+            i, n = 0, len(mem)
+            with txn.cursor(db=handle) as cur:
+                more = cur.set_range(low)
+                while limit is None or len(out) < limit:
+                    lkey: bytes | None = None
+                    if more:
+                        lkey = bytes(cur.key())
+                        if high is not None and lkey >= high:
+                            lkey, more = None, False
+                    mkey = mem[i][0] if i < n else None
+                    if mkey is not None and (lkey is None or mkey <= lkey):
+                        blob = mem[i][1]
+                        i += 1
+                        if lkey == mkey:
+                            more = cur.next()
+                        if blob is not None:
+                            out.append((mkey, convert(blob)))
+                    elif lkey is not None:
+                        out.append((lkey, convert(cur.value())))
+                        more = cur.next()
+                    else:
+                        break
+            return out
+
+        with self._gate.reading():
+            return self._read(read)
+
+    def scan_sync(self, db: str, prefix: bytes = b"", *, start: bytes | None = None,
+                  end: bytes | None = None,
+                  limit: int | None = None) -> list[tuple[bytes, Any]]:
+        low, high = key_range(prefix, start, end)
+        return self._merge(db, low, high, limit, decode_value)
+
+    async def scan(self, db: str, prefix: bytes = b"", *, start: bytes | None = None,
+                   end: bytes | None = None,
+                   limit: int | None = None) -> list[tuple[bytes, Any]]:
+        """Rows with ``prefix``, ``start <= key < end``, in key order, at most ``limit``.
+
+        Runs in a worker thread: a scan's length is up to the caller."""
+        return await trio.to_thread.run_sync(
+            lambda: self.scan_sync(db, prefix, start=start, end=end, limit=limit))
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    def snapshot_sync(self, dest: Path, *, shards: Iterable[int] | None = None,
+                      node_id: str | None = None) -> Manifest:
+        """Write a consistent copy of every write up to now into the new directory ``dest``.
+
+        The flusher commits what is queued and opens a read transaction between two commits,
+        so the snapshot holds exactly the writes up to its manifest's ``sequence``; writers
+        are not stopped while rows are copied."""
+        q = self._queue
+        if self._closed:
+            raise StoreError("store is closed; cannot snapshot")
+        if self._flusher is not None:
+            with q.lock:
+                q.check_writable_locked()
+                request = q.request_snapshot_locked()
+            request.ready.wait()
+            if request.error is not None:
+                raise request.error
+            assert request.txn is not None
+            txn, seq = request.txn, request.seq
+        else:
+            # Not started: nothing can be queued, LMDB alone is the whole state.
+            self._gate.enter()
+            try:
+                txn, seq = self._env.begin(write=False, buffers=True), q.last_seq
+            except BaseException:
+                self._gate.leave()
+                raise
+        try:
+            manifest = write_snapshot(txn, self._handles, Path(dest), sequence=seq,
+                                      node_id=node_id or self.node_id, shards=shards)
+        finally:
+            txn.abort()
+            self._gate.leave()
+        with q.lock:
+            q.counters.snapshots += 1
+        return manifest
+
+    async def snapshot(self, dest: Path, *, shards: Iterable[int] | None = None,
+                       node_id: str | None = None) -> Manifest:
+        shard_list = None if shards is None else list(shards)
+        return await trio.to_thread.run_sync(
+            lambda: self.snapshot_sync(dest, shards=shard_list, node_id=node_id))
+
+    # -- TTL -----------------------------------------------------------------------------
+
+    def expire_sync(self, db: str, now: float, prefix: bytes = b"",
+                    durability: Durability = Durability.LAZY) -> int:
+        """Delete the rows of ``db`` under ``prefix`` whose value has ``expires_at <= now``.
+
+        A row is deleted only if it still holds the exact value that was found expired, so a
+        key rewritten meanwhile survives.  Cost is one pass over the range (O(rows)); the
+        broker runs it periodically per shard.  Returns the number of rows deleted.
+        """
+        self._check_started()
+        low, high = key_range(prefix, None, None)
+        rows = self._merge(db, low, high, None, bytes)
+        expired = [(key, blob) for key, blob in rows if is_expired(decode_value(blob), now)]
+        q = self._queue
+        handle = self._handles[db]
+        durable = durability is Durability.DURABLE
+        deleted = 0
+        last_seq = 0
+        for i in range(0, len(expired), _EXPIRE_CHUNK):
+            chunk = expired[i:i + _EXPIRE_CHUNK]
+            waiter = ThreadWaiter() if durable else None
+            # Enter the gate before the lock: waiting for a map growth while holding the
+            # lock would stall every writer.
+            with self._gate.reading(), q.lock:
+                q.check_writable_locked()
+                ops: list[EncodedOp] = []
+                with self._env.begin(write=False) as txn:
+                    for key, blob in chunk:
+                        found, current = q.memtable.lookup(db, key)
+                        if not found:
+                            current = txn.get(key, db=handle)
+                        if current == blob:
+                            ops.append((db, key, None))
+                if not ops:
+                    continue
+                last_seq = q.enqueue_locked(ops, durable, len(ops) * OP_OVERHEAD, waiter)
+                q.counters.expired += len(ops)
+                deleted += len(ops)
+            if waiter is not None:
+                waiter.wait()
+        if durable and last_seq:
+            self._check_synced(last_seq)
+        return deleted
+
+    async def expire(self, db: str, now: float, prefix: bytes = b"",
+                     durability: Durability = Durability.LAZY) -> int:
+        return await trio.to_thread.run_sync(self.expire_sync, db, now, prefix, durability)
