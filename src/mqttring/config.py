@@ -77,12 +77,24 @@ class BrokerConfig:
     limits: Limits = field(default_factory=Limits)
     store: StoreSettings = field(default_factory=StoreSettings)
     num_shards: int = 1024
+    #: Accept CONNECTs without a username (else CONNACK 5, not authorized).
+    allow_anonymous: bool = True
+    #: username -> SHA-256 hex digest of the password; a wrong pair gets CONNACK 4.
+    users: dict[str, str] | None = None
     # Cluster settings (used when a node joins or forms a cluster).
     cluster: str | None = None
     raft: str | None = None
     join: str | None = None
     cluster_secret: str | None = None
     replication: int = 2
+    #: Seconds between a member's heartbeats to the Raft leader.
+    heartbeat_interval: float = 0.5
+    #: Seconds without a heartbeat before the leader marks a member down and moves its shards.
+    failure_grace: float = 5.0
+    #: Relative share of shards this node takes on the ring (an integer >= 1).
+    node_weight: int = 1
+    #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.
+    leave_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("mqtt", "ws", "cluster", "raft", "join"):
@@ -97,6 +109,12 @@ class BrokerConfig:
             raise ConfigError("num_shards must be >= 1")
         if self.replication < 1:
             raise ConfigError("replication must be >= 1")
+        if self.heartbeat_interval <= 0 or self.failure_grace <= self.heartbeat_interval:
+            raise ConfigError("need 0 < heartbeat_interval < failure_grace")
+        if self.node_weight < 1:
+            raise ConfigError("node_weight must be >= 1")
+        if self.leave_timeout < 0:
+            raise ConfigError("leave_timeout must be >= 0")
         lim = self.limits
         if lim.max_packet_size < 16 or lim.max_packet_size > 268_435_455:
             raise ConfigError("limits.max_packet_size must be in 16..268435455")

@@ -1,0 +1,18 @@
+"""mqttring: a distributed MQTT 3.1.1 broker (Raft metadata, hash ring, trio, LMDB)."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from mqttring.broker.server import BoundPorts, MqttRingBroker
+from mqttring.config import BrokerConfig, ConfigError, Limits, StoreSettings
+
+__all__ = [
+    "BoundPorts",
+    "BrokerConfig",
+    "ConfigError",
+    "Limits",
+    "MqttRingBroker",
+    "StoreSettings",
+    "__version__",
+]

@@ -1,0 +1,213 @@
+"""``MqttRingBroker``: one node, embeddable in a trio program or in plain Python.
+
+Lifecycle (all under one nursery, so shutdown is just cancellation):
+
+1. open the node store in a worker thread and read back retained messages and persistent
+   sessions;
+2. bind the TCP and WebSocket listeners and report the bound ports through ``task_status``
+   (port 0 in the config means "any free port" — tests rely on it);
+3. serve until cancelled; then close every client connection (no wills: the node, not the
+   client, is going away), write what the sessions still hold, and close the store.
+
+From plain Python, ``start()`` runs the same ``serve`` in a background thread with its own
+trio loop and returns the ports; ``stop()`` cancels it from outside through the trio token.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+import trio
+from trio_websocket import WebSocketRequest, serve_websocket
+
+from mqttring.broker.client import ClientHandler
+from mqttring.broker.core import BrokerCore
+from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.retained import RetainedStore
+from mqttring.broker.router import LocalRouter, Router
+from mqttring.broker.session_store import SessionStore
+from mqttring.broker.sys_topics import publish_sys_topics
+from mqttring.broker.transport import TcpTransport, WebSocketTransport
+from mqttring.config import BrokerConfig, parse_hostport
+from mqttring.lsm import Durability, LsmStore
+
+log = logging.getLogger("mqttring.broker")
+
+#: Extra room a WebSocket message may take over the largest MQTT packet (header bytes).
+_WS_FRAME_SLACK = 16
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPorts:
+    mqtt: int | None
+    ws: int | None
+
+
+class MqttRingBroker:
+    """A single MQTT 3.1.1 node; see ``docs/embedding.md`` for both ways of running it."""
+
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.metrics = BrokerMetrics()
+        self.ports: BoundPorts | None = None
+        self.store: LsmStore | None = None
+        self.core: BrokerCore | None = None
+        self.router: Router | None = None
+        self._exit_stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread_scope: trio.CancelScope | None = None
+
+    # -- trio API ---------------------------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        config = self.config
+        store = None
+        if config.data_dir is not None:
+            path = config.data_dir / "store"
+            store = await trio.to_thread.run_sync(
+                lambda: LsmStore.from_settings(path, config.store)
+            )
+            store.start()
+        self.store = store
+        try:
+            session_store = SessionStore(store, config.num_shards)
+            retained = RetainedStore(store, config.num_shards)
+            core = BrokerCore(config, session_store, self.metrics)
+            router = LocalRouter(core.sessions, retained, session_store, self.metrics, core.wake)
+            core.router = router
+            self.core, self.router = core, router
+            n_retained = await retained.load()
+            n_sessions = await core.restore_sessions()
+            log.info(
+                "node %s: %d retained, %d sessions restored", config.node_id, n_retained, n_sessions
+            )
+            async with trio.open_nursery() as nursery:
+                mqtt_port = ws_port = None
+                if config.mqtt is not None:
+                    host, port = parse_hostport(config.mqtt)
+                    listeners = await trio.open_tcp_listeners(port, host=host)
+                    mqtt_port = listeners[0].socket.getsockname()[1]
+                    nursery.start_soon(trio.serve_listeners, self._on_tcp, listeners)
+                if config.ws is not None:
+                    host, port = parse_hostport(config.ws)
+                    server = await nursery.start(
+                        lambda task_status: serve_websocket(
+                            self._on_websocket,
+                            host,
+                            port,
+                            None,
+                            max_message_size=config.limits.max_packet_size + _WS_FRAME_SLACK,
+                            task_status=task_status,
+                        )
+                    )
+                    ws_port = server.port
+                if config.sys_interval > 0:
+                    nursery.start_soon(
+                        publish_sys_topics, router, self.metrics, retained, config.sys_interval
+                    )
+                self.ports = BoundPorts(mqtt_port, ws_port)
+                log.info("node %s listening: mqtt=%s ws=%s", config.node_id, mqtt_port, ws_port)
+                task_status.started(self.ports)
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    core.shutting_down = True
+                    for handler in list(core.clients.values()):
+                        handler.kick()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._close_store()
+
+    async def _close_store(self) -> None:
+        core, store = self.core, self.store
+        if store is None:
+            return
+        if core is not None:
+            dirty = [s for s in core.sessions.values() if s.persistent and s.has_changes()]
+            if dirty:
+                await core.session_store.save_changes(dirty, Durability.DURABLE)
+        await trio.to_thread.run_sync(store.close)
+        self.store = None
+
+    async def _on_tcp(self, stream: trio.SocketStream) -> None:
+        assert self.core is not None
+        await ClientHandler(self.core, TcpTransport(stream)).run()
+
+    async def _on_websocket(self, request: WebSocketRequest) -> None:
+        assert self.core is not None
+        subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
+        ws = await request.accept(subprotocol=subprotocol)
+        await ClientHandler(self.core, WebSocketTransport(ws)).run()
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        try:
+            self.ports = await nursery.start(self.serve)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._exit_stack, self._nursery = stack, nursery
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._nursery is not None and self._exit_stack is not None
+        self._nursery.cancel_scope.cancel()
+        return await self._exit_stack.__aexit__(exc_type, exc, tb)
+
+    # -- plain Python API -------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> BoundPorts:
+        """Run the broker in a background thread; returns once it listens."""
+        if self._thread is not None:
+            raise RuntimeError("broker already started")
+        result: queue.Queue[BoundPorts | BaseException] = queue.Queue()
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as scope:
+                self._thread_scope = scope
+                async with trio.open_nursery() as nursery:
+                    result.put(await nursery.start(self.serve))
+
+        def run() -> None:
+            try:
+                trio.run(main)
+            except BaseException as exc:  # reported to start(), or logged after it
+                result.put(exc)
+                log.exception("broker thread failed")
+
+        self._thread = threading.Thread(target=run, name="mqttring-broker", daemon=True)
+        self._thread.start()
+        outcome = result.get(timeout=timeout)
+        if isinstance(outcome, BaseException):
+            self._thread.join()
+            self._thread = None
+            raise outcome
+        return outcome
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Shut the background broker down cleanly and wait for it."""
+        if self._thread is None:
+            return
+        token, scope = self._token, self._thread_scope
+        if token is not None and scope is not None:
+            with suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+        self._thread.join(timeout)
+        self._thread = None

@@ -1,0 +1,162 @@
+"""Persistent sessions on the node store.
+
+Theory of operation
+-------------------
+Only CleanSession=0 sessions are stored; a clean session lives and dies with its connection.
+Three record kinds, all keyed by ``shard(client id)`` first so that one shard's sessions are
+a single range scan (what a shard handoff or an export reads):
+
+* ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``
+* ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
+  state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.
+* ``inflight``  ``shard | cid | pid(2)``  -> ``1``: an inbound QoS 2 id between PUBREC and
+  PUBREL.
+
+``cid`` is length-prefixed (2 bytes) so that one client's prefix never is a prefix of
+another's.  The session (``mqttring.protocol.session.Session``) marks what changed; this
+module turns those marks into one batch of puts and deletes.  Durability is the caller's
+choice: *durable* before an acknowledgement that promises the data (PUBACK/PUBREC of a queued
+message, SUBACK, PUBREC of an inbound QoS 2 id), *lazy* for progress that at worst causes a
+permitted redelivery after a crash (a PUBACK received, a packet id assigned).
+
+With no store (``data_dir`` unset) every method is a no-op: sessions are then kept in memory
+only, for as long as the process runs.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.protocol.session import Message, Outbound, OutState, Session
+from mqttring.ring.hashing import shard_of
+
+_SEQ = struct.Struct(">Q")
+_PID = struct.Struct(">H")
+
+
+@dataclass(slots=True)
+class StoredSession:
+    client_id: str
+    subscriptions: dict[str, int]
+    outbound: list[Outbound]
+    inbound_qos2: set[int]
+
+
+class SessionStore:
+    def __init__(self, store: LsmStore | None, num_shards: int) -> None:
+        self._store = store
+        self._num_shards = num_shards
+
+    @property
+    def enabled(self) -> bool:
+        return self._store is not None
+
+    def _prefix(self, client_id: str) -> bytes:
+        cid = client_id.encode("utf-8")
+        return shard_key(shard_of(client_id, self._num_shards), _PID.pack(len(cid)) + cid)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def save_subscriptions(self, session: Session) -> None:
+        """Durably record the session and its subscriptions (before SUBACK/UNSUBACK)."""
+        if self._store is None or not session.persistent:
+            return
+        record = {"v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
+        await self._store.write(
+            [Put("sessions", self._prefix(session.client_id), record)], Durability.DURABLE
+        )
+
+    def change_ops(self, session: Session) -> list[Put | Delete]:
+        """Turn the session's dirty marks into store operations (and clear the marks)."""
+        dirty, qos2 = session.take_changes()
+        prefix = self._prefix(session.client_id)
+        ops: list[Put | Delete] = []
+        for seq, entry in dirty.items():
+            key = prefix + _SEQ.pack(seq)
+            if entry is None:
+                ops.append(Delete("queues", key))
+            else:
+                msg = entry.message
+                ops.append(
+                    Put(
+                        "queues",
+                        key,
+                        [
+                            msg.topic,
+                            msg.payload,
+                            entry.qos,
+                            entry.retain,
+                            entry.packet_id,
+                            int(entry.state),
+                            entry.expires_at,
+                        ],
+                    )
+                )
+        for pid, present in qos2.items():
+            key = prefix + _PID.pack(pid)
+            ops.append(Put("inflight", key, 1) if present else Delete("inflight", key))
+        return ops
+
+    async def save_changes(self, sessions: Iterable[Session], durability: Durability) -> None:
+        if self._store is None:
+            for session in sessions:
+                session.take_changes()
+            return
+        ops: list[Put | Delete] = []
+        for session in sessions:
+            if session.has_changes():
+                ops.extend(self.change_ops(session))
+        if ops:
+            await self._store.write(ops, durability)
+
+    async def delete(self, client_id: str) -> None:
+        """Forget a stored session entirely (a clean-session CONNECT replaces it)."""
+        if self._store is None:
+            return
+        prefix = self._prefix(client_id)
+        ops: list[Put | Delete] = [Delete("sessions", prefix)]
+        for db in ("queues", "inflight"):
+            rows = await self._store.scan(db, prefix)
+            ops.extend(Delete(db, key) for key, _ in rows)
+        await self._store.write(ops, Durability.DURABLE)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def load_all(self) -> list[StoredSession]:
+        """Every stored session with its messages in sequence order (node start-up)."""
+        if self._store is None:
+            return []
+        sessions: dict[bytes, StoredSession] = {}
+        for key, record in await self._store.scan("sessions"):
+            cid = _client_id(key)
+            subs = {f: int(q) for f, q in record["subs"]}
+            sessions[key] = StoredSession(cid, subs, [], set())
+        for key, value in await self._store.scan("queues"):
+            owner = sessions.get(key[:-8])
+            if owner is None:
+                continue  # orphan of a deleted session
+            topic, payload, qos, retain, pid, state, expires_at = value
+            owner.outbound.append(
+                Outbound(
+                    _SEQ.unpack(key[-8:])[0],
+                    Message(topic, payload, qos, False),
+                    qos,
+                    retain,
+                    pid,
+                    OutState(state),
+                    expires_at,
+                )
+            )
+        for key, _ in await self._store.scan("inflight"):
+            owner = sessions.get(key[:-2])
+            if owner is not None:
+                owner.inbound_qos2.add(_PID.unpack(key[-2:])[0])
+        return list(sessions.values())
+
+
+def _client_id(key: bytes) -> str:
+    (length,) = _PID.unpack(key[2:4])
+    return key[4 : 4 + length].decode("utf-8")

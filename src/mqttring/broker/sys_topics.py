@@ -1,0 +1,45 @@
+"""``$SYS/broker/...``: the node's vital signs as retained messages, mosquitto's names.
+
+Published through the router like any retained message, so a ``$SYS/#`` subscriber gets the
+latest values at once and updates every ``sys_interval`` seconds.  Kept out of the store: a
+restarted node republishes fresh values within one interval.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from mqttring import __version__
+from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.retained import RetainedStore
+from mqttring.broker.router import Router
+from mqttring.protocol.session import Message
+
+
+def sys_values(metrics: BrokerMetrics, retained: RetainedStore) -> dict[str, str]:
+    return {
+        "$SYS/broker/version": f"mqttring {__version__}",
+        "$SYS/broker/uptime": f"{int(metrics.uptime())} seconds",
+        "$SYS/broker/clients/connected": str(metrics.clients_connected),
+        "$SYS/broker/clients/total": str(metrics.connections_total),
+        "$SYS/broker/messages/received": str(metrics.messages_received),
+        "$SYS/broker/messages/sent": str(metrics.messages_sent),
+        "$SYS/broker/messages/dropped": str(metrics.messages_dropped),
+        "$SYS/broker/bytes/received": str(metrics.bytes_received),
+        "$SYS/broker/bytes/sent": str(metrics.bytes_sent),
+        "$SYS/broker/retained messages/count": str(
+            sum(1 for t in retained.topics() if not t.startswith("$SYS/"))
+        ),
+        "$SYS/broker/cluster/forwarded_to_owner": str(metrics.forwarded_to_owner),
+        "$SYS/broker/cluster/deliveries_to_nodes": str(metrics.deliveries_to_nodes),
+    }
+
+
+async def publish_sys_topics(
+    router: Router, metrics: BrokerMetrics, retained: RetainedStore, interval: float
+) -> None:
+    """Runs until cancelled; one round of updates every ``interval`` seconds."""
+    while True:
+        for topic, value in sys_values(metrics, retained).items():
+            await router.publish(Message(topic, value.encode(), 0, True))
+        await trio.sleep(interval)

@@ -1,0 +1,144 @@
+"""``python -m mqttring.node`` / ``mqttring node``: run one broker node until a signal.
+
+Settings come from defaults, then ``--config FILE`` (TOML), then flags, later winning.  With
+``--cluster`` the node also runs the cluster metadata service (Raft) next to the broker; on
+SIGINT/SIGTERM it leaves the cluster (handing its shards away) before it stops.
+
+``--ready-file PATH`` writes ``{"mqtt": port, "ws": port, "pid": pid, ...}`` once the node
+listens; tests and the benchmark harness use it with port 0 to learn the real ports without
+sleeping or polling a socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mqttring.broker.server import MqttRingBroker
+from mqttring.config import BrokerConfig, ConfigError
+
+log = logging.getLogger("mqttring.node")
+
+LEAVE_TIMEOUT = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file with settings")
+    parser.add_argument("--node-id", help="unique name of this node (default node1)")
+    parser.add_argument("--mqtt", help="MQTT TCP listener HOST:PORT (default 127.0.0.1:1883)")
+    parser.add_argument("--ws", help="MQTT over WebSocket listener HOST:PORT (off by default)")
+    parser.add_argument("--data-dir", type=Path, help="where the node store lives (./data)")
+    parser.add_argument("--sys-interval", type=float, help="seconds between $SYS updates")
+    parser.add_argument("--cluster", help="HOST:PORT for inter-node links and the admin RPC")
+    parser.add_argument("--raft", help="HOST:PORT for Raft (default: cluster port + 1)")
+    parser.add_argument("--join", help="HOST:PORT (cluster address) of any existing member")
+    parser.add_argument(
+        "--cluster-secret",
+        default=os.environ.get("MQTTRING_CLUSTER_SECRET"),
+        help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)",
+    )
+    parser.add_argument("--replication", type=int, help="replicas per shard (default 2)")
+    parser.add_argument("--num-shards", type=int, help="shards, fixed when a cluster forms")
+    parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    overrides: dict[str, Any] = {
+        "node_id": args.node_id,
+        "mqtt": args.mqtt,
+        "ws": args.ws,
+        "data_dir": args.data_dir,
+        "sys_interval": args.sys_interval,
+        "cluster": args.cluster,
+        "raft": args.raft,
+        "join": args.join,
+        "cluster_secret": args.cluster_secret,
+        "replication": args.replication,
+        "num_shards": args.num_shards,
+    }
+    if args.config is not None:
+        return BrokerConfig.from_toml(args.config, **overrides)
+    return BrokerConfig.from_mapping({}, **overrides)
+
+
+def _write_ready_file(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)  # atomic: readers never see half a file
+
+
+async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None:
+    broker = MqttRingBroker(config)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            ports = await nursery.start(broker.serve)
+            metadata = None
+            if config.cluster is not None:
+                from mqttring.raft.service import MetadataService
+
+                metadata = MetadataService(config)
+                await nursery.start(metadata.run)
+            if ready_file is not None:
+                _write_ready_file(
+                    ready_file,
+                    {
+                        "mqtt": ports.mqtt,
+                        "ws": ports.ws,
+                        "pid": os.getpid(),
+                        "node_id": config.node_id,
+                        "cluster": config.cluster,
+                    },
+                )
+            async for signum in signals:
+                log.info("signal %s: shutting down", signal.Signals(signum).name)
+                break
+            if metadata is not None:
+                with trio.move_on_after(LEAVE_TIMEOUT):
+                    await metadata.leave()
+            nursery.cancel_scope.cancel()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"mqttring: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(run_node, config, args.ready_file)
+    except OSError as exc:
+        print(f"mqttring: cannot start node: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("node", help="run a broker node")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mqttring.node", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

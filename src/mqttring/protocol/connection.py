@@ -1,0 +1,284 @@
+"""The server side of one MQTT 3.1.1 network connection, without I/O.
+
+Theory of operation
+-------------------
+Shaped like h11's ``Connection``: the adapter feeds received bytes to ``receive_data``, which
+returns the *events* the broker must act on, and drains ``data_to_send()`` into the socket.
+Everything the protocol can answer by itself (PINGRESP, PUBREL/PUBCOMP handshakes, PUBREC for
+a redelivered QoS 2 PUBLISH, CONNACK refusals with codes 1 and 2) is answered here; what
+needs the rest of the broker (routing, subscriptions, takeover, authentication) becomes an
+event, and the broker answers through ``accept``/``refuse``/``ack_publish``/``send_suback``.
+
+States: ``AWAIT_CONNECT`` -> ``CONNECTING`` (CONNECT seen, broker deciding) -> ``CONNECTED``
+-> ``CLOSED``.  Any byte that violates the protocol raises an ``MQTTError``; the adapter then
+closes the connection (the will is published, since that is not a DISCONNECT).  After
+``CLOSED`` the machine accepts nothing more: the adapter flushes and closes the socket.
+
+Packets received while the broker is still deciding on a CONNECT are buffered by the decoder
+and handed out once the connection is accepted, so pipelining clients (CONNECT immediately
+followed by SUBSCRIBE) behave.
+
+The session (``Session``) is separate: it survives this connection when CleanSession=0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from mqttring.protocol.codec import PacketDecoder
+from mqttring.protocol.codec import encode as encode_packet
+from mqttring.protocol.errors import ProtocolViolation
+from mqttring.protocol.packets import (
+    ConnAck,
+    Connect,
+    ConnectReturnCode,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+)
+from mqttring.protocol.session import Message, Session
+
+
+class ConnState(Enum):
+    AWAIT_CONNECT = auto()
+    CONNECTING = auto()
+    CONNECTED = auto()
+    CLOSED = auto()
+
+
+# -- events handed to the broker ------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class ConnectRequested:
+    packet: Connect
+
+
+@dataclass(slots=True, frozen=True)
+class PublishReceived:
+    """A message to route; QoS 1/2 need ``ack_publish(packet_id, qos)`` once accepted."""
+
+    message: Message
+    packet_id: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class SubscribeRequested:
+    packet_id: int
+    topics: tuple[tuple[str, int], ...]
+
+
+@dataclass(slots=True, frozen=True)
+class UnsubscribeRequested:
+    packet_id: int
+    topics: tuple[str, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class DisconnectRequested:
+    """A clean DISCONNECT: the will must be discarded [MQTT-3.14.4-3]."""
+
+
+Event = (
+    ConnectRequested
+    | PublishReceived
+    | SubscribeRequested
+    | UnsubscribeRequested
+    | DisconnectRequested
+)
+
+_PROTOCOLS = {("MQTT", 4), ("MQIsdp", 3)}
+
+
+class ServerConnection:
+    """Sans-IO protocol machine for one client connection."""
+
+    __slots__ = (
+        "_decoder",
+        "_out",
+        "client_id",
+        "connect",
+        "packets_received",
+        "publishes_received",
+        "session",
+        "state",
+    )
+
+    def __init__(self, max_packet_size: int = 268_435_455) -> None:
+        self._decoder = PacketDecoder(max_packet_size)
+        self._out = bytearray()
+        self.state = ConnState.AWAIT_CONNECT
+        self.connect: Connect | None = None
+        self.client_id: str | None = None
+        self.session: Session | None = None
+        self.packets_received = 0
+        self.publishes_received = 0
+
+    # -- input ------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes from the peer; returns what the broker must act on, in order."""
+        if self.state is ConnState.CLOSED:
+            return []
+        self._decoder.feed(data)
+        return self._drain()
+
+    def _drain(self) -> list[Event]:
+        events: list[Event] = []
+        decoder = self._decoder
+        while self.state is not ConnState.CONNECTING and self.state is not ConnState.CLOSED:
+            packet = decoder.next_packet()
+            if packet is None:
+                break
+            self.packets_received += 1
+            # The common case first: PUBLISH on an open connection.
+            if type(packet) is Publish and self.state is ConnState.CONNECTED:
+                event = self._on_publish(packet)
+                if event is not None:
+                    events.append(event)
+                continue
+            event = self._on_packet(packet)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _on_publish(self, packet: Publish) -> PublishReceived | None:
+        self.publishes_received += 1
+        qos = packet.qos
+        if qos == 2:
+            assert self.session is not None
+            if not self.session.begin_inbound_qos2(packet.packet_id):  # type: ignore[arg-type]
+                # Redelivery of a message we already own: acknowledge, do not route again.
+                self._out += encode_packet(PubRec(packet.packet_id))  # type: ignore[arg-type]
+                return None
+        return PublishReceived(
+            Message(packet.topic, packet.payload, qos, packet.retain), packet.packet_id
+        )
+
+    def _on_packet(self, packet: object) -> Event | None:
+        if self.state is ConnState.AWAIT_CONNECT:
+            if not isinstance(packet, Connect):
+                raise ProtocolViolation(
+                    "MQTT-3.1.0-1", f"first packet must be CONNECT, got {type(packet).__name__}"
+                )
+            return self._on_connect(packet)
+        session = self.session
+        assert session is not None
+        if isinstance(packet, PubAck):
+            session.on_puback(packet.packet_id)
+        elif isinstance(packet, PubRec):
+            session.on_pubrec(packet.packet_id)
+        elif isinstance(packet, PubComp):
+            session.on_pubcomp(packet.packet_id)
+        elif isinstance(packet, PubRel):
+            session.release_inbound_qos2(packet.packet_id)
+            self._out += encode_packet(PubComp(packet.packet_id))
+        elif isinstance(packet, PingReq):
+            self._out += encode_packet(PingResp())
+        elif isinstance(packet, Subscribe):
+            return SubscribeRequested(packet.packet_id, packet.topics)
+        elif isinstance(packet, Unsubscribe):
+            return UnsubscribeRequested(packet.packet_id, packet.topics)
+        elif isinstance(packet, Disconnect):
+            self.state = ConnState.CLOSED
+            return DisconnectRequested()
+        elif isinstance(packet, Connect):
+            raise ProtocolViolation("MQTT-3.1.0-2", "a second CONNECT on one connection")
+        else:
+            raise ProtocolViolation(
+                "MQTT-4.8.0-1", f"{type(packet).__name__} is only sent by servers"
+            )
+        return None
+
+    def _on_connect(self, packet: Connect) -> ConnectRequested | None:
+        self.connect = packet
+        if (packet.protocol_name, packet.protocol_level) not in _PROTOCOLS:
+            # [MQTT-3.1.2-2]: answer code 1, then close.
+            self.refuse(ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION)
+            return None
+        if not packet.client_id and not packet.clean_session:
+            # [MQTT-3.1.3-8]
+            self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
+            return None
+        self.state = ConnState.CONNECTING
+        return ConnectRequested(packet)
+
+    # -- broker decisions -------------------------------------------------------------------
+
+    def accept(self, session: Session, session_present: bool, now: float = 0.0) -> list[Event]:
+        """Send CONNACK 0, bind the session (resending its inflight messages).
+
+        Returns events for packets that arrived pipelined behind the CONNECT.
+        """
+        if self.state is not ConnState.CONNECTING:
+            raise RuntimeError(f"accept() in state {self.state}")
+        self.state = ConnState.CONNECTED
+        self.session = session
+        self.client_id = session.client_id
+        # [MQTT-3.2.2-1]: session present is 0 for a clean session.
+        present = session_present and not session.clean_session
+        self._out += encode_packet(ConnAck(present, ConnectReturnCode.ACCEPTED))
+        session.attach(self._out, now)
+        return self._drain()
+
+    def refuse(self, code: ConnectReturnCode) -> None:
+        """Send CONNACK with a non-zero code [MQTT-3.2.2-4] and close [MQTT-3.2.2-5]."""
+        self._out += encode_packet(ConnAck(False, code))
+        self.state = ConnState.CLOSED
+
+    def ack_publish(self, packet_id: int | None, qos: int) -> None:
+        """Acknowledge a routed PUBLISH: PUBACK for QoS 1, PUBREC for QoS 2."""
+        if self.state is ConnState.CLOSED or packet_id is None:
+            return
+        if qos == 1:
+            self._out += encode_packet(PubAck(packet_id))
+        elif qos == 2:
+            self._out += encode_packet(PubRec(packet_id))
+
+    def send_suback(self, packet_id: int, return_codes: list[int]) -> None:
+        if self.state is not ConnState.CLOSED:
+            self._out += encode_packet(SubAck(packet_id, tuple(return_codes)))
+
+    def send_unsuback(self, packet_id: int) -> None:
+        if self.state is not ConnState.CLOSED:
+            self._out += encode_packet(UnsubAck(packet_id))
+
+    def close(self) -> None:
+        """Stop accepting input (after a violation, takeover or shutdown)."""
+        self.state = ConnState.CLOSED
+
+    # -- output -----------------------------------------------------------------------------
+
+    @property
+    def output(self) -> bytearray:
+        """The live output buffer; the session appends deliveries to it directly."""
+        return self._out
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    @property
+    def pending_output(self) -> int:
+        return len(self._out)
+
+    @property
+    def keepalive(self) -> int:
+        return self.connect.keepalive if self.connect is not None else 0
+
+    @property
+    def closed(self) -> bool:
+        return self.state is ConnState.CLOSED

@@ -1,0 +1,346 @@
+"""The state of one MQTT session, apart from any connection.
+
+Theory of operation
+-------------------
+MQTT 3.1.1 separates the *session* (section 3.1.2.4: subscriptions, QoS 1/2 messages sent but
+not completely acknowledged, QoS 1/2 messages pending transmission, QoS 2 messages received but
+not completely acknowledged) from the *network connection* that carries it.  A persistent
+session (CleanSession=0) outlives its connections, and, through the store, the process.
+
+``Session`` is that state and the rules that move messages through it; it does no I/O and
+knows nothing of trio, sockets or LMDB:
+
+* ``deliver(message, qos)`` is how a router hands it a message.  QoS 0 goes straight to the
+  output when online (or is queued only while the client is away, never persisted); QoS 1/2
+  is queued, then moved into the *inflight window* (``max_inflight`` unacknowledged
+  messages) with a fresh packet id.  Messages leave the window in the order they entered
+  the queue, which is what [MQTT-4.6.0-6] asks of ordered topics.
+* ``attach(output)`` binds a connection's output buffer; encoded packets are appended to it.
+  On (re)attach, every inflight message is sent again, PUBLISH with DUP=1 or PUBREL for those
+  that reached PUBREC [MQTT-4.4.0-1], before any new message.
+* The client's PUBACK/PUBREC/PUBCOMP move messages on; each freed slot pulls the next queued
+  message into the window.
+* Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
+  until PUBREL, so a redelivered PUBLISH with the same id is acknowledged but not routed again.
+
+Persistence is by *dirty sets*, not callbacks: every change to a persistent session marks the
+outbound message (by its sequence number) or the inbound QoS 2 id it touched.  Whoever owns
+the store drains them with ``take_changes()`` and writes the latest state of each; several
+changes between two drains coalesce into one write.  Clean sessions never mark anything.
+
+Invariants: a packet id identifies at most one inflight message; ``inflight`` and ``queue``
+hold disjoint messages; ``len(queue) <= max_queued`` (overflow drops the oldest QoS 0 message,
+else the oldest QoS 1/2 message, and counts it in ``dropped``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from mqttring.protocol.codec import encode as encode_packet
+from mqttring.protocol.codec import encode_publish
+from mqttring.protocol.packets import PubRel
+
+
+class Message:
+    """An application message as routers pass it around.
+
+    Not frozen on purpose: it caches its UTF-8 topic and its QoS 0 encoding, so a fan-out to
+    many subscribers encodes the topic once and a QoS 0 PUBLISH once (pre-encoded fan-out).
+    """
+
+    __slots__ = ("_qos0", "_topic_bytes", "payload", "qos", "retain", "topic")
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self._topic_bytes: bytes | None = None
+        self._qos0: dict[bool, bytes] = {}
+
+    @property
+    def topic_bytes(self) -> bytes:
+        tb = self._topic_bytes
+        if tb is None:
+            tb = self._topic_bytes = self.topic.encode("utf-8")
+        return tb
+
+    def encode_qos0(self, retain: bool) -> bytes:
+        """The QoS 0 PUBLISH, encoded at most once per retain flag."""
+        data = self._qos0.get(retain)
+        if data is None:
+            data = self._qos0[retain] = encode_publish(
+                self.topic_bytes, self.payload, 0, retain, False, None
+            )
+        return data
+
+    def encode(self, qos: int, retain: bool, dup: bool, packet_id: int | None) -> bytes:
+        if qos == 0:
+            return self.encode_qos0(retain)
+        return encode_publish(self.topic_bytes, self.payload, qos, retain, dup, packet_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (self.topic, self.payload, self.qos, self.retain) == (
+            other.topic,
+            other.payload,
+            other.qos,
+            other.retain,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class OutState(IntEnum):
+    """Where an outbound QoS 1/2 message is in its handshake."""
+
+    QUEUED = 0
+    AWAIT_PUBACK = 1
+    AWAIT_PUBREC = 2
+    AWAIT_PUBCOMP = 3
+
+
+@dataclass(slots=True)
+class Outbound:
+    """One message on its way to this session's client, at the QoS it will be delivered."""
+
+    seq: int
+    message: Message
+    qos: int
+    retain: bool = False
+    packet_id: int | None = None
+    state: OutState = OutState.QUEUED
+    expires_at: float = 0.0
+
+
+class Overflow(IntEnum):
+    """What ``deliver`` did with a message."""
+
+    SENT = 0
+    QUEUED = 1
+    DROPPED = 2
+
+
+@dataclass(slots=True)
+class SessionLimits:
+    max_inflight: int = 32
+    max_queued: int = 1000
+    #: Pending output bytes above which QoS 0 deliveries are dropped (slow consumer).
+    max_output: int = 4 * 1024 * 1024
+    #: Seconds a queued message may wait for an offline client (0 = forever).
+    message_ttl: float = 0.0
+
+
+@dataclass(slots=True)
+class Session:
+    client_id: str
+    clean_session: bool
+    limits: SessionLimits = field(default_factory=SessionLimits)
+    #: Subscriptions: topic filter -> granted QoS.
+    subscriptions: dict[str, int] = field(default_factory=dict)
+    #: Inflight outbound messages by packet id, in the order they were sent.
+    inflight: dict[int, Outbound] = field(default_factory=dict)
+    queue: deque[Outbound] = field(default_factory=deque)
+    #: Packet ids of inbound QoS 2 messages between PUBLISH and PUBREL.
+    inbound_qos2: set[int] = field(default_factory=set)
+    next_seq: int = 1
+    next_packet_id: int = 1
+    dropped: int = 0
+    #: Bound by ``attach``; None while the client is away.
+    output: bytearray | None = None
+    _dirty: dict[int, Outbound | None] = field(default_factory=dict)
+    _dirty_qos2: dict[int, bool] = field(default_factory=dict)
+
+    @property
+    def persistent(self) -> bool:
+        return not self.clean_session
+
+    @property
+    def online(self) -> bool:
+        return self.output is not None
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def deliver(
+        self, message: Message, qos: int, retain: bool = False, now: float = 0.0
+    ) -> Overflow:
+        """Hand over a message to be delivered at ``qos`` (already min'd with the grant).
+
+        ``now`` (any monotonic-ish clock the caller also passes to ``expire``) only matters
+        when a message TTL is configured.
+        """
+        out = self.output
+        if qos == 0:
+            if out is not None:
+                if len(out) > self.limits.max_output:
+                    self.dropped += 1
+                    return Overflow.DROPPED
+                out += message.encode_qos0(retain)
+                return Overflow.SENT
+            if self.clean_session:
+                return Overflow.DROPPED
+        entry = Outbound(self.next_seq, message, qos, retain)
+        if self.limits.message_ttl > 0:
+            entry.expires_at = now + self.limits.message_ttl
+        self.next_seq += 1
+        self._make_room()
+        self.queue.append(entry)
+        if qos and self.persistent:
+            self._dirty[entry.seq] = entry
+        if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
+            self._pump(out)
+            return Overflow.SENT
+        return Overflow.QUEUED
+
+    def expire(self, now: float) -> int:
+        """Drop queued (not inflight) messages past their deadline; returns how many."""
+        if self.limits.message_ttl <= 0 or not self.queue:
+            return 0
+        kept: deque[Outbound] = deque()
+        expired = 0
+        for entry in self.queue:
+            if 0 < entry.expires_at <= now:
+                expired += 1
+                self._forget(entry)
+            else:
+                kept.append(entry)
+        self.queue = kept
+        self.dropped += expired
+        return expired
+
+    def _make_room(self) -> None:
+        if len(self.queue) < self.limits.max_queued:
+            return
+        victim = next((e for e in self.queue if e.qos == 0), None) or self.queue[0]
+        self.queue.remove(victim)
+        self._forget(victim)
+        self.dropped += 1
+
+    def _forget(self, entry: Outbound) -> None:
+        if entry.qos and self.persistent:
+            self._dirty[entry.seq] = None
+
+    def _allocate_packet_id(self) -> int:
+        pid = self.next_packet_id
+        inflight = self.inflight
+        while pid in inflight:
+            pid = pid % 0xFFFF + 1
+        self.next_packet_id = pid % 0xFFFF + 1
+        return pid
+
+    def _pump(self, out: bytearray) -> None:
+        queue = self.queue
+        inflight = self.inflight
+        window = self.limits.max_inflight
+        while queue and (queue[0].qos == 0 or len(inflight) < window):
+            entry = queue.popleft()
+            if entry.qos == 0:
+                out += entry.message.encode_qos0(entry.retain)
+                continue
+            pid = self._allocate_packet_id()
+            entry.packet_id = pid
+            entry.state = OutState.AWAIT_PUBACK if entry.qos == 1 else OutState.AWAIT_PUBREC
+            inflight[pid] = entry
+            if self.persistent:
+                self._dirty[entry.seq] = entry
+            out += entry.message.encode(entry.qos, entry.retain, False, pid)
+
+    # -- connection lifecycle ---------------------------------------------------------------
+
+    def attach(self, output: bytearray, now: float = 0.0) -> None:
+        """Bind a new connection: resend everything inflight, then fill the window."""
+        self.output = output
+        self.expire(now)
+        for entry in self.inflight.values():
+            if entry.state == OutState.AWAIT_PUBCOMP:
+                output += encode_packet(PubRel(entry.packet_id))  # type: ignore[arg-type]
+            else:
+                output += entry.message.encode(entry.qos, entry.retain, True, entry.packet_id)
+        self._pump(output)
+
+    def detach(self) -> None:
+        self.output = None
+
+    # -- acknowledgements from the client ---------------------------------------------------
+
+    def on_puback(self, packet_id: int) -> bool:
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state != OutState.AWAIT_PUBACK:
+            return False  # unknown id: ignore, as a late ack after a resend can be legal
+        del self.inflight[packet_id]
+        self._forget(entry)
+        if self.output is not None:
+            self._pump(self.output)
+        return True
+
+    def on_pubrec(self, packet_id: int) -> bool:
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state not in (OutState.AWAIT_PUBREC, OutState.AWAIT_PUBCOMP):
+            return False
+        entry.state = OutState.AWAIT_PUBCOMP
+        if self.persistent:
+            self._dirty[entry.seq] = entry
+        if self.output is not None:
+            self.output += encode_packet(PubRel(packet_id))
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> bool:
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state != OutState.AWAIT_PUBCOMP:
+            return False
+        del self.inflight[packet_id]
+        self._forget(entry)
+        if self.output is not None:
+            self._pump(self.output)
+        return True
+
+    # -- inbound QoS 2 ----------------------------------------------------------------------
+
+    def begin_inbound_qos2(self, packet_id: int) -> bool:
+        """Record a QoS 2 PUBLISH id; False means it is a redelivery not to be routed again."""
+        if packet_id in self.inbound_qos2:
+            return False
+        self.inbound_qos2.add(packet_id)
+        if self.persistent:
+            self._dirty_qos2[packet_id] = True
+        return True
+
+    def release_inbound_qos2(self, packet_id: int) -> None:
+        if packet_id in self.inbound_qos2:
+            self.inbound_qos2.discard(packet_id)
+            if self.persistent:
+                self._dirty_qos2[packet_id] = False
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def has_changes(self) -> bool:
+        return bool(self._dirty or self._dirty_qos2)
+
+    def take_changes(self) -> tuple[dict[int, Outbound | None], dict[int, bool]]:
+        """Hand the store what changed since the last call: seq -> message (None = gone)."""
+        dirty, qos2 = self._dirty, self._dirty_qos2
+        self._dirty, self._dirty_qos2 = {}, {}
+        return dirty, qos2
+
+    def restore(self, entries: list[Outbound], inbound_qos2: set[int]) -> None:
+        """Rebuild state read back from the store (entries in sequence order)."""
+        for entry in entries:
+            if entry.packet_id is not None and entry.state != OutState.QUEUED:
+                self.inflight[entry.packet_id] = entry
+            else:
+                entry.state = OutState.QUEUED
+                entry.packet_id = None
+                self.queue.append(entry)
+            self.next_seq = max(self.next_seq, entry.seq + 1)
+        if self.inflight:
+            self.next_packet_id = max(self.inflight) % 0xFFFF + 1
+        self.inbound_qos2 = set(inbound_qos2)

@@ -1,0 +1,183 @@
+"""The session machine on its own: flow control, redelivery, QoS 2 ids, overflow, persistence."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqttring.protocol.codec import PacketDecoder
+from mqttring.protocol.packets import PubRel, Publish
+from mqttring.protocol.session import Message, OutState, Session, SessionLimits
+
+
+def packets(buf: bytearray) -> list:
+    decoder = PacketDecoder()
+    decoder.feed(bytes(buf))
+    buf.clear()
+    return list(decoder)
+
+
+def make(clean: bool = False, **limits) -> Session:
+    return Session("c1", clean, SessionLimits(**limits))
+
+
+def test_qos0_goes_straight_out_when_online():
+    s = make()
+    out = bytearray()
+    s.attach(out)
+    s.deliver(Message("a", b"x", 0), 0)
+    assert packets(out) == [Publish("a", b"x", 0)]
+
+
+def test_inflight_window_holds_back_qos1_until_acked():
+    s = make(max_inflight=2)
+    out = bytearray()
+    s.attach(out)
+    for i in range(4):
+        s.deliver(Message("t", b"%d" % i, 1), 1)
+    sent = packets(out)
+    assert [p.payload for p in sent] == [b"0", b"1"]
+    assert len(s.inflight) == 2 and len(s.queue) == 2
+    assert s.on_puback(sent[0].packet_id)
+    assert [p.payload for p in packets(out)] == [b"2"]
+    assert not s.on_puback(sent[0].packet_id), "an ack for an unknown id changes nothing"
+
+
+def test_reattach_resends_inflight_with_dup_then_pubrel_then_queue():
+    s = make(max_inflight=2)
+    out = bytearray()
+    s.attach(out)
+    s.deliver(Message("q1", b"a", 1), 1)
+    s.deliver(Message("q2", b"b", 2), 2)
+    s.deliver(Message("q3", b"c", 1), 1)
+    first = packets(out)
+    assert [p.topic for p in first] == ["q1", "q2"]
+    s.on_pubrec(first[1].packet_id)
+    assert packets(out) == [PubRel(first[1].packet_id)]
+    s.detach()
+    s.deliver(Message("q4", b"d", 1), 1)
+    out2 = bytearray()
+    s.attach(out2)
+    again = packets(out2)
+    assert again[0] == Publish("q1", b"a", 1, dup=True, packet_id=first[0].packet_id)
+    assert again[1] == PubRel(first[1].packet_id)
+    assert again[2:] == []  # window of 2 is full: q3, q4 wait
+    s.on_pubcomp(first[1].packet_id)
+    assert [p.topic for p in packets(out2)] == ["q3"]
+
+
+def test_clean_session_drops_qos0_while_away_persistent_queues_it():
+    clean, durable = make(clean=True), make(clean=False)
+    for s in (clean, durable):
+        s.deliver(Message("t", b"x", 0), 0)
+    assert len(clean.queue) == 0
+    assert len(durable.queue) == 1
+
+
+def test_overflow_drops_oldest_qos0_first_then_oldest_qos1():
+    s = make(max_queued=3)
+    s.deliver(Message("t", b"q1-a", 1), 1)
+    s.deliver(Message("t", b"q0", 0), 0)
+    s.deliver(Message("t", b"q1-b", 1), 1)
+    s.deliver(Message("t", b"q1-c", 1), 1)  # evicts the QoS 0 message
+    assert [e.message.payload for e in s.queue] == [b"q1-a", b"q1-b", b"q1-c"]
+    s.deliver(Message("t", b"q1-d", 1), 1)  # evicts the oldest QoS 1 message
+    assert [e.message.payload for e in s.queue] == [b"q1-b", b"q1-c", b"q1-d"]
+    assert s.dropped == 2
+
+
+def test_inbound_qos2_id_is_routed_once_until_pubrel():
+    s = make()
+    assert s.begin_inbound_qos2(7)
+    assert not s.begin_inbound_qos2(7)
+    s.release_inbound_qos2(7)
+    assert s.begin_inbound_qos2(7)
+
+
+def test_changes_coalesce_and_clean_sessions_mark_nothing():
+    s = make(max_inflight=1)
+    out = bytearray()
+    s.attach(out)
+    s.deliver(Message("t", b"1", 1), 1)
+    s.deliver(Message("t", b"2", 1), 1)
+    pid = packets(out)[0].packet_id
+    s.on_puback(pid)
+    dirty, qos2 = s.take_changes()
+    assert dirty[1] is None, "message 1 was acked: its record goes"
+    assert dirty[2].state == OutState.AWAIT_PUBACK
+    assert not s.has_changes()
+    clean = make(clean=True)
+    clean.attach(bytearray())
+    clean.deliver(Message("t", b"1", 1), 1)
+    assert not clean.has_changes()
+
+
+def test_expired_queued_messages_are_dropped_on_attach():
+    s = make(message_ttl=10.0)
+    s.deliver(Message("t", b"old", 1), 1, now=0.0)
+    s.deliver(Message("t", b"new", 1), 1, now=8.0)
+    out = bytearray()
+    s.attach(out, now=12.0)
+    assert [p.payload for p in packets(out)] == [b"new"]
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("deliver"), st.integers(0, 2)),
+        st.tuples(st.just("ack"), st.integers(0, 40)),
+        st.tuples(st.just("bounce"), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(1, 5))
+def test_model_every_qos_message_arrives_in_order(operations, window):
+    """Against a model client that acks correctly: QoS 1/2 messages are first sent in the
+    order they were delivered, ids never collide, and after a final drain every one arrived."""
+    s = make(max_inflight=window, max_queued=10_000)
+    out = bytearray()
+    s.attach(out)
+    expected: list[bytes] = []
+    first_seen: list[bytes] = []
+    awaiting: dict[int, str] = {}  # pid -> what the client owes
+    counter = 0
+
+    def absorb(buf: bytearray) -> None:
+        for p in packets(buf):
+            if isinstance(p, Publish) and p.qos:
+                assert p.packet_id not in awaiting or p.dup
+                if p.payload not in first_seen:
+                    first_seen.append(p.payload)
+                awaiting[p.packet_id] = "puback" if p.qos == 1 else "pubrec"
+            elif isinstance(p, PubRel):
+                awaiting[p.packet_id] = "pubcomp"
+        assert len([1 for k in awaiting if s.inflight.get(k)]) <= window
+
+    for op, arg in operations:
+        if op == "deliver":
+            counter += 1
+            payload = b"%d" % counter
+            s.deliver(Message("t", payload, arg), arg)
+            if arg:
+                expected.append(payload)
+        elif op == "ack" and awaiting:
+            pid = sorted(awaiting)[arg % len(awaiting)]
+            kind = awaiting.pop(pid)
+            {"puback": s.on_puback, "pubrec": s.on_pubrec, "pubcomp": s.on_pubcomp}[kind](pid)
+        elif op == "bounce":
+            s.detach()
+            awaiting.clear()
+            out = bytearray()
+            s.attach(out)
+        absorb(out)
+    for _ in range(10 * (len(expected) + 1)):
+        if not awaiting:
+            break
+        pid = min(awaiting)
+        kind = awaiting.pop(pid)
+        {"puback": s.on_puback, "pubrec": s.on_pubrec, "pubcomp": s.on_pubcomp}[kind](pid)
+        absorb(out)
+    assert first_seen == expected
+    assert not s.inflight and not s.queue
