@@ -176,7 +176,10 @@ class BrokerCore:
         self.clients[client_id] = handler
         self.metrics.clients_connected += 1
         self.metrics.connections_total += 1
-        return conn.accept(session, present, time.monotonic())
+        dropped = session.dropped
+        events = conn.accept(session, present, time.monotonic())
+        self.metrics.messages_dropped += session.dropped - dropped  # expired while away
+        return events
 
     async def on_publish(self, handler: ClientHandler, event: PublishReceived) -> None:
         message = event.message

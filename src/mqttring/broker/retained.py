@@ -58,10 +58,9 @@ class RetainedStore:
             op = Delete(_DB, self._key(topic))
         await self._store.write([op], durability)
 
-    def topics(self) -> list[str]:
-        return [topic for topic, _ in self._index.match("#")] + [
-            topic for topic, _ in self._index.match("$SYS/#")
-        ]
+    def count_user_topics(self) -> int:
+        """Retained topics outside ``$SYS`` (the ``#`` filter skips ``$`` topics)."""
+        return sum(1 for _ in self._index.match("#"))
 
     def matching(self, topic_filter: str) -> list[Message]:
         return [message for _topic, message in self._index.match(topic_filter)]

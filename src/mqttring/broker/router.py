@@ -102,7 +102,10 @@ class LocalRouter:
             if session is None:
                 continue
             qos = granted if granted < pub_qos else pub_qos
+            dropped = session.dropped
             session.deliver(message, qos, False, now)
+            if session.dropped != dropped:
+                self._metrics.messages_dropped += session.dropped - dropped
             if session.output is not None:
                 sent += 1
                 wake(cid)
