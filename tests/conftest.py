@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import queue
-import select
 import signal
 import socket
 import subprocess
@@ -439,25 +438,6 @@ def raw(broker: BrokerHandle) -> Iterator[Callable[..., Any]]:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def read_until(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = WAIT) -> bytes:
-    """Read ``proc.stdout`` until ``needle`` appears (bounded); returns everything read."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while needle not in seen:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"{needle!r} not printed within {timeout}s; got {seen!r}")
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise AssertionError(f"process exited before printing {needle!r}; got {seen!r}")
-            seen += chunk
-    return seen
 
 
 @pytest.fixture

@@ -14,8 +14,11 @@ hang: ``recv_packet(timeout=...)`` raises ``TimeoutError`` and ``wait_closed`` r
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import socket
 import struct
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -363,3 +366,25 @@ class RawClient:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def read_until(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 5.0) -> bytes:
+    """Read ``proc.stdout`` until ``needle`` appears (bounded); returns everything read."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"{needle!r} not printed within {timeout}s; got {seen!r}")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise AssertionError(f"process exited before printing {needle!r}; got {seen!r}")
+            seen += chunk
+    return seen

@@ -1,0 +1,155 @@
+"""Clean and persistent sessions (MQTT 3.1.1 sections 3.1.2.4, 3.2.2.2, 4.1, 4.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqtt_client import PUBLISH, puback
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_session_present_flags(paho, uid):
+    """[MQTT-3.2.2-1] clean session -> SP=0; [MQTT-3.2.2-3] no stored session -> SP=0;
+    [MQTT-3.2.2-2] stored session -> SP=1; [MQTT-3.1.2-6] CleanSession=1 discards it."""
+    cid = uid("sp")
+    a = paho(cid, clean_session=False)
+    assert a.connect() is False, "no session stored yet"
+    a.disconnect()
+    b = paho(cid, clean_session=False)
+    assert b.connect() is True
+    b.disconnect()
+    c = paho(cid, clean_session=True)
+    assert c.connect() is False, "[MQTT-3.2.2-1] SP must be 0 with CleanSession=1"
+    c.disconnect()
+    d = paho(cid, clean_session=False)
+    assert d.connect() is False, "[MQTT-3.1.2-6] the clean session discarded the old one"
+    d.disconnect()
+
+
+def test_offline_messages_delivered_in_order_on_return(paho, uid):
+    """[MQTT-3.1.2-4]/[MQTT-3.1.2-5]: subscriptions and QoS 1/2 messages of a
+    CleanSession=0 client are kept while it is away, and delivered in order (4.6) when it
+    returns with session-present=1."""
+    topic, cid = uid("offline"), uid("persist")
+    s = paho(cid, clean_session=False)
+    s.connect()
+    s.subscribe([(topic, 2)])
+    s.disconnect()
+    pub = paho(uid("pub"))
+    pub.connect()
+    for i in range(20):
+        pub.publish(topic, f"q1-{i}".encode(), qos=1)
+    for i in range(5):
+        pub.publish(topic, f"q2-{i}".encode(), qos=2)
+    back = paho(cid, clean_session=False)
+    assert back.connect() is True, "[MQTT-3.2.2-2] session-present must be 1"
+    got = back.collect(25, timeout=10)
+    expected = [f"q1-{i}".encode() for i in range(20)] + [f"q2-{i}".encode() for i in range(5)]
+    assert [m.payload for m in got] == expected
+    assert [m.qos for m in got] == [1] * 20 + [2] * 5
+    assert back.drain(0.5) == []
+    # The subscription itself survived: live messages keep flowing without re-subscribing.
+    pub.publish(topic, b"live", qos=1)
+    assert back.get().payload == b"live"
+
+
+def test_clean_session_client_gets_nothing_queued(paho, uid):
+    """[MQTT-3.1.2-6]: a CleanSession=1 session ends with the connection; nothing is queued."""
+    topic, cid = uid("clean"), uid("clean")
+    s = paho(cid, clean_session=True)
+    s.connect()
+    s.subscribe(topic, 1)
+    s.disconnect()
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(topic, b"lost", qos=1)
+    again = paho(cid, clean_session=True)
+    assert again.connect() is False
+    assert again.drain(0.7) == []
+
+
+def _publish_and_check_restart(node, paho_any, uid, restart):
+    """Shared body: queue QoS 1 messages for an offline persistent session, restart the node
+    (clean or crash), and check the session, its queue and a retained message survived."""
+    topic, cid = uid("persist"), uid("persist")
+    handle = node.start()
+    s = paho_any(handle, cid, clean_session=False)
+    s.connect()
+    s.subscribe([(topic, 1)])
+    s.disconnect()
+    pub = paho_any(handle, uid("pub"))
+    pub.connect()
+    for i in range(10):
+        pub.publish(topic, f"m{i}".encode(), qos=1)  # waits for PUBACK
+    pub.publish(f"{topic}/retained", b"kept", qos=1, retain=True)
+    pub.close()
+    restart()
+    handle = node.start()
+    back = paho_any(handle, cid, clean_session=False)
+    assert back.connect() is True, "the persistent session did not survive the restart"
+    got = back.collect(10, timeout=10)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(10)]
+    assert back.drain(0.5) == []
+    late = paho_any(handle, uid("late"))
+    late.connect()
+    late.subscribe(f"{topic}/retained", 1)
+    m = late.get()
+    assert (m.payload, m.retain) == (b"kept", True), "retained message lost in restart"
+    back.disconnect()
+    late.disconnect()
+
+
+def test_persistent_session_survives_clean_node_restart(node_factory, paho_any, uid):
+    """Issue 2: sessions, queued messages and retained messages live in the data dir and
+    survive a SIGTERM restart; the node exits 0 on SIGTERM."""
+    node = node_factory()
+
+    def restart() -> None:
+        assert node.terminate() == 0, f"node exit code on SIGTERM:\n{node.log_tail()}"
+
+    _publish_and_check_restart(node, paho_any, uid, restart)
+    assert node.terminate() == 0
+
+
+def test_pubacked_qos1_survives_kill9_of_node(node_factory, paho_any, uid):
+    """Issue 2 durability contract: anything PUBACKed survives kill -9 of the node. (MQTT
+    4.3.2: after PUBACK the sender has discarded the message, so the broker owns it.)"""
+    node = node_factory()
+    _publish_and_check_restart(node, paho_any, uid, node.kill9)
+    node.kill9()
+
+
+def test_unacked_outbound_redelivered_after_node_restart(node_factory, paho_any, uid):
+    """[MQTT-4.4.0-1] across a node restart: a QoS 1 message sent but not PUBACKed by the
+    subscriber is re-sent with DUP=1 when it reconnects to the restarted node."""
+    from mqtt_client import RawClient
+
+    topic, cid = uid("inflight"), uid("persist")
+    node = node_factory()
+    handle = node.start()
+    c = RawClient(handle.host, handle.port)
+    try:
+        assert c.connect(cid, clean_session=False).return_code == 0
+        assert c.subscribe([(topic, 1)]) == [1]
+        pub = paho_any(handle, uid("pub"))
+        pub.connect()
+        pub.publish(topic, b"unacked", qos=1)
+        first = c.expect(PUBLISH)
+        assert first.payload == b"unacked"
+        pub.close()
+    finally:
+        c.close()
+    assert node.terminate() == 0
+    handle = node.start()
+    c2 = RawClient(handle.host, handle.port)
+    try:
+        ack = c2.connect(cid, clean_session=False)
+        assert (ack.return_code, ack.session_present) == (0, True)
+        again = c2.expect(PUBLISH)
+        assert (again.payload, again.qos, again.dup) == (b"unacked", 1, True)
+        assert again.packet_id == first.packet_id, "[MQTT-4.4.0-1] original packet id"
+        c2.send(puback(again.packet_id))
+    finally:
+        c2.close()
+    assert node.terminate() == 0

@@ -1,0 +1,81 @@
+"""Session takeover and keepalive (MQTT 3.1.1 sections 3.1.4, 3.1.2.10, 3.12)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mqtt_client import PINGREQ_BYTES, PINGRESP, PUBLISH
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_second_connect_with_same_id_closes_first_and_publishes_its_will(raw, paho, uid):
+    """[MQTT-3.1.4-2]: if the ClientId is already connected, the server MUST disconnect the
+    existing client.  The old connection did not send DISCONNECT, so its will is published
+    (3.1.2.5; issue 2 lists takeover explicitly)."""
+    cid, will_topic = uid("dup"), uid("will")
+    watcher = paho(uid("watch"))
+    watcher.connect()
+    watcher.subscribe(will_topic, 1)
+    first = raw()
+    assert first.connect(cid, will=(will_topic, b"taken over", 1, False)).return_code == 0
+    second = raw()
+    assert second.connect(cid).return_code == 0
+    assert first.wait_closed(5), "[MQTT-3.1.4-2] the first connection must be closed"
+    m = watcher.get()
+    assert (m.topic, m.payload) == (will_topic, b"taken over")
+    # The new connection is the live one.
+    second.send(PINGREQ_BYTES)
+    assert second.expect(PINGRESP).flags == 0
+
+
+def test_takeover_keeps_persistent_session(raw, paho, uid):
+    """A CleanSession=0 takeover resumes the same session: SP=1 and subscriptions continue."""
+    cid, topic = uid("dup"), uid("t")
+    first = raw()
+    assert first.connect(cid, clean_session=False).return_code == 0
+    assert first.subscribe([(topic, 1)]) == [1]
+    second = raw()
+    ack = second.connect(cid, clean_session=False)
+    assert (ack.return_code, ack.session_present) == (0, True)
+    assert first.wait_closed(5)
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(topic, b"to-new", qos=1)
+    p = second.expect(PUBLISH)
+    assert p.payload == b"to-new"
+
+
+def test_keepalive_expiry_at_one_and_a_half_times(raw, paho, uid):
+    """[MQTT-3.1.2-24]: no packet within 1.5 x Keep Alive -> the server MUST disconnect.
+    Keep Alive 2 s: still open at 2.4 s (not a 1x timer), closed by 3 s + slack."""
+    c = raw()
+    assert c.connect(uid("ka"), keepalive=2).return_code == 0
+    t0 = time.monotonic()
+    assert not c.wait_closed(2.4), "closed before 1.2 x keepalive: the grace is 1.5 x"
+    assert c.wait_closed(2.6), "still open 5 s after CONNACK with keepalive=2 (limit is 3 s)"
+    elapsed = time.monotonic() - t0
+    assert 2.4 <= elapsed <= 5.0
+
+
+def test_pingreq_keeps_connection_alive(raw, uid):
+    """[MQTT-3.12.4-1]: PINGREQ is answered with PINGRESP, and any packet resets the keepalive
+    timer, so a client pinging every second with Keep Alive 1 stays connected."""
+    c = raw()
+    assert c.connect(uid("ping"), keepalive=1).return_code == 0
+    for _ in range(5):
+        time.sleep(0.8)
+        c.send(PINGREQ_BYTES)
+        resp = c.expect(PINGRESP, timeout=2)
+        assert (resp.flags, resp.body) == (0, b"")
+
+
+def test_keepalive_zero_means_no_timeout(raw, uid):
+    """3.1.2.10: Keep Alive 0 turns the mechanism off; the server must not time the client out."""
+    c = raw()
+    assert c.connect(uid("ka0"), keepalive=0).return_code == 0
+    assert not c.wait_closed(3.0)
+    c.send(PINGREQ_BYTES)
+    assert c.expect(PINGRESP)
