@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 #: Modules that provide ``register(subparsers)``.
-SUBCOMMANDS: tuple[str, ...] = ("mqttring.node",)
+SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin")
 
 
 def build_parser() -> argparse.ArgumentParser:

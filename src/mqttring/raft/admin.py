@@ -1,0 +1,103 @@
+"""Operator commands over the cluster RPC: ``mqttring status`` and ``mqttring leave``.
+
+Both authenticate with the cluster secret like any member (``--secret`` or
+``$MQTTRING_CLUSTER_SECRET``), so the admin port is the cluster port and nothing more is
+exposed.  ``status`` asks one node for its view: that is the node's own applied state,
+which is what an operator needs to see when nodes disagree (a lagging or partitioned node
+shows an older epoch, and no leader).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import trio
+
+from mqttring.raft.rpc import AuthError, RpcError, call_once, derive_key
+from mqttring.raft.service import RPC_KEY_PURPOSE, SECRET_ENV
+
+
+def _key(args: argparse.Namespace) -> bytes:
+    secret = args.secret or os.environ.get(SECRET_ENV)
+    if not secret:
+        raise SystemExit(f"error: give --secret or set ${SECRET_ENV}")
+    return derive_key(secret, RPC_KEY_PURPOSE)
+
+
+def _call(args: argparse.Namespace, kind: str, body: dict[str, Any], timeout: float) -> Any:
+    return trio.run(call_once, args.node, _key(args), "admin", kind, body, timeout)
+
+
+def format_status(status: dict[str, Any]) -> str:
+    view, raft = status["view"], status["raft"]
+    lines = [
+        f"node:      {status['node_id']}",
+        f"leader:    {view['leader'] or '(none known)'}",
+        f"term:      {raft.get('term')}",
+        f"epoch:     {view['epoch']}",
+        f"shards:    {view['num_shards']} x R={view['replication']}",
+        "",
+        f"{'member':<16} {'state':<9} {'inc':>4} {'owner':>6} {'replica':>8} {'catchup':>8}"
+        "  cluster / raft / mqtt",
+    ]
+    counts = view["shard_counts"]
+    for node, m in sorted(view["members"].items()):
+        c = counts.get(node, {"owner": 0, "replica": 0, "catching_up": 0})
+        lines.append(f"{node:<16} {m['state']:<9} {m['incarnation']:>4} {c['owner']:>6} "
+                     f"{c['replica']:>8} {c['catching_up']:>8}  "
+                     f"{m['cluster']} / {m['raft']} / {m['mqtt'] or '-'}")
+    if view["pins"]:
+        lines.append("")
+        lines += [f"pin {subtree}/# -> shard {shard}" for subtree, shard in view["pins"].items()]
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        status = _call(args, "status", {}, args.timeout)
+    except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
+        print(f"error: {args.node}: {exc!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        if not args.shards:
+            status["view"].pop("shards", None)
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(format_status(status))
+    return 0
+
+
+def cmd_leave(args: argparse.Namespace) -> int:
+    try:
+        if args.member:
+            _call(args, "remove", {"node_id": args.member}, args.timeout)
+            print(f"{args.member} removed")
+        else:
+            _call(args, "leave", {}, args.timeout)
+            print(f"{args.node} left the cluster")
+    except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
+        print(f"error: {args.node}: {exc!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", required=True, metavar="HOST:PORT", help="a member's cluster address")
+    p.add_argument("--secret", help=f"cluster secret (else ${SECRET_ENV})")
+    p.add_argument("--timeout", type=float, default=10.0)
+
+
+def register(subparsers: Any) -> None:
+    status = subparsers.add_parser("status", help="leader, term, epoch, members, shard counts")
+    _common(status)
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--shards", action="store_true", help="with --json: the full shard map")
+    status.set_defaults(func=cmd_status)
+    leave = subparsers.add_parser("leave", help="make a node hand its shards away and leave")
+    _common(leave)
+    leave.add_argument("--member", help="instead remove this (dead) member through --node")
+    leave.set_defaults(func=cmd_leave, timeout=60.0)

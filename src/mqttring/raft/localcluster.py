@@ -1,0 +1,157 @@
+"""Metadata-only members as real processes on loopback, for tests and benchmarks.
+
+Each member is ``python -m mqttring.raft.member`` (or, with ``entry="node"``, the full
+``mqttring.node``) in its own process with its own data dir.  A member keeps its ports
+across restarts (Raft identifies nodes by address).  ``close()`` kills everything started;
+tests call it from a finalizer so that no process outlives a failed test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mqttring.raft.rpc import call_once, derive_key
+from mqttring.raft.service import RPC_KEY_PURPOSE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    node_id: str
+    cluster: str
+    raft: str
+    data_dir: Path
+    ready_file: Path
+    log_file: Path
+    popen: subprocess.Popen[bytes] | None = None
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class LocalCluster:
+    def __init__(self, root: Path, secret: str = "test-secret", *, num_shards: int = 256,
+                 replication: int = 2, heartbeat: float = 0.2, grace: float = 1.5) -> None:
+        self.root = root
+        self.secret = secret
+        self.num_shards = num_shards
+        self.replication = replication
+        self.heartbeat = heartbeat
+        self.grace = grace
+        self.procs: dict[str, Proc] = {}
+        self.key = derive_key(secret, RPC_KEY_PURPOSE)
+
+    def start(self, node_id: str, join: str | None = None, *, secret: str | None = None,
+              manual_catch_up: bool = False) -> Proc:
+        proc = self.procs.get(node_id)
+        if proc is None:
+            data_dir = self.root / node_id
+            data_dir.mkdir(parents=True, exist_ok=True)
+            proc = Proc(node_id, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+                        data_dir, self.root / f"{node_id}.ready", self.root / f"{node_id}.log")
+            self.procs[node_id] = proc
+        assert not proc.alive, f"{node_id} already running"
+        proc.ready_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "mqttring.raft.member", "--node-id", node_id,
+               "--cluster", proc.cluster, "--raft", proc.raft, "--data-dir", str(proc.data_dir),
+               "--secret", secret or self.secret, "--ready-file", str(proc.ready_file),
+               "--num-shards", str(self.num_shards), "--replication", str(self.replication),
+               "--heartbeat-interval", str(self.heartbeat), "--failure-grace", str(self.grace)]
+        if join:
+            cmd += ["--join", join]
+        if manual_catch_up:
+            cmd.append("--manual-catch-up")
+        log = proc.log_file.open("ab")
+        proc.popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        return proc
+
+    async def wait_ready(self, node_id: str, timeout: float = 20.0) -> dict[str, Any]:
+        proc = self.procs[node_id]
+        with trio.fail_after(timeout):
+            while not proc.ready_file.exists():
+                if not proc.alive:
+                    raise RuntimeError(f"{node_id} exited: {self.tail(node_id)}")
+                await trio.sleep(0.05)
+        return dict(json.loads(proc.ready_file.read_text()))
+
+    async def form(self, *node_ids: str) -> None:
+        """Start the first node alone, then join the others one by one through it."""
+        first = node_ids[0]
+        self.start(first)
+        await self.wait_ready(first)
+        for node_id in node_ids[1:]:
+            self.start(node_id, join=self.procs[first].cluster)
+            await self.wait_ready(node_id)
+
+    async def status(self, node_id: str, timeout: float = 3.0) -> dict[str, Any]:
+        return await call_once(self.procs[node_id].cluster, self.key, "test", "status", {},
+                               timeout=timeout)
+
+    async def call(self, node_id: str, kind: str, body: dict[str, Any],
+                   timeout: float = 10.0) -> dict[str, Any]:
+        return await call_once(self.procs[node_id].cluster, self.key, "test", kind, body,
+                               timeout=timeout)
+
+    async def wait_for(self, node_id: str, predicate: Any, timeout: float = 15.0) -> dict:
+        """Poll ``node_id``'s status until ``predicate(status)`` holds; return that status."""
+        last: Any = None
+        with trio.move_on_after(timeout):
+            while True:
+                try:
+                    last = await self.status(node_id)
+                    if predicate(last):
+                        return dict(last)
+                except (OSError, trio.TooSlowError, EOFError) as exc:
+                    last = exc
+                await trio.sleep(0.05)
+        raise AssertionError(f"timed out waiting on {node_id}; last status: {last!r}")
+
+    def kill(self, node_id: str) -> None:
+        proc = self.procs[node_id]
+        if proc.alive:
+            assert proc.popen is not None
+            proc.popen.send_signal(signal.SIGKILL)
+            proc.popen.wait(5)
+
+    def terminate(self, node_id: str, timeout: float = 30.0) -> int:
+        proc = self.procs[node_id]
+        assert proc.popen is not None
+        proc.popen.send_signal(signal.SIGTERM)
+        return proc.popen.wait(timeout)
+
+    def tail(self, node_id: str, lines: int = 30) -> str:
+        path = self.procs[node_id].log_file
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.alive:
+                assert proc.popen is not None
+                proc.popen.kill()
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            if proc.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(max(0.1, deadline - time.monotonic()))

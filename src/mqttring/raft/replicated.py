@@ -1,0 +1,162 @@
+"""The pysyncobj shell around ``MetadataState``: settings, the replicated ``apply``, files.
+
+This module is deliberately thin.  pysyncobj runs its own thread (``autoTick``); it calls
+``ReplicatedMetadata.apply`` there for every committed entry, in log order, on every node.
+After each apply we take an immutable ``ClusterView`` snapshot *in that thread* (the state
+may change again on the next entry) and hand it to ``on_view``, which must only schedule
+work (the service passes ``TrioToken.run_sync_soon``) and never block the Raft thread.
+
+Settings, and why
+-----------------
+* ``password``: pysyncobj's TCP transport unpickles what it receives, so an open Raft port
+  would run anyone's code.  With a password every frame is Fernet-encrypted and
+  authenticated; the password is derived from the cluster secret for this purpose only
+  (``derive_key(secret, "mqttring-raft-v1")``) so it never equals the RPC key.
+* ``useFork=False``: forking a process that runs trio and other threads to write a dump is
+  unsafe; the dump is small (members and ~1k shard lists), so it is written in-thread.
+* ``dynamicMembershipChange=True``: nodes are added and removed one at a time by the leader.
+* ``commandsWaitLeader=False``: with no leader a command fails at once (MISSING_LEADER)
+  instead of sitting in a queue and applying minutes later after the caller gave up.  A
+  minority partition therefore cannot commit, and callers see it.
+* Timeouts (``RaftTimeouts``): elections after 0.4-0.8 s of leader silence, heartbeats
+  every 50 ms, reconnects every 0.3 s, and a leader that hears from no majority for 2 s
+  steps down.  Tuned for a LAN: failover is about one second.  A WAN needs them larger.
+* ``journalFile`` and ``fullDumpFile`` live in ``<data_dir>/raft/``.  The journal is an
+  mmap flushed about once a second, so a kill -9 can lose its tail: nothing is lost that
+  the leader cannot resend, because an entry counts as committed only on a majority and a
+  restarting node catches up from the leader.  Everything in the state is rebuilt from the
+  dump plus the journal (or from the leader, if both are gone).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from mqttring.raft.state import Command, MetadataState, Result
+
+RAFT_PASSWORD_PURPOSE = "mqttring-raft-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class RaftTimeouts:
+    append_entries_period: float = 0.05
+    election_min: float = 0.4
+    election_max: float = 0.8
+    connection_timeout: float = 1.0
+    connection_retry: float = 0.3
+    leader_fallback: float = 2.0
+
+
+DEFAULT_TIMEOUTS = RaftTimeouts()
+
+
+class ReplicatedMetadata(SyncObjConsumer):
+    """The replicated wrapper: ``apply`` runs on every node once the entry commits."""
+
+    def __init__(self, on_applied: Callable[[MetadataState], None]) -> None:
+        # Set before SyncObjConsumer.__init__ so that pysyncobj does not pickle it into dumps.
+        self._on_applied = on_applied
+        super().__init__()
+        self.state = MetadataState()
+
+    @replicated
+    def apply(self, command: Command) -> Result:
+        result = self.state.apply(command)
+        self._on_applied(self.state)
+        return result
+
+    def _deserialize(self, data: Any) -> None:
+        super()._deserialize(data)
+        self._on_applied(self.state)
+
+
+def raft_files(data_dir: Path) -> tuple[Path, Path]:
+    raft_dir = data_dir / "raft"
+    raft_dir.mkdir(parents=True, exist_ok=True)
+    return raft_dir / "journal.bin", raft_dir / "dump.bin"
+
+
+def make_syncobj(
+    self_raft: str,
+    peers: list[str],
+    consumer: ReplicatedMetadata,
+    password: str,
+    data_dir: Path | None,
+    timeouts: RaftTimeouts = DEFAULT_TIMEOUTS,
+    on_state_changed: Callable[[int, int], None] | None = None,
+) -> SyncObj:
+    """Start a pysyncobj node (its thread starts here; the constructor blocks briefly)."""
+    journal, dump = raft_files(data_dir) if data_dir is not None else (None, None)
+    conf = SyncObjConf(
+        password=password,
+        useFork=False,
+        dynamicMembershipChange=True,
+        commandsWaitLeader=False,
+        journalFile=None if journal is None else str(journal),
+        fullDumpFile=None if dump is None else str(dump),
+        appendEntriesPeriod=timeouts.append_entries_period,
+        raftMinTimeout=timeouts.election_min,
+        raftMaxTimeout=timeouts.election_max,
+        connectionTimeout=timeouts.connection_timeout,
+        connectionRetryTime=timeouts.connection_retry,
+        leaderFallbackTimeout=timeouts.leader_fallback,
+        logCompactionMinEntries=2000,
+        logCompactionMinTime=60,
+        onStateChanged=on_state_changed,
+    )
+    return SyncObj(self_raft, [p for p in peers if p != self_raft], conf=conf,
+                   consumers=[consumer])
+
+
+class RaftHost:
+    """A dedicated thread that creates the SyncObj and outlives it.
+
+    pysyncobj's tick thread stops as soon as the thread that constructed the SyncObj exits.
+    Built on a trio worker thread (which trio retires when idle) Raft would silently stop
+    ticking some seconds later; built on the trio thread it would block the loop during
+    key derivation.  So one plain thread builds it, waits for ``stop()``, and destroys it.
+    """
+
+    def __init__(self, factory: Callable[[], SyncObj]) -> None:
+        self._factory = factory
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self.syncobj: SyncObj | None = None
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        try:
+            self.syncobj = self._factory()
+        except BaseException as exc:
+            self.error = exc
+            self._done.set()
+            return
+        finally:
+            self._ready.set()
+        self._stop.wait()
+        try:
+            self.syncobj.destroy_synchronous()
+        finally:
+            self._done.set()
+
+    def start(self) -> None:
+        threading.Thread(target=self._main, name="raft-host", daemon=True).start()
+
+    def wait_ready(self) -> SyncObj:
+        """Blocking: call through ``trio.to_thread``."""
+        self._ready.wait()
+        if self.syncobj is None:
+            raise RuntimeError("pysyncobj failed to start") from self.error
+        return self.syncobj
+
+    def stop(self) -> None:
+        """Blocking: call through ``trio.to_thread``."""
+        self._stop.set()
+        self._done.wait()

@@ -1,0 +1,579 @@
+"""``MetadataService``: one node's membership in the cluster metadata, for trio code.
+
+It owns the pysyncobj node (its own thread), the cluster RPC server on ``config.cluster``,
+and three small loops: heartbeats to the leader, the leader's failure detector, and a
+watcher that notices leader changes (which are not log entries).  Readers get immutable
+``ClusterView`` snapshots: ``view()`` returns the latest, ``subscribe()`` pushes each new
+one.  Nothing here blocks the trio loop: commands go to pysyncobj's queue with a callback,
+and every callback from the Raft thread comes back through ``TrioToken.run_sync_soon``.
+
+Joining (``config.join`` or, after a restart, the members remembered in
+``<data_dir>/raft/peers.json``)::
+
+    new node --info--> any member         (Raft peers, leader)
+    new node starts pysyncobj with those peers
+    new node --join--> any member --join--> leader   (forwarded if needed)
+    leader: commit ``joining`` -> addNodeToCluster (one at a time) -> commit ``up``
+
+A node that restarts (or finds itself marked down) joins again the same way and gets a new
+incarnation; its shards come back to it only through ``mark_caught_up``.
+
+Who calls ``mark_caught_up``: the data plane, once it has copied a shard it is catching up
+on (``view.catching_up_for(node_id)``).  Until issue 5 wires that in, a node built with
+``catch_up=CatchUp.DATA_PLANE`` (the default, used by ``mqttring.node``) stays catching-up
+-- correct, since nothing copies the data.  The metadata-only member
+(``mqttring.raft.member``) holds no shard data, so it uses ``CatchUp.NOTHING_TO_COPY``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import trio
+from pysyncobj import FAIL_REASON, SyncObj
+
+from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.raft import state as sm
+from mqttring.raft.replicated import (
+    DEFAULT_TIMEOUTS,
+    RAFT_PASSWORD_PURPOSE,
+    RaftHost,
+    RaftTimeouts,
+    ReplicatedMetadata,
+    make_syncobj,
+)
+from mqttring.raft.rpc import Peer, RpcClient, RpcError, RpcServer, call_once, derive_key
+from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
+
+log = logging.getLogger(__name__)
+
+RPC_KEY_PURPOSE = "mqttring-rpc-v1"
+SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
+#: Metadata RPC kinds served on the cluster port (the data plane adds its own).
+RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_up", "pin")
+
+
+class CatchUp(enum.Enum):
+    DATA_PLANE = "data-plane"  # the data plane calls mark_caught_up after copying a shard
+    NOTHING_TO_COPY = "nothing-to-copy"  # metadata-only node: it holds no shard data
+
+
+class CommitError(Exception):
+    """Raft did not commit a command (no leader, leader changed) or the state refused it."""
+
+
+def cluster_secret(config: BrokerConfig) -> str:
+    secret = config.cluster_secret or os.environ.get(SECRET_ENV)
+    if not secret:
+        raise ConfigError(f"a cluster needs cluster_secret (or ${SECRET_ENV})")
+    return secret
+
+
+def default_raft_address(cluster: str) -> str:
+    """Raft listens on the cluster port + 1 unless told otherwise (it must be a fixed port)."""
+    host, port = parse_hostport(cluster)
+    if port == 0:
+        raise ConfigError("with --cluster HOST:0 give --raft HOST:PORT explicitly")
+    return f"{host}:{port + 1}"
+
+
+class MetadataService:
+    """See the module docstring; the public surface is the five methods below."""
+
+    def __init__(self, config: BrokerConfig, *, catch_up: CatchUp = CatchUp.DATA_PLANE,
+                 timeouts: RaftTimeouts = DEFAULT_TIMEOUTS) -> None:
+        if config.cluster is None:
+            raise ConfigError("a cluster member needs a cluster address")
+        if config.raft is None:
+            config = replace(config, raft=default_raft_address(config.cluster))
+        secret = cluster_secret(config)
+        self.config = config
+        self.node_id = config.node_id
+        self.catch_up = catch_up
+        self.timeouts = timeouts
+        self._rpc_key = derive_key(secret, RPC_KEY_PURPOSE)
+        self._raft_password = derive_key(secret, RAFT_PASSWORD_PURPOSE).hex()
+        self._cluster_address = config.cluster
+        #: MQTT address announced to other members (node.py may set the bound one).
+        self.advertised_mqtt = config.mqtt
+        self._view = EMPTY_VIEW
+        self._subscribers: list[trio.MemorySendChannel[ClusterView]] = []
+        self._view_changed = trio.Event()
+        self._syncobj: SyncObj | None = None
+        self._raft_host: RaftHost | None = None
+        self._consumer: ReplicatedMetadata | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._membership_lock = trio.Lock()
+        self._last_seen: dict[str, float] = {}
+        self._leader_since: float | None = None
+        self._left = trio.Event()
+        self._saved_members: object = None
+        self.rpc = RpcServer(self._rpc_key, self.node_id)
+        for kind in RPC_KINDS:
+            self.rpc.register(kind, getattr(self, f"_rpc_{kind}"))
+
+    # -- public surface ---------------------------------------------------------------
+
+    def view(self) -> ClusterView:
+        return self._view
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[ClusterView]:
+        """Every view installed from now on; unbounded because epochs are rare."""
+        send, receive = trio.open_memory_channel[ClusterView](math.inf)
+        self._subscribers.append(send)
+        return receive
+
+    @property
+    def incarnation(self) -> int:
+        member = self._view.members.get(self.node_id)
+        return member.incarnation if member else 0
+
+    async def mark_caught_up(self, shards: list[int]) -> dict[str, Any]:
+        """The data plane holds these shards' data now: let them be served from here."""
+        return await self._commit(sm.cmd_caught_up(self.node_id, self.incarnation, shards),
+                                  timeout=2.0)
+
+    async def pin(self, subtree: str, shard: int | None = None) -> dict[str, Any]:
+        return await self._commit(sm.cmd_pin(subtree, shard))
+
+    async def run(self, *, task_status: trio.TaskStatus[ClusterView] =
+                  trio.TASK_STATUS_IGNORED) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        try:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(self.rpc.serve, self.config.cluster)
+                host = self.config.cluster.rpartition(":")[0]
+                self._cluster_address = f"{host}:{port}"
+                await self._start_raft()
+                nursery.start_soon(self._watch_leader)
+                view = await self._become_member()
+                task_status.started(view)
+                nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._leader_loop)
+                if self.catch_up is CatchUp.NOTHING_TO_COPY:
+                    nursery.start_soon(self._claim_empty_shards)
+                await self._left.wait()
+                await trio.sleep(0.2)  # let the reply to a remote "leave" go out
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop_raft()
+
+    async def leave(self) -> None:
+        """Hand this node's shards away (epoch without it as owner), then leave Raft."""
+        me = self._view.members.get(self.node_id)
+        if self._syncobj is None or me is None:
+            return
+        others = [m for m in self._view.members.values()
+                  if m.node_id != self.node_id and m.state is MemberState.UP]
+        if not others:
+            log.warning("%s is the last member; stopping without handing shards away",
+                        self.node_id)
+            return
+        if me.state is MemberState.UP:
+            await self._commit(sm.cmd_leaving(self.node_id))
+        # Wait (bounded) until no shard is served only from here.
+        with trio.move_on_after(self.config.leave_timeout):
+            while any(a.owner == self.node_id for a in self._view.shards):
+                await self._wait_view()
+        if self._syncobj._isLeader():
+            await self._transfer_leadership()
+        await self._leader_call("remove", {"node_id": self.node_id})
+        await self._stop_raft()
+        if self.config.data_dir is not None:
+            # Our journal says we are a member; a restart must join afresh, not resurrect.
+            shutil.rmtree(self.config.data_dir / "raft", ignore_errors=True)
+
+    # -- Raft plumbing ----------------------------------------------------------------
+
+    def _on_applied(self, state: sm.MetadataState) -> None:
+        """Raft thread: snapshot now, install on the trio thread."""
+        try:
+            view = state.view(leader=self._leader_id(state.members))
+            if self._token is not None:
+                self._token.run_sync_soon(self._install, view)
+        except trio.RunFinishedError:
+            pass
+        except Exception:  # never let a bug here kill pysyncobj's thread
+            log.exception("building a ClusterView failed")
+
+    def _install(self, view: ClusterView) -> None:
+        if view.epoch < self._view.epoch:
+            return
+        self._view = view
+        self._view_changed.set()
+        self._view_changed = trio.Event()
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(view)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.remove(send)
+        self._save_peers(view)
+
+    async def _wait_view(self) -> None:
+        await self._view_changed.wait()
+
+    def _leader_id(self, members: Any) -> str | None:
+        syncobj = self._syncobj
+        leader = syncobj._getLeader() if syncobj is not None else None
+        if leader is None:
+            return None
+        for member in members.values():
+            if member.raft == leader.address:
+                return member.node_id
+        return None
+
+    def _peers_file(self) -> Path | None:
+        if self.config.data_dir is None:
+            return None
+        return self.config.data_dir / "raft" / "peers.json"
+
+    def _save_peers(self, view: ClusterView) -> None:
+        """Remember the members so that a restart knows whom to rejoin through."""
+        path = self._peers_file()
+        if path is None or self.node_id not in view.members or view.members == self._saved_members:
+            return
+        self._saved_members = view.members
+        peers = {m.node_id: {"cluster": m.cluster, "raft": m.raft}
+                 for m in view.members.values()}
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"epoch": view.epoch, "members": peers}))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot save %s: %s", path, exc)
+
+    def _load_peers(self) -> dict[str, dict[str, str]]:
+        path = self._peers_file()
+        if path is None or not path.exists():
+            return {}
+        try:
+            return dict(json.loads(path.read_text())["members"])
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return {}
+
+    async def _start_raft(self) -> None:
+        peers = self._load_peers()
+        self._join_via = [self.config.join] if self.config.join else []
+        self._join_via += [p["cluster"] for n, p in sorted(peers.items()) if n != self.node_id]
+        raft_peers = [p["raft"] for n, p in peers.items() if n != self.node_id]
+        if self._join_via and not raft_peers:
+            info = await self._first_answer("info", {})
+            raft_peers = [r for r in info["raft_peers"] if r != self.config.raft]
+        self._consumer = consumer = ReplicatedMetadata(self._on_applied)
+        host = RaftHost(lambda: make_syncobj(self.config.raft or "", raft_peers, consumer,
+                                             self._raft_password, self.config.data_dir,
+                                             self.timeouts))
+        self._raft_host = host
+        host.start()
+        self._syncobj = await trio.to_thread.run_sync(host.wait_ready)
+
+    async def _stop_raft(self) -> None:
+        host, self._raft_host = self._raft_host, None
+        self._syncobj = None
+        if host is not None:
+            await trio.to_thread.run_sync(host.stop)
+
+    async def _become_member(self) -> ClusterView:
+        incarnation = 1
+        if not self._join_via:
+            await self._bootstrap()
+        else:
+            incarnation = await self._join()
+        # Our own replica may lag the leader: wait until it shows us up in this incarnation.
+        while True:
+            me = self._view.members.get(self.node_id)
+            if me is not None and me.state is MemberState.UP and me.incarnation >= incarnation:
+                return self._view
+            await self._wait_view()
+
+    async def _bootstrap(self) -> None:
+        """Form a one-node cluster (or, after a restart, resume it from the journal)."""
+        syncobj, consumer = self._syncobj, self._consumer
+        assert syncobj is not None and consumer is not None
+        while not (syncobj._isLeader() and syncobj.isReady()):
+            await trio.sleep(0.02)
+        if consumer.state.num_shards == 0:
+            await self._commit(sm.cmd_bootstrap(self.config.num_shards, self.config.replication,
+                                                self._member_info()))
+        # Otherwise this is the restart of a one-node cluster, resumed from its journal.  It
+        # keeps its incarnation: no other node can have taken writes while it was away.
+
+    async def _join(self) -> int:
+        answer = await self._first_answer("join", {"member": self._member_info()}, timeout=30.0)
+        return int(answer["incarnation"])
+
+    async def _first_answer(self, kind: str, body: dict[str, Any],
+                            timeout: float = 30.0) -> dict[str, Any]:
+        """Ask each known member in turn until one answers (members may be restarting)."""
+        with trio.fail_after(timeout):
+            while True:
+                for address in self._join_via:
+                    try:
+                        return await call_once(address, self._rpc_key, self.node_id, kind,
+                                               body, timeout=10.0)
+                    except (OSError, RpcError, trio.TooSlowError, EOFError) as exc:
+                        log.info("%s via %s failed: %s", kind, address, exc)
+                await trio.sleep(0.2)
+
+    def _member_info(self) -> dict[str, Any]:
+        return sm.member_info(self.node_id, self._cluster_address, self.config.raft or "",
+                              self.advertised_mqtt, self.config.node_weight)
+
+    async def _raft_call(self, start: Any, timeout: float) -> Any:
+        """Run a pysyncobj async call (``start(callback)``) and await its callback."""
+        token = self._token
+        assert token is not None
+        send, receive = trio.open_memory_channel[tuple[Any, int]](1)
+
+        def callback(result: Any, error: int) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(send.send_nowait, (result, error))
+
+        start(callback)
+        with trio.fail_after(timeout):
+            return await receive.receive()
+
+    async def _commit(self, command: sm.Command, timeout: float = 5.0) -> dict[str, Any]:
+        """Commit through Raft (forwarded to the leader by pysyncobj); retry while leaderless."""
+        with trio.fail_after(timeout):
+            while True:
+                consumer = self._consumer
+                if consumer is None or self._syncobj is None:
+                    raise CommitError("not running")
+                result, error = await self._raft_call(
+                    lambda cb, c=consumer: c.apply(command, callback=cb), timeout)
+                if error == FAIL_REASON.SUCCESS:
+                    if not result.get("ok"):
+                        raise CommitError(result.get("error", "refused"))
+                    return result
+                if error not in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL):
+                    raise CommitError(f"{command['op']} not committed (pysyncobj error {error})")
+                await trio.sleep(0.1)
+
+    async def _change_raft_membership(self, op: str, raft: str) -> None:
+        """addNodeToCluster / removeNodeFromCluster, retried while a change is in flight."""
+        syncobj = self._syncobj
+        assert syncobj is not None
+        method = syncobj.addNodeToCluster if op == "add" else syncobj.removeNodeFromCluster
+        with trio.fail_after(15.0):
+            while True:
+                _, error = await self._raft_call(lambda cb: method(raft, callback=cb), 15.0)
+                if error == FAIL_REASON.SUCCESS:
+                    return
+                log.info("raft %s %s: pysyncobj error %s, retrying", op, raft, error)
+                await trio.sleep(0.2)
+
+    def _raft_nodes(self) -> set[str]:
+        syncobj = self._syncobj
+        assert syncobj is not None
+        return {n.address for n in syncobj.otherNodes} | {syncobj.selfNode.address}
+
+    async def _transfer_leadership(self) -> None:
+        syncobj = self._syncobj
+        assert syncobj is not None
+        with trio.move_on_after(5.0):
+            while syncobj._isLeader():
+                await self._raft_call(lambda cb: syncobj.transferLeadership(callback=cb), 2.0)
+                await trio.sleep(0.5)
+
+    # -- loops ------------------------------------------------------------------------
+
+    async def _watch_leader(self) -> None:
+        """Leader changes are not log entries: fold them into the view when they happen."""
+        while True:
+            view = self._view
+            leader = self._leader_id(view.members)
+            if leader != view.leader:
+                self._install(replace(view, leader=leader))
+            await trio.sleep(0.05)
+
+    async def _heartbeat_loop(self) -> None:
+        client: RpcClient | None = None
+        while True:
+            await trio.sleep(self.config.heartbeat_interval)
+            view = self._view
+            me = view.members.get(self.node_id)
+            if me is not None and me.state is MemberState.DOWN:
+                log.warning("%s was marked down; rejoining with a new incarnation", self.node_id)
+                self._join_via = [m.cluster for m in view.members.values()
+                                  if m.node_id != self.node_id] or self._join_via
+                with contextlib.suppress(trio.TooSlowError):
+                    await self._join()
+                continue
+            leader = view.members.get(view.leader or "")
+            if leader is None or leader.node_id == self.node_id:
+                continue
+            try:
+                if client is None or client.peer != leader.node_id:
+                    if client is not None:
+                        await client.aclose()
+                    client = None
+                    client = await RpcClient.connect(leader.cluster, self._rpc_key, self.node_id)
+                await client.call("heartbeat", {"node_id": self.node_id,
+                                                "incarnation": self.incarnation}, timeout=2.0)
+            except (OSError, RpcError, EOFError, trio.TooSlowError, trio.BrokenResourceError,
+                    trio.ClosedResourceError) as exc:
+                log.debug("heartbeat to %s failed: %s", leader.node_id, exc)
+                if client is not None:
+                    await trio.aclose_forcefully(client._fs.stream)
+                client = None
+
+    async def _leader_loop(self) -> None:
+        """Failure detection, on the leader only: silence past the grace period -> down."""
+        while True:
+            await trio.sleep(self.config.heartbeat_interval / 2)
+            syncobj = self._syncobj
+            if syncobj is None or not syncobj._isLeader():
+                self._leader_since = None
+                continue
+            now = trio.current_time()
+            if self._leader_since is None:
+                # A new leader has no history: everyone gets a full grace period.
+                self._leader_since = now
+                self._last_seen.clear()
+            for member in self._view.members.values():
+                if member.node_id == self.node_id or member.state is MemberState.DOWN:
+                    continue
+                seen = self._last_seen.get(member.node_id, self._leader_since)
+                if now - seen > self.config.failure_grace:
+                    log.warning("no heartbeat from %s for %.1fs: marking it down",
+                                member.node_id, now - seen)
+                    try:
+                        await self._commit(sm.cmd_down(member.node_id, member.incarnation))
+                    except (CommitError, trio.TooSlowError) as exc:
+                        log.info("could not mark %s down: %s", member.node_id, exc)
+
+    async def _claim_empty_shards(self) -> None:
+        """NOTHING_TO_COPY: this node holds no shard data, so catching up is immediate."""
+        while True:
+            pending = self._view.catching_up_for(self.node_id)
+            me = self._view.members.get(self.node_id)
+            if pending and me is not None and me.state is MemberState.UP:
+                try:
+                    await self.mark_caught_up(list(pending))
+                except (CommitError, trio.TooSlowError) as exc:
+                    log.info("caught_up not committed: %s", exc)
+                    await trio.sleep(0.2)
+                    continue
+            await self._wait_view()
+
+    # -- RPC handlers -------------------------------------------------------------------
+
+    async def _leader_call(self, kind: str, body: dict[str, Any],
+                           timeout: float = 20.0) -> dict[str, Any]:
+        """Run ``kind`` on the Raft leader: here, or forwarded to its cluster address."""
+        with trio.fail_after(timeout):
+            while True:
+                syncobj = self._syncobj
+                if syncobj is not None and syncobj._isLeader():
+                    return await getattr(self, f"_leader_{kind}")(body)
+                leader = self._view.members.get(self._leader_id(self._view.members) or "")
+                if leader is not None and leader.node_id != self.node_id:
+                    try:
+                        return await call_once(leader.cluster, self._rpc_key, self.node_id,
+                                               kind, {**body, "forwarded": True}, timeout)
+                    except (OSError, EOFError, trio.TooSlowError) as exc:
+                        log.info("forwarding %s to %s failed: %s", kind, leader.node_id, exc)
+                await trio.sleep(0.1)
+
+    async def _rpc_info(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        if self._syncobj is None:
+            raise RpcError("raft not started")
+        return {"raft_peers": sorted(self._raft_nodes()), "leader": self._view.leader,
+                "epoch": self._view.epoch}
+
+    async def _rpc_join(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return await self._leader_call("join", {"member": body["member"]})
+
+    async def _leader_join(self, body: dict[str, Any]) -> dict[str, Any]:
+        info = body["member"]
+        async with self._membership_lock:  # one membership change at a time
+            old = self._view.members.get(info["node_id"])
+            if old is not None and old.raft != info["raft"]:
+                raise RpcError(f"{old.node_id} is a member with raft address {old.raft}; "
+                               "remove it before rejoining from another address")
+            # The grace period starts now, not when this leader took over.
+            self._last_seen[info["node_id"]] = trio.current_time()
+            await self._commit(sm.cmd_joining(info))
+            if info["raft"] not in self._raft_nodes():
+                await self._change_raft_membership("add", info["raft"])
+            result = await self._commit(sm.cmd_up(info["node_id"]))
+            self._last_seen[info["node_id"]] = trio.current_time()
+        log.info("%s joined with incarnation %s", info["node_id"], result["incarnation"])
+        return {"incarnation": result["incarnation"], "epoch": result["epoch"]}
+
+    async def _rpc_remove(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return await self._leader_call("remove", {"node_id": body["node_id"]})
+
+    async def _leader_remove(self, body: dict[str, Any]) -> dict[str, Any]:
+        member = self._view.members.get(body["node_id"])
+        if member is None:
+            raise RpcError(f"unknown member {body['node_id']!r}")
+        if member.node_id == self.node_id:
+            raise RpcError("the leader cannot remove itself; transfer leadership first")
+        async with self._membership_lock:
+            result = await self._commit(sm.cmd_remove(member.node_id))
+            if member.raft in self._raft_nodes():
+                await self._change_raft_membership("remove", member.raft)
+        return {"epoch": result["epoch"]}
+
+    async def _rpc_heartbeat(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        self._last_seen[str(body["node_id"])] = trio.current_time()
+        return {"epoch": self._view.epoch}
+
+    async def _rpc_status(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        syncobj = self._syncobj
+        raft: dict[str, Any] = {}
+        if syncobj is not None:
+            raft = {"term": syncobj.raftCurrentTerm, "commit_index": syncobj.raftCommitIndex,
+                    "is_leader": syncobj._isLeader(), "address": self.config.raft}
+        view = self._view
+        return {"node_id": self.node_id, "raft": raft, "leader": view.leader,
+                "view": view_to_wire(view), "rpc_refused": self.rpc.refused}
+
+    async def _rpc_leave(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """Leave, then make ``run`` return (after this reply is sent)."""
+        await self.leave()
+        self._left.set()
+        return {"left": True}
+
+    async def _rpc_caught_up(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        """For tests and operators standing in for the data plane (see module docstring)."""
+        return await self._commit_rpc(sm.cmd_caught_up(
+            self.node_id, self.incarnation, [int(s) for s in body.get("shards", [])]))
+
+    async def _rpc_pin(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return await self._commit_rpc(sm.cmd_pin(str(body["subtree"]), body.get("shard")))
+
+    async def _commit_rpc(self, command: sm.Command) -> dict[str, Any]:
+        try:
+            return await self._commit(command, timeout=float(command.get("timeout", 5.0)))
+        except (CommitError, trio.TooSlowError) as exc:
+            raise RpcError(f"not committed: {exc!r}") from None
+
+
+def view_to_wire(view: ClusterView) -> dict[str, Any]:
+    """A msgpack/JSON-friendly rendering of a view, for status and tests."""
+    return {
+        "epoch": view.epoch,
+        "leader": view.leader,
+        "num_shards": view.num_shards,
+        "replication": view.replication,
+        "members": {n: {"state": m.state.value, "incarnation": m.incarnation, "mqtt": m.mqtt,
+                        "cluster": m.cluster, "raft": m.raft, "weight": m.weight}
+                    for n, m in view.members.items()},
+        "shard_counts": view.shard_counts(),
+        "pins": dict(view.pins),
+        "shards": [[list(a.replicas), sorted(a.catching_up)] for a in view.shards],
+    }
