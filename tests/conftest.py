@@ -365,6 +365,14 @@ class PahoClient:
             except queue.Empty:
                 return got
 
+    def clear(self) -> None:
+        """Forget every message received so far."""
+        while True:
+            try:
+                self.messages.get_nowait()
+            except queue.Empty:
+                return
+
     def disconnect(self) -> None:
         """A clean DISCONNECT (no will) and stop the network thread."""
         if self.looping:
@@ -383,8 +391,9 @@ class PahoClient:
 
 
 @pytest.fixture
-def paho(broker: BrokerHandle) -> Iterator[Callable[..., PahoClient]]:
-    """``make(client_id="", clean_session=True, transport="tcp", target=broker)``."""
+def paho(request: pytest.FixtureRequest) -> Iterator[Callable[..., PahoClient]]:
+    """``make(client_id="", clean_session=True, transport="tcp", target=None)``; without a
+    target the client goes to the ``broker`` fixture (started only if some client needs it)."""
     clients: list[PahoClient] = []
 
     def make(
@@ -393,7 +402,9 @@ def paho(broker: BrokerHandle) -> Iterator[Callable[..., PahoClient]]:
         transport: str = "tcp",
         target: BrokerHandle | None = None,
     ) -> PahoClient:
-        client = PahoClient(target or broker, client_id, clean_session, transport)
+        client = PahoClient(
+            target or request.getfixturevalue("broker"), client_id, clean_session, transport
+        )
         clients.append(client)
         return client
 
@@ -420,15 +431,16 @@ def paho_any() -> Iterator[Callable[..., PahoClient]]:
 
 
 @pytest.fixture
-def raw(broker: BrokerHandle) -> Iterator[Callable[..., Any]]:
-    """``make(target=broker) -> RawClient``; sockets closed at teardown."""
+def raw(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """``make(target=None, rcvbuf=None) -> RawClient`` (default target: the ``broker``
+    fixture); sockets closed at teardown."""
     from mqtt_client import RawClient
 
     clients: list[RawClient] = []
 
-    def make(target: BrokerHandle | None = None) -> RawClient:
-        t = target or broker
-        client = RawClient(t.host, t.port)
+    def make(target: BrokerHandle | None = None, rcvbuf: int | None = None) -> RawClient:
+        t = target or request.getfixturevalue("broker")
+        client = RawClient(t.host, t.port, rcvbuf=rcvbuf)
         clients.append(client)
         return client
 

@@ -268,8 +268,15 @@ class StreamDecoder:
 class RawClient:
     """One TCP connection to the broker; every wait is bounded."""
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(
+        self, host: str, port: int, timeout: float = 5.0, rcvbuf: int | None = None
+    ) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            # Before connect, so the TCP window is small from the start (slow-reader tests).
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = StreamDecoder()
         self.eof = False

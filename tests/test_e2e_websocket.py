@@ -1,0 +1,108 @@
+"""MQTT over WebSocket (MQTT 3.1.1 section 6)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+from mqtt_client import (
+    CONNACK,
+    PINGRESP,
+    PUBACK,
+    PUBLISH,
+    SUBACK,
+    Packet,
+    StreamDecoder,
+    connect,
+    puback,
+    publish,
+    subscribe,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_paho_websocket_round_trip_both_ways(paho, uid):
+    """A paho client over WebSocket and one over TCP exchange QoS 0/1/2 messages both ways."""
+    topic = uid("ws")
+    ws = paho(uid("ws"), transport="websockets")
+    ws.connect()
+    tcp = paho(uid("tcp"))
+    tcp.connect()
+    ws.subscribe(f"{topic}/to-ws", 2)
+    tcp.subscribe(f"{topic}/to-tcp", 2)
+    for q in (0, 1, 2):
+        tcp.publish(f"{topic}/to-ws", f"t{q}".encode(), qos=q)
+        ws.publish(f"{topic}/to-tcp", f"w{q}".encode(), qos=q)
+    assert sorted((m.payload, m.qos) for m in ws.collect(3)) == [(b"t0", 0), (b"t1", 1), (b"t2", 2)]
+    assert sorted((m.payload, m.qos) for m in tcp.collect(3)) == [
+        (b"w0", 0), (b"w1", 1), (b"w2", 2)
+    ]  # fmt: skip
+    big = bytes(range(256)) * 400  # > 64 KiB: a multi-frame / extended-length payload
+    tcp.publish(f"{topic}/to-ws", big, qos=1)
+    assert ws.get().payload == big
+
+
+async def _recv_packet(ws, decoder: StreamDecoder, timeout: float = 5.0) -> Packet:
+    with trio.fail_after(timeout):
+        while True:
+            pkt = decoder.next_packet()
+            if pkt is not None:
+                return pkt
+            message = await ws.get_message()
+            assert isinstance(message, bytes), "[MQTT-6.0.0-1] packets must be in binary frames"
+            decoder.feed(message)
+
+
+async def test_packets_split_across_and_packed_into_frames(broker, paho, uid):
+    """[MQTT-6.0.0-2]: the receiver MUST NOT assume packets are aligned on frame boundaries;
+    [MQTT-6.0.0-4]: the selected subprotocol is "mqtt".  The CONNECT is sent byte by byte
+    in several frames, then SUBSCRIBE + PUBLISH + PINGREQ are packed into one frame."""
+    topic = uid("split")
+    url = f"ws://{broker.host}:{broker.ws_port}/mqtt"
+    decoder = StreamDecoder()
+    async with open_websocket_url(url, subprotocols=["mqtt"]) as ws:
+        assert ws.subprotocol == "mqtt"
+        data = connect(uid("wsraw"), keepalive=30)
+        for cut in (data[:1], data[1:2], data[2:7], data[7:]):
+            await ws.send_message(cut)
+        ack = await _recv_packet(ws, decoder)
+        assert (ack.type, ack.return_code) == (CONNACK, 0)
+        await ws.send_message(
+            subscribe(3, [(topic, 1)]) + publish(topic, b"self", qos=1, packet_id=9) + b"\xc0\x00"
+        )
+        got: list[Packet] = []
+        with trio.fail_after(5):
+            while len(got) < 4:
+                got.append(await _recv_packet(ws, decoder))
+        by_type = {p.type: p for p in got}
+        assert set(by_type) == {SUBACK, PUBACK, PINGRESP, PUBLISH}, got
+        assert by_type[SUBACK].return_codes == [1]
+        assert by_type[PUBACK].packet_id == 9
+        delivered = by_type[PUBLISH]
+        assert (delivered.topic, delivered.payload, delivered.qos) == (topic, b"self", 1)
+        await ws.send_message(puback(delivered.packet_id))
+        # A publish split mid-payload across two frames from the WebSocket side reaches TCP.
+        tcp = paho(uid("tcp"))
+        await trio.to_thread.run_sync(tcp.connect)
+        await trio.to_thread.run_sync(tcp.subscribe, topic, 0)
+        frame = publish(topic, b"0123456789" * 10, qos=0)
+        await ws.send_message(frame[:20])
+        await trio.sleep(0.05)
+        await ws.send_message(frame[20:])
+        msg = await trio.to_thread.run_sync(tcp.get)
+        assert msg.payload == b"0123456789" * 10
+
+
+async def test_text_frame_closes_connection(broker, uid):
+    """[MQTT-6.0.0-1]: a non-binary data frame MUST close the network connection."""
+    url = f"ws://{broker.host}:{broker.ws_port}/mqtt"
+    decoder = StreamDecoder()
+    async with open_websocket_url(url, subprotocols=["mqtt"]) as ws:
+        await ws.send_message(connect(uid("txt")))
+        assert (await _recv_packet(ws, decoder)).type == CONNACK
+        await ws.send_message("\xc0\x00")  # a PINGREQ, but in a text frame
+        with trio.fail_after(5), pytest.raises(ConnectionClosed):
+            while True:
+                await ws.get_message()
