@@ -25,6 +25,7 @@ import trio
 
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.raft.service import CatchUp, MetadataService
+from mqttring.raft.view import ClusterView
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(service: MetadataService, ready_file: Path | None) -> None:
     async with trio.open_nursery() as nursery:
-        view = await nursery.start(service.run)
+
+        async def run_service(task_status: trio.TaskStatus[ClusterView]) -> None:
+            await service.run(task_status=task_status)
+            nursery.cancel_scope.cancel()  # run returns after a remote "leave": exit too
+
+        view = await nursery.start(run_service)
         if ready_file is not None:
             tmp = ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({

@@ -1,0 +1,190 @@
+"""Real clusters: metadata-only members (``mqttring.raft.member``) in separate processes.
+
+Every test owns its processes through the ``cluster`` fixture, which kills them whatever
+happens.  Timing bounds are stated where they are asserted; they hold with the tests'
+settings (heartbeat 0.2 s, grace 1.5 s, pysyncobj elections after 0.4-0.8 s).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from mqttring.raft.localcluster import LocalCluster
+from mqttring.raft.rpc import RpcError
+
+pytestmark = pytest.mark.timeout(120)
+
+FAILOVER_BOUND = 5.0  # kill -9 leader -> survivors agree on a new leader
+DOWN_BOUND = 6.0  # kill -9 member -> marked down in a new epoch (grace 1.5 s + election)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    c = LocalCluster(tmp_path)
+    yield c
+    c.close()
+
+
+def up_members(status: dict) -> set[str]:
+    return {n for n, m in status["view"]["members"].items() if m["state"] == "up"}
+
+
+def settled(status: dict, members: set[str]) -> bool:
+    """All of ``members`` up, nothing catching up, a leader known."""
+    view = status["view"]
+    return (up_members(status) == members and set(view["members"]) == members
+            and view["leader"] in members
+            and all(not catching for _, catching in view["shards"]))
+
+
+def check_shard_map(status: dict) -> None:
+    view = status["view"]
+    up = up_members(status)
+    for replicas, _ in view["shards"]:
+        assert len(replicas) == len(set(replicas))
+        assert len([r for r in replicas if r in up]) >= min(view["replication"], len(up))
+
+
+async def agree(cluster: LocalCluster, nodes: list[str], members: set[str],
+                timeout: float = 15.0) -> list[dict]:
+    """Every node in ``nodes`` reports the same settled view."""
+    with trio.fail_after(timeout):
+        while True:
+            statuses = [await cluster.wait_for(n, lambda s: settled(s, members)) for n in nodes]
+            epochs = {s["view"]["epoch"] for s in statuses}
+            leaders = {s["view"]["leader"] for s in statuses}
+            if len(epochs) == 1 and len(leaders) == 1:
+                maps = {json.dumps(s["view"]["shards"]) for s in statuses}
+                assert len(maps) == 1, "same epoch, different shard maps"
+                return statuses
+            await trio.sleep(0.1)
+
+
+@pytest.mark.parametrize("size", [3, 5])
+async def test_cluster_forms(cluster: LocalCluster, size: int) -> None:
+    nodes = [f"n{i}" for i in range(size)]
+    await cluster.form(*nodes)
+    statuses = await agree(cluster, nodes, set(nodes))
+    check_shard_map(statuses[0])
+    counts = statuses[0]["view"]["shard_counts"]
+    assert all(counts[n]["owner"] > 0 for n in nodes), counts
+
+
+async def test_join_and_leave_through_cli(cluster: LocalCluster) -> None:
+    await cluster.form("a", "b", "c")
+    await agree(cluster, ["a", "b", "c"], {"a", "b", "c"})
+    # A fourth node joins through a follower-or-leader: whichever "b" is, it forwards.
+    cluster.start("d", join=cluster.procs["b"].cluster)
+    await cluster.wait_ready("d")
+    await agree(cluster, ["a", "d"], {"a", "b", "c", "d"})
+    # `mqttring leave` on c: shards handed away, then out of Raft; the process exits.
+    leave = subprocess.run(
+        [sys.executable, "-m", "mqttring.cli", "leave", "--node", cluster.procs["c"].cluster,
+         "--secret", cluster.secret], capture_output=True, text=True, timeout=60)
+    assert leave.returncode == 0, leave.stderr
+    statuses = await agree(cluster, ["a", "b", "d"], {"a", "b", "d"})
+    assert "c" not in statuses[0]["view"]["shard_counts"]
+    check_shard_map(statuses[0])
+    assert cluster.procs["c"].popen is not None
+    assert cluster.procs["c"].popen.wait(10) == 0
+    # `mqttring status --json` reports leader, term, epoch, members and shard counts.
+    out = subprocess.run(
+        [sys.executable, "-m", "mqttring.cli", "status", "--node", cluster.procs["a"].cluster,
+         "--secret", cluster.secret, "--json"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert status["view"]["leader"] in {"a", "b", "d"} and status["raft"]["term"] >= 1
+    assert set(status["view"]["shard_counts"]) == {"a", "b", "d"}
+    text = subprocess.run(
+        [sys.executable, "-m", "mqttring.cli", "status", "--node", cluster.procs["a"].cluster,
+         "--secret", cluster.secret], capture_output=True, text=True, timeout=30).stdout
+    assert "leader:" in text and "epoch:" in text and "d " in text
+
+
+async def test_kill_leader_elects_new_one_and_keeps_metadata(cluster: LocalCluster) -> None:
+    nodes = ["a", "b", "c"]
+    await cluster.form(*nodes)
+    before = (await agree(cluster, nodes, set(nodes)))[0]
+    await cluster.call("a", "pin", {"subtree": "factory/line1/#", "shard": 7})
+    leader = before["view"]["leader"]
+    survivors = [n for n in nodes if n != leader]
+    cluster.kill(leader)
+    started = time.monotonic()
+    for node in survivors:
+        await cluster.wait_for(node, lambda s: s["view"]["leader"] in survivors,
+                               timeout=FAILOVER_BOUND)
+    elected = time.monotonic() - started
+    after = await cluster.wait_for(
+        survivors[0], lambda s: s["view"]["members"][leader]["state"] == "down",
+        timeout=DOWN_BOUND)
+    view = after["view"]
+    assert elected < FAILOVER_BOUND
+    assert view["epoch"] > before["view"]["epoch"]
+    assert view["pins"] == {"factory/line1": 7}
+    assert set(view["members"]) == set(nodes)
+    assert all(leader not in replicas for replicas, _ in view["shards"])
+    check_shard_map(after)
+
+
+async def test_kill_follower_marked_down_then_rejoins(cluster: LocalCluster) -> None:
+    nodes = ["a", "b", "c"]
+    await cluster.form(*nodes)
+    before = (await agree(cluster, nodes, set(nodes)))[0]
+    victim = next(n for n in nodes if n != before["view"]["leader"])
+    watcher = next(n for n in nodes if n != victim)
+    cluster.kill(victim)
+    down = await cluster.wait_for(
+        watcher, lambda s: s["view"]["members"][victim]["state"] == "down", timeout=DOWN_BOUND)
+    assert down["view"]["epoch"] > before["view"]["epoch"]
+    assert down["view"]["shard_counts"][victim]["owner"] == 0
+    # Restart it; with --manual-catch-up nothing claims its shards for it (as with a data
+    # plane that has not finished copying), so they stay catching-up.
+    cluster.start(victim, manual_catch_up=True)
+    await cluster.wait_ready(victim)
+    back = await cluster.wait_for(
+        watcher, lambda s: s["view"]["members"][victim]["state"] == "up")
+    member, counts = back["view"]["members"][victim], back["view"]["shard_counts"][victim]
+    assert member["incarnation"] == 2
+    assert counts["owner"] == 0 and counts["catching_up"] > 0
+    # The data plane's signal (here sent by the test): it holds the data now.
+    reply = await cluster.call(victim, "caught_up", {"shards": list(range(256))})
+    assert reply["accepted"] == counts["catching_up"]
+    await agree(cluster, nodes, set(nodes))
+    final = await cluster.status(watcher)
+    assert final["view"]["shard_counts"][victim]["owner"] > 0
+
+
+async def test_lone_minority_node_cannot_commit(cluster: LocalCluster) -> None:
+    nodes = ["a", "b", "c"]
+    await cluster.form(*nodes)
+    before = (await agree(cluster, nodes, set(nodes)))[0]
+    lone = before["view"]["leader"]  # even the leader loses its authority alone
+    for node in nodes:
+        if node != lone:
+            cluster.kill(node)
+    # pysyncobj's leader steps down after 2 s without a majority.
+    await cluster.wait_for(lone, lambda s: not s["raft"]["is_leader"], timeout=6.0)
+    with pytest.raises(RpcError, match="not committed"):
+        await cluster.call(lone, "pin", {"subtree": "x/#"})
+    after = await cluster.status(lone)
+    assert after["view"]["epoch"] == before["view"]["epoch"]
+    assert after["view"]["pins"] == {}
+
+
+async def test_wrong_secret_is_refused(cluster: LocalCluster) -> None:
+    await cluster.form("a")
+    proc = cluster.start("intruder", join=cluster.procs["a"].cluster, secret="not-the-secret")
+    assert proc.popen is not None
+    assert proc.popen.wait(30) != 0
+    assert "refused" in cluster.tail("intruder")
+    status = await cluster.status("a")
+    assert status["rpc_refused"] >= 1
+    assert set(status["view"]["members"]) == {"a"}
+    assert "refused cluster connection" in cluster.tail("a")
