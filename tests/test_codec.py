@@ -467,6 +467,7 @@ def test_mutated_packets_only_raise_mqtt_errors(data: bytes) -> None:
 MALFORMED: list[tuple[str, bytes, type[MQTTError], str]] = [
     # Fixed header.
     ("length-5-bytes", h("30 80 80 80 80 01"), MalformedPacket, "MQTT-2.2.3"),
+    ("length-5-bytes-zero", h("c0 80 80 80 80 00"), MalformedPacket, "MQTT-2.2.3"),
     ("type-0", h("00 00"), MalformedPacket, "MQTT-2.2.1"),
     ("type-15", h("f0 00"), MalformedPacket, "MQTT-2.2.1"),
     ("connect-flags", h("11 0f 00 04 4d 51 54 54 04 02 00 3c 00 03 61 62 63"), MalformedPacket,
@@ -585,11 +586,17 @@ MALFORMED += [
 @pytest.mark.parametrize(
     ("name", "wire", "error", "rule"), MALFORMED, ids=[m[0] for m in MALFORMED]
 )
-def test_malformed_rule(name: str, wire: bytes, error: type[MQTTError], rule: str) -> None:
+@pytest.mark.parametrize("followed", [False, True], ids=["alone", "followed"])
+def test_malformed_rule(
+    name: str, wire: bytes, error: type[MQTTError], rule: str, followed: bool
+) -> None:
     decoder = PacketDecoder()
-    decoder.feed(wire)
-    with pytest.raises(error) as info:
+    # Followed by more valid packets in the same buffer: a field that runs past its packet's
+    # end must be caught against the declared length, not against the end of the buffer.
+    decoder.feed(wire + (encode(Publish("x/y", bytes(64))) * 3 if followed else b""))
+    with pytest.raises(MQTTError) as info:
         decoder.next_packet()
+    assert type(info.value) is error
     assert info.value.rule == rule
     assert str(info.value).startswith(f"[{rule}] ")
     assert isinstance(info.value, MalformedPacket)
