@@ -50,7 +50,11 @@ class Proc:
 
 class LocalCluster:
     def __init__(self, root: Path, secret: str = "test-secret", *, num_shards: int = 256,
-                 replication: int = 2, heartbeat: float = 0.2, grace: float = 1.5) -> None:
+                 replication: int = 2, heartbeat: float = 0.2, grace: float = 1.5,
+                 entry: str = "member") -> None:
+        if entry not in ("member", "node"):
+            raise ValueError("entry is 'member' (metadata only) or 'node' (mqttring.node)")
+        self.entry = entry
         self.root = root
         self.secret = secret
         self.num_shards = num_shards
@@ -71,15 +75,25 @@ class LocalCluster:
             self.procs[node_id] = proc
         assert not proc.alive, f"{node_id} already running"
         proc.ready_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "mqttring.raft.member", "--node-id", node_id,
-               "--cluster", proc.cluster, "--raft", proc.raft, "--data-dir", str(proc.data_dir),
-               "--secret", secret or self.secret, "--ready-file", str(proc.ready_file),
-               "--num-shards", str(self.num_shards), "--replication", str(self.replication),
-               "--heartbeat-interval", str(self.heartbeat), "--failure-grace", str(self.grace)]
+        common = ["--node-id", node_id, "--cluster", proc.cluster, "--raft", proc.raft,
+                  "--data-dir", str(proc.data_dir), "--ready-file", str(proc.ready_file),
+                  "--num-shards", str(self.num_shards), "--replication", str(self.replication)]
         if join:
-            cmd += ["--join", join]
-        if manual_catch_up:
-            cmd.append("--manual-catch-up")
+            common += ["--join", join]
+        if self.entry == "node":
+            # The full node: timings come from a TOML file, the secret from its own flag.
+            toml = self.root / f"{node_id}.toml"
+            toml.write_text(f"heartbeat_interval = {self.heartbeat}\n"
+                            f"failure_grace = {self.grace}\n")
+            cmd = [sys.executable, "-m", "mqttring.node", *common, "--mqtt", "127.0.0.1:0",
+                   "--config", str(toml), "--cluster-secret", secret or self.secret]
+        else:
+            cmd = [sys.executable, "-m", "mqttring.raft.member", *common,
+                   "--secret", secret or self.secret,
+                   "--heartbeat-interval", str(self.heartbeat),
+                   "--failure-grace", str(self.grace)]
+            if manual_catch_up:
+                cmd.append("--manual-catch-up")
         log = proc.log_file.open("ab")
         proc.popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})

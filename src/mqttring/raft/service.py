@@ -537,7 +537,8 @@ class MetadataService:
         raft: dict[str, Any] = {}
         if syncobj is not None:
             raft = {"term": syncobj.raftCurrentTerm, "commit_index": syncobj.raftCommitIndex,
-                    "is_leader": syncobj._isLeader(), "address": self.config.raft}
+                    "is_leader": syncobj._isLeader(), "address": self.config.raft,
+                    "nodes": sorted(self._raft_nodes())}
         view = self._view
         return {"node_id": self.node_id, "raft": raft, "leader": view.leader,
                 "view": view_to_wire(view), "rpc_refused": self.rpc.refused}
