@@ -346,7 +346,7 @@ class PahoClient:
             try:
                 got.append(self.messages.get(timeout=max(deadline - time.monotonic(), 0)))
             except queue.Empty:
-                summary = [(m.topic, m.payload) for m in got]
+                summary = [(m.topic, m.payload[:40]) for m in got]
                 raise AssertionError(
                     f"only {len(got)} of {count} messages within {timeout}s: {summary}"
                 ) from None
@@ -419,9 +419,12 @@ def paho_any() -> Iterator[Callable[..., PahoClient]]:
     clients: list[PahoClient] = []
 
     def make(
-        target: BrokerHandle, client_id: str = "", clean_session: bool = True
+        target: BrokerHandle,
+        client_id: str = "",
+        clean_session: bool = True,
+        transport: str = "tcp",
     ) -> PahoClient:
-        client = PahoClient(target, client_id, clean_session)
+        client = PahoClient(target, client_id, clean_session, transport)
         clients.append(client)
         return client
 
