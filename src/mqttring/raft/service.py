@@ -165,6 +165,9 @@ class MetadataService:
                 await trio.sleep(0.2)  # let the reply to a remote "leave" go out
                 nursery.cancel_scope.cancel()
         finally:
+            for send in self._subscribers:
+                send.close()  # subscribers' ``async for`` ends with the service
+            self._subscribers.clear()
             with trio.CancelScope(shield=True):
                 await self._stop_raft()
 

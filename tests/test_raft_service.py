@@ -1,0 +1,72 @@
+"""MetadataService in this process: a one-node cluster on real pysyncobj and sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from mqttring.config import BrokerConfig, ConfigError
+from mqttring.raft.localcluster import free_port
+from mqttring.raft.service import CatchUp, MetadataService, default_raft_address
+from mqttring.raft.view import MemberState, ShardState
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def config(tmp_path: Path, **kw) -> BrokerConfig:
+    return BrokerConfig(node_id="solo", mqtt="127.0.0.1:1883", data_dir=tmp_path,
+                        cluster=f"127.0.0.1:{free_port()}", raft=f"127.0.0.1:{free_port()}",
+                        cluster_secret="s", num_shards=32, replication=2, **kw)
+
+
+async def test_one_node_cluster_view_subscribe_pin_restart(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    service = MetadataService(cfg)
+    async with trio.open_nursery() as nursery:
+        view = await nursery.start(service.run)
+        assert view is service.view()
+        assert view.members["solo"].state is MemberState.UP
+        assert view.leader == "solo"
+        assert all(view.owner(s) == "solo" for s in range(32))
+        assert view.shard_state(0) is ShardState.STABLE
+        views = service.subscribe()
+        result = await service.pin("plant/7/#", 3)
+        assert result["shard"] == 3
+        with trio.fail_after(5):
+            async for pushed in views:
+                if pushed.pins:
+                    break
+        assert pushed.epoch > view.epoch
+        assert pushed.shard_for_topic("plant/7/temp") == 3
+        assert service.view().shard_for_client("c1") == pushed.shard_for_client("c1")
+        nursery.cancel_scope.cancel()
+    # Restart from the same data dir: the journal brings the metadata back.
+    again = MetadataService(cfg)
+    async with trio.open_nursery() as nursery:
+        view = await nursery.start(again.run)
+        with trio.fail_after(5):
+            while not again.view().pins:
+                await trio.sleep(0.05)
+        assert again.view().pins == {"plant/7": 3}
+        assert again.view().members["solo"].incarnation == 1
+        await again.leave()  # the last member: nothing to hand over, returns at once
+        nursery.cancel_scope.cancel()
+
+
+async def test_mark_caught_up_refuses_shards_not_targeted(tmp_path: Path) -> None:
+    service = MetadataService(config(tmp_path), catch_up=CatchUp.DATA_PLANE)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        result = await service.mark_caught_up([0, 1, 999])
+        assert result["accepted"] == 2  # shard 999 does not exist
+        nursery.cancel_scope.cancel()
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError, match="cluster_secret"):
+        MetadataService(BrokerConfig(cluster="127.0.0.1:7000", raft="127.0.0.1:7001"))
+    assert default_raft_address("127.0.0.1:7000") == "127.0.0.1:7001"
+    with pytest.raises(ConfigError):
+        default_raft_address("127.0.0.1:0")
