@@ -225,7 +225,7 @@ def publishes(draw: st.DrawFn) -> Publish:
 def connects(draw: st.DrawFn) -> Connect:
     name, level = draw(
         st.one_of(
-            st.tuples(st.just("MQTT"), st.integers(0, 255)),
+            st.just(("MQTT", 4)),
             st.just(("MQIsdp", 3)),
         )
     )
@@ -605,8 +605,9 @@ def test_malformed_rule(
 def test_malformed_cases_differ_from_a_valid_packet_only_where_intended() -> None:
     # Sanity check of the CONNECT template: with valid flags it decodes.
     assert decode(_connect(0x02, _ID)) == Connect("c", keepalive=60)
-    assert decode(_connect(0x02, _ID, level=3)) == Connect("c", keepalive=60, protocol_level=3)
-    assert decode(_connect(0x02, _ID, level=5)).protocol_level == 5  # the session answers 1
+    # Other revisions of "MQTT" decode only as far as the level: the session answers code 1.
+    assert decode(_connect(0x02, _ID, level=3)) == Connect("", protocol_level=3)
+    assert decode(_connect(0x02, _ID, level=5)).protocol_level == 5
     mqisdp = _connect(0x02, _ID, head=h("00 06 4d 51 49 73 64 70"), level=3)
     assert decode(mqisdp) == Connect("c", keepalive=60, protocol_name="MQIsdp", protocol_level=3)
     assert decode(_connect(0xC2, _ID + h("00 01 75 00 00"))) == Connect(
@@ -699,3 +700,12 @@ def test_large_publish_uses_four_byte_length() -> None:
     for i in range(0, len(wire), 65536):
         decoder.feed(wire[i : i + 65536])
     assert decoder.next_packet() == Publish("big", payload, qos=1, packet_id=3)
+
+
+def test_mqtt5_connect_with_properties_decodes_to_its_level() -> None:
+    # An MQTT 5 CONNECT (paho with protocol=MQTTv5): properties length 5, session expiry
+    # interval property (0x11) = 0, then client id "c".  The 3.1.1 layout would misparse it.
+    data = h("10 13 00 04 4d 51 54 54 05 02 00 3c 05 11 00 00 00 00 00 01 63")
+    packet = decode(data)
+    assert isinstance(packet, Connect)
+    assert packet.protocol_level == 5

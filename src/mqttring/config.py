@@ -48,7 +48,7 @@ class Limits:
     #: Seconds a socket may stay open without sending CONNECT before it is closed.
     connect_timeout: float = 10.0
     #: Bytes of encoded packets buffered for one connection before QoS 0 deliveries to it are
-    #: dropped (and counted); a client stuck above twice this is disconnected.
+    #: dropped (and counted); QoS 1/2 are bounded by ``max_inflight`` instead.
     max_outgoing_buffer: int = 4 * 1024 * 1024
     #: Subscriptions per client; more are refused with SUBACK 0x80.
     max_subscriptions: int = 10_000

@@ -5,8 +5,9 @@ The reader feeds bytes to the sans-IO ``ServerConnection`` and hands the resulti
 so everything queued while the writer was busy (many deliveries, acks) leaves in one write.
 Deliveries never wait for a socket: routers append to the buffer and call ``wake``; a slow
 reader only grows its own buffer, where the session drops QoS 0 past the configured limit
-and the inflight window bounds QoS 1/2.  A client whose buffer still grows past twice the
-limit is disconnected.
+and the inflight window bounds QoS 1/2, so one slow client costs at most
+``max_outgoing_buffer + max_inflight x message size`` and never blocks anyone else.  A client
+that stops reading *and* sending is closed by the keepalive timeout.
 
 Timeouts are cancel scopes around the receive: ``connect_timeout`` until CONNECT arrives,
 then 1.5 x keepalive [MQTT-3.1.2-24] (none for keepalive 0).
@@ -59,10 +60,6 @@ class ClientHandler:
         self._cancel_scope: trio.CancelScope | None = None
 
     def wake(self) -> None:
-        if self.conn.pending_output > 2 * self.core.limits.max_outgoing_buffer:
-            log.info("disconnecting slow client %r: output buffer full", self.conn.client_id)
-            self.kick()
-            return
         self._wakeup.set()
 
     def kick(self) -> None:
