@@ -223,12 +223,7 @@ def publishes(draw: st.DrawFn) -> Publish:
 
 @st.composite
 def connects(draw: st.DrawFn) -> Connect:
-    name, level = draw(
-        st.one_of(
-            st.just(("MQTT", 4)),
-            st.just(("MQIsdp", 3)),
-        )
-    )
+    name, level = draw(st.sampled_from([("MQTT", 4), ("MQIsdp", 3)]))
     will = draw(
         st.none() | st.builds(Will, topic_names, st.binary(max_size=20), qos_values, st.booleans())
     )
@@ -252,8 +247,18 @@ def connacks(draw: st.DrawFn) -> ConnAck:
     return ConnAck(draw(st.booleans()) if code == 0 else False, code)
 
 
+# Other revisions under the name "MQTT" decode to their level alone (plus the flags and
+# keep-alive that every revision places identically), so only that shape round-trips.
+other_level_connects = st.builds(
+    Connect,
+    st.just(""),
+    st.booleans(),
+    st.integers(0, 0xFFFF),
+    protocol_level=st.integers(0, 255).filter(lambda level: level != 4),
+)
+
 packets_by_type: dict[type, st.SearchStrategy[Packet]] = {
-    Connect: connects(),
+    Connect: connects() | other_level_connects,
     ConnAck: connacks(),
     Publish: publishes(),
     PubAck: st.builds(PubAck, packet_ids),
@@ -709,3 +714,11 @@ def test_mqtt5_connect_with_properties_decodes_to_its_level() -> None:
     packet = decode(data)
     assert isinstance(packet, Connect)
     assert packet.protocol_level == 5
+    assert packet == Connect("", clean_session=True, keepalive=60, protocol_level=5)
+    # The protocol name is still checked first, and level 4 is still parsed in full.
+    with pytest.raises(MalformedPacket) as info:
+        decode(_connect(0x02, _ID, head=h("00 04 4d 51 54 58"), level=5))
+    assert info.value.rule == "MQTT-3.1.2-1"
+    with pytest.raises(MalformedPacket) as info:
+        decode(data[:8] + b"\x04" + data[9:])
+    assert info.value.rule == "MQTT-2.2.3"
