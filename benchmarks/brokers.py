@@ -190,7 +190,7 @@ def mqttring_version() -> str:
 
 
 def start_mqttring() -> BrokerHandle:
-    """``python -m mqttring.node`` with a ready file; absent module or no ready file = unavailable."""
+    """``python -m mqttring.node`` with a ready file; no module or no ready file: unavailable."""
     h = BrokerHandle("mqttring", version=mqttring_version())
     if (
         importlib.util.find_spec("mqttring") is None
