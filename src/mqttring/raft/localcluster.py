@@ -118,9 +118,10 @@ class LocalCluster:
             self.start(node_id, join=self.procs[first].cluster)
             await self.wait_ready(node_id)
 
-    async def status(self, node_id: str, timeout: float = 3.0) -> dict[str, Any]:
-        return await call_once(self.procs[node_id].cluster, self.key, "test", "status", {},
-                               timeout=timeout)
+    async def status(self, node_id: str, timeout: float = 3.0,
+                     brief: bool = False) -> dict[str, Any]:
+        return await call_once(self.procs[node_id].cluster, self.key, "test", "status",
+                               {"brief": brief}, timeout=timeout)
 
     async def call(self, node_id: str, kind: str, body: dict[str, Any],
                    timeout: float = 10.0) -> dict[str, Any]:

@@ -543,8 +543,11 @@ class MetadataService:
                     "is_leader": syncobj._isLeader(), "address": self.config.raft,
                     "nodes": sorted(self._raft_nodes())}
         view = self._view
+        wire = view_to_wire(view)
+        if body.get("brief"):
+            del wire["shards"]  # ~30 kB with 1024 shards; pollers rarely need it
         return {"node_id": self.node_id, "raft": raft, "leader": view.leader,
-                "view": view_to_wire(view), "rpc_refused": self.rpc.refused}
+                "view": wire, "rpc_refused": self.rpc.refused}
 
     async def _rpc_leave(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """Leave, then make ``run`` return (after this reply is sent)."""
