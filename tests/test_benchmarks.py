@@ -12,7 +12,6 @@ import json
 import time
 
 import pytest
-
 from benchmarks import wire
 from benchmarks.__main__ import main as bench_main
 
