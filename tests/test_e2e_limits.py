@@ -156,7 +156,7 @@ def test_slow_subscriber_does_not_stall_others(broker_factory, raw, paho_any, ui
     pub = paho_any(b, uid("pub"))
     pub.connect()
     payload = b"x" * 16 * 1024
-    count = 400
+    count = 600  # ~10 MB: more than a stuck socket's kernel buffers can absorb
     t0 = time.monotonic()
     infos = [pub.publish(topic, payload + str(i).encode(), qos=1, wait=False) for i in range(count)]
     for info in infos:

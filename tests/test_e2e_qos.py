@@ -10,6 +10,7 @@ from mqtt_client import (
     PUBLISH,
     PUBREC,
     PUBREL,
+    connect,
     puback,
     pubcomp,
     publish,
@@ -34,10 +35,10 @@ def test_delivered_qos_is_min_of_publish_and_granted(paho, uid, sub_qos):
     for pub_qos in (0, 1, 2):
         pub.publish(topic, f"p{pub_qos}".encode(), qos=pub_qos)
     got = sub.collect(3)
-    # One publisher, one topic: order is preserved for QoS 1/2 and in practice for all
-    # (section 4.6); compare as a mapping so a QoS 0 reorder would still show clearly.
-    delivered = {m.payload: m.qos for m in got}
-    assert delivered == {f"p{q}".encode(): min(q, sub_qos) for q in (0, 1, 2)}
+    # One publisher, one topic, each publish completed before the next: [MQTT-4.6.0-6] (every
+    # topic is an Ordered Topic by default) fixes the delivery order too.
+    delivered = [(m.payload, m.qos) for m in got]
+    assert delivered == [(f"p{q}".encode(), min(q, sub_qos)) for q in (0, 1, 2)]
     assert all(not m.retain for m in got), "[MQTT-3.3.1-9] live delivery must have RETAIN=0"
     assert sub.drain(0.3) == [], "a message was delivered more than once"
 
@@ -232,3 +233,100 @@ def test_unsubscribe_stops_delivery(paho, uid):
     sub.unsubscribe(topic)
     pub.publish(topic, b"after", qos=1)
     assert sub.drain(0.7) == []
+
+
+def test_pubrel_for_unknown_packet_id_gets_pubcomp(raw, uid):
+    """4.3.3: the receiver MUST respond to a PUBREL with a PUBCOMP carrying the same packet id
+    (a PUBREL may be re-sent after the message was already completed); not a violation."""
+    c = raw()
+    assert c.connect(uid("rel")).return_code == 0
+    c.send(pubrel(555))
+    comp = c.expect(PUBCOMP)
+    assert (comp.flags, comp.packet_id) == (0, 555)
+    c.send(b"\xc0\x00")
+    assert c.recv_packet().name == "PINGRESP", "the connection must stay usable"
+
+
+def test_mixed_qos1_qos2_redelivered_in_order_with_dup(broker, raw, paho, uid):
+    """[MQTT-4.4.0-1] and 4.6 ("re-send them in the order in which the original PUBLISH
+    packets were sent"): unacknowledged QoS 1 and QoS 2 PUBLISHes come back in order, with
+    their ids and DUP=1, after a reconnect."""
+    topic, cid = uid("mixed"), uid("persist")
+    c = raw()
+    assert c.connect(cid, clean_session=False).return_code == 0
+    assert c.subscribe([(topic, 2)]) == [2]
+    pub = paho(uid("pub"))
+    pub.connect()
+    for i, q in enumerate((1, 2, 1, 2)):
+        pub.publish(topic, f"m{i}".encode(), qos=q)
+    first = [c.expect(PUBLISH) for _ in range(4)]
+    assert [(p.payload, p.qos) for p in first] == [(b"m0", 1), (b"m1", 2), (b"m2", 1), (b"m3", 2)]
+    c.close()
+    c2 = raw()
+    assert c2.connect(cid, clean_session=False).session_present is True
+    again = [c2.expect(PUBLISH) for _ in range(4)]
+    assert [(p.payload, p.qos, p.packet_id, p.dup) for p in again] == [
+        (p.payload, p.qos, p.packet_id, True) for p in first
+    ]
+    for p in again:
+        c2.send(puback(p.packet_id) if p.qos == 1 else pubrec(p.packet_id))
+    rels = [c2.expect(PUBREL) for _ in range(2)]
+    assert sorted(r.packet_id for r in rels) == sorted(p.packet_id for p in again if p.qos == 2)
+    for r in rels:
+        c2.send(pubcomp(r.packet_id))
+    assert c2.no_packet_within(0.5) is None
+
+
+def test_large_payload_and_byte_by_byte_tcp(raw, paho, uid):
+    """2.2.3 Remaining Length up to 4 bytes: a 300 kB QoS 2 message round-trips intact; and the
+    broker parses a stream fed one byte per TCP segment, and several packets in one segment."""
+    topic = uid("big")
+    sub = paho(uid("sub"))
+    sub.connect()
+    sub.subscribe(topic, 2)
+    pub = paho(uid("pub"))
+    pub.connect()
+    big = bytes(range(256)) * 1200
+    pub.publish(topic, big, qos=2)
+    m = sub.get()
+    assert (m.payload, m.qos) == (big, 2)
+    c = raw()
+    stream = connect(uid("bytes")) + publish(topic, b"dribble", qos=1, packet_id=3)
+    for i in range(len(stream)):
+        c.send(stream[i : i + 1])
+    assert c.recv_packet().name == "CONNACK"
+    assert c.expect(PUBACK).packet_id == 3
+    assert sub.get().payload == b"dribble"
+    c.send(publish(topic, b"p1") + publish(topic, b"p2", qos=1, packet_id=4) + b"\xc0\x00")
+    # 3.1.1 orders PUBACKs among themselves (4.6), not against PINGRESP.
+    replies = sorted((p.name, p.packet_id or 0) for p in (c.recv_packet(), c.recv_packet()))
+    assert replies == [("PINGRESP", 0), ("PUBACK", 4)]
+    assert [x.payload for x in sub.collect(2)] == [b"p1", b"p2"]
+
+
+def test_acks_sent_in_publish_order(raw, uid):
+    """[MQTT-4.6.0-2]: PUBACKs in the order the QoS 1 PUBLISHes were received;
+    [MQTT-4.6.0-3]: PUBRECs likewise for QoS 2; [MQTT-4.6.0-4]: PUBRELs in PUBREC order."""
+    topic = uid("ackorder")
+    c = raw()
+    assert c.connect(uid("ack")).return_code == 0
+    c.send(b"".join(publish(topic, b"x", qos=1, packet_id=i) for i in range(10, 20)))
+    assert [c.expect(PUBACK).packet_id for _ in range(10)] == list(range(10, 20))
+    c.send(b"".join(publish(topic, b"y", qos=2, packet_id=i) for i in range(30, 36)))
+    assert [c.expect(PUBREC).packet_id for _ in range(6)] == list(range(30, 36))
+    c.send(b"".join(pubrel(i) for i in range(30, 36)))
+    assert [c.expect(PUBCOMP).packet_id for _ in range(6)] == list(range(30, 36))
+
+
+def test_zero_length_payload_and_utf8_topic(paho, uid):
+    """1.5.3 UTF-8 topic names (multi-byte characters) and a zero-length payload (3.3.3:
+    "It is valid for a PUBLISH Packet to contain a zero length payload")."""
+    topic = uid("utf8") + "/é/ü☃/日本"
+    sub = paho(uid("sub"))
+    sub.connect()
+    sub.subscribe(topic.split("/")[0] + "/+/ü☃/#", 1)
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(topic, b"", qos=1)
+    m = sub.get()
+    assert (m.topic, m.payload) == (topic, b"")
