@@ -8,6 +8,7 @@ settings (heartbeat 0.2 s, grace 1.5 s, pysyncobj elections after 0.4-0.8 s).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -224,3 +225,26 @@ async def test_full_node_entry_point(node_cluster: LocalCluster) -> None:
     assert c.terminate("c") == 0  # graceful shutdown leaves the cluster
     await c.wait_for("a", lambda s: set(s["view"]["members"]) == {"a"}
                      and s["raft"]["nodes"] == [c.procs["a"].raft])
+
+
+async def test_paused_member_is_marked_down_and_rejoins_by_itself(cluster: LocalCluster) -> None:
+    """SIGSTOP stands in for a partition: no heartbeats past the grace period -> down.
+    Resumed, the node sees itself down in the log and rejoins in a new incarnation."""
+    nodes = ["a", "b", "c"]
+    await cluster.form(*nodes)
+    before = (await agree(cluster, nodes, set(nodes)))[0]
+    victim = next(n for n in nodes if n != before["view"]["leader"])
+    watcher = before["view"]["leader"]
+    popen = cluster.procs[victim].popen
+    assert popen is not None
+    popen.send_signal(signal.SIGSTOP)
+    try:
+        await cluster.wait_for(watcher, lambda s: s["view"]["members"][victim]["state"] == "down",
+                               timeout=DOWN_BOUND)
+    finally:
+        popen.send_signal(signal.SIGCONT)
+    back = await cluster.wait_for(
+        watcher, lambda s: s["view"]["members"][victim] == {**s["view"]["members"][victim],
+                                                            "state": "up", "incarnation": 2})
+    assert back["view"]["epoch"] > before["view"]["epoch"]
+    await agree(cluster, nodes, set(nodes))

@@ -181,3 +181,19 @@ def test_apply_is_deterministic_and_keeps_invariants(log: list, replication: int
     second = run(log, replication)
     assert first.view() == second.view()
     assert pickle.loads(pickle.dumps(first)).view() == first.view()
+
+
+@settings(max_examples=75, deadline=None)
+@given(st.lists(commands, max_size=30), st.integers(1, 3), st.data())
+def test_dump_plus_rest_of_log_equals_full_log(log: list, replication: int, data) -> None:
+    """What a restarted pysyncobj node does: load a dump, then apply the journal's tail."""
+    cut = data.draw(st.integers(0, len(log)))
+    full = run(log, replication)
+    resumed = pickle.loads(pickle.dumps(run(log[:cut], replication)))
+    for command in log[cut:]:
+        if isinstance(command, tuple):
+            _, node, incarnation = command
+            command = cmd_caught_up(node, incarnation,
+                                    list(resumed.view().catching_up_for(node)))
+        resumed.apply(command)
+    assert resumed.view() == full.view()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib.util
 import json
 import logging
 import math
@@ -96,6 +97,9 @@ class MetadataService:
         if config.raft is None:
             config = replace(config, raft=default_raft_address(config.cluster))
         secret = cluster_secret(config)
+        if importlib.util.find_spec("cryptography") is None:
+            raise ConfigError("cluster mode needs the 'cryptography' package: pysyncobj "
+                              "encrypts Raft traffic with it (pip install cryptography)")
         self.config = config
         self.node_id = config.node_id
         self.catch_up = catch_up
