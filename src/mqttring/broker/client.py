@@ -39,10 +39,12 @@ class ClientHandler:
         "_reader_done",
         "_wakeup",
         "clean_disconnect",
+        "client_id",
         "conn",
         "core",
         "finished",
         "session",
+        "token",
         "transport",
         "will",
     )
@@ -52,6 +54,10 @@ class ClientHandler:
         self.transport = transport
         self.conn = ServerConnection(core.limits.max_packet_size)
         self.session: Session | None = None
+        self.client_id: str | None = None
+        #: Identifies this connection to the client id's home node (cluster), so that a late
+        #: message about an older connection with the same id is recognised and ignored.
+        self.token = ""
         self.will: Will | None = None
         self.clean_disconnect = False
         self.finished = False

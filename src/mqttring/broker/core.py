@@ -32,11 +32,12 @@ import hmac
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import Router
 from mqttring.broker.session_store import SessionStore
+from mqttring.broker.sessions import LocalSessions, SessionManager
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
@@ -72,16 +73,20 @@ class BrokerCore:
         self.metrics = metrics
         self.sessions: dict[str, Session] = {}
         self.clients: dict[str, ClientHandler] = {}
+        #: client id -> whatever must be woken when that session appends output: the local
+        #: connection, or (cluster) the proxy that ships it to the client's node.
+        self.wakers: dict[str, Waker] = {}
         self.router: Router  # set by the server once the router exists (it needs `wake`)
+        self.manager: SessionManager = LocalSessions(self)
         self.shutting_down = False
 
     # -- plumbing used by the router --------------------------------------------------------
 
     def wake(self, client_id: str) -> None:
         """Tell a client's writer that its session appended output."""
-        handler = self.clients.get(client_id)
-        if handler is not None:
-            handler.wake()
+        waker = self.wakers.get(client_id)
+        if waker is not None:
+            waker.wake()
 
     async def restore_sessions(self) -> int:
         """Load persistent sessions from the store at start-up (all offline)."""
@@ -122,7 +127,7 @@ class BrokerCore:
         if session is not None and session.persistent and session.has_changes():
             # Acks received, packet ids assigned: progress whose loss only causes a
             # permitted redelivery, so it is written lazily.
-            await self.session_store.save_changes([session], Durability.LAZY)
+            await self.manager.persist([session], Durability.LAZY)
 
     def _authenticate(self, packet: Connect) -> ConnectReturnCode:
         users = self.config.users
@@ -149,31 +154,17 @@ class BrokerCore:
             conn.refuse(code)
             return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
-        old = self.clients.get(client_id)
-        if old is None and len(self.clients) >= self.limits.max_connections:
+        if client_id not in self.clients and len(self.clients) >= self.limits.max_connections:
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
             return []
-        if old is not None:
-            log.info("takeover of client %r", client_id)
-            await self.connection_lost(old)
-            old.kick()
-        existing = self.sessions.get(client_id)
-        if packet.clean_session or existing is None or existing.clean_session:
-            if existing is not None:
-                self.router.forget(existing)
-                del self.sessions[client_id]
-                if existing.persistent:
-                    await self.session_store.delete(client_id)
-            session = Session(client_id, packet.clean_session, self.session_limits)
-            present = False
-            self.sessions[client_id] = session
-            await self.session_store.save_subscriptions(session)
-        else:
-            session = existing
-            present = True
+        handler.client_id = client_id
+        session, present = await self.manager.open(handler, client_id, packet)
+        if conn.closed:
+            return []  # taken over while we were asking
         handler.session = session
         handler.will = packet.will
         self.clients[client_id] = handler
+        self.wakers[client_id] = handler
         self.metrics.clients_connected += 1
         self.metrics.connections_total += 1
         dropped = session.dropped
@@ -192,15 +183,23 @@ class BrokerCore:
         if message.qos == 2 and session is not None and session.persistent:
             # The inbound QoS 2 id must be durable before PUBREC, or a crash would let the
             # client's redelivery be routed a second time.
-            await self.session_store.save_changes([session], Durability.DURABLE)
+            await self.manager.persist([session], Durability.DURABLE)
         handler.conn.ack_publish(event.packet_id, message.qos)
 
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
         assert session is not None
+        if session.remote:
+            session.forward_subscribe(event.packet_id, event.topics)  # its home answers
+            return
+        codes = await self.subscribe(session, event.topics)
+        handler.conn.send_suback(event.packet_id, codes)
+        await self.deliver_retained(session, event.topics, codes)
+
+    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...]) -> list[int]:
+        """Register a session's filters (durably for a persistent one); the SUBACK codes."""
         codes: list[int] = []
-        granted: list[tuple[str, int]] = []
-        for topic_filter, qos in event.topics:
+        for topic_filter, qos in topics:
             if (
                 topic_filter not in session.subscriptions
                 and len(session.subscriptions) >= self.limits.max_subscriptions
@@ -209,12 +208,16 @@ class BrokerCore:
                 continue
             self.router.subscribe(session, topic_filter, qos)
             codes.append(qos)
-            granted.append((topic_filter, qos))
         await self.session_store.save_subscriptions(session)
-        handler.conn.send_suback(event.packet_id, codes)
-        # Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
-        # several new filters match it, at the best QoS any of them grants.
+        return codes
+
+    async def deliver_retained(
+        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int]
+    ) -> None:
+        """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
+        several new filters match it, at the best QoS any of them grants."""
         best: dict[str, tuple[Message, int]] = {}
+        granted = [(f, code) for (f, _), code in zip(topics, codes, strict=True) if code <= 2]
         for topic_filter, qos in granted:
             for message in await self.router.retained(topic_filter):
                 q = min(message.qos, qos)
@@ -225,10 +228,15 @@ class BrokerCore:
         for message, q in best.values():
             session.deliver(message, q, True, now)
         self.metrics.messages_sent += len(best)
+        if best:
+            self.wake(session.client_id)
 
     async def on_unsubscribe(self, handler: ClientHandler, event: UnsubscribeRequested) -> None:
         session = handler.session
         assert session is not None
+        if session.remote:
+            session.forward_unsubscribe(event.packet_id, event.topics)
+            return
         for topic_filter in event.topics:
             self.router.unsubscribe(session, topic_filter)
         await self.session_store.save_subscriptions(session)
@@ -249,16 +257,10 @@ class BrokerCore:
         if self.clients.get(client_id) is handler:
             del self.clients[client_id]
             self.metrics.clients_connected -= 1
-        if session.output is handler.conn.output:
-            session.detach()
-        will = handler.will
-        handler.will = None
-        if session.clean_session:
-            if self.sessions.get(client_id) is session:
-                self.router.forget(session)
-                del self.sessions[client_id]
-        elif session.has_changes():
-            await self.session_store.save_changes([session], Durability.LAZY)
-        if will is not None and not handler.clean_disconnect and not self.shutting_down:
-            self.metrics.messages_received += 1
-            await self.router.publish(Message(will.topic, will.payload, will.qos, will.retain))
+        if self.wakers.get(client_id) is handler:
+            del self.wakers[client_id]
+        await self.manager.close(handler)
+
+
+class Waker(Protocol):
+    def wake(self) -> None: ...

@@ -29,6 +29,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message, Outbound, OutState, Session
 from mqttring.ring.hashing import shard_of
@@ -46,17 +47,25 @@ class StoredSession:
 
 
 class SessionStore:
-    def __init__(self, store: LsmStore | None, num_shards: int) -> None:
+    def __init__(
+        self, store: LsmStore | None, num_shards: int, writer: ShardWriter | None = None
+    ) -> None:
         self._store = store
         self._num_shards = num_shards
+        self._writer: ShardWriter | None = writer or (
+            LocalShardWriter(store) if store is not None else None
+        )
 
     @property
     def enabled(self) -> bool:
         return self._store is not None
 
+    def shard(self, client_id: str) -> int:
+        return shard_of(client_id, self._num_shards)
+
     def _prefix(self, client_id: str) -> bytes:
         cid = client_id.encode("utf-8")
-        return shard_key(shard_of(client_id, self._num_shards), _PID.pack(len(cid)) + cid)
+        return shard_key(self.shard(client_id), _PID.pack(len(cid)) + cid)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -64,10 +73,10 @@ class SessionStore:
         """Durably record the session and its subscriptions (before SUBACK/UNSUBACK)."""
         if self._store is None or not session.persistent:
             return
+        assert self._writer is not None
         record = {"v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
-        await self._store.write(
-            [Put("sessions", self._prefix(session.client_id), record)], Durability.DURABLE
-        )
+        op = Put("sessions", self._prefix(session.client_id), record)
+        await self._writer.write([(self.shard(session.client_id), [op])], Durability.DURABLE)
 
     def change_ops(self, session: Session) -> list[Put | Delete]:
         """Turn the session's dirty marks into store operations (and clear the marks)."""
@@ -101,40 +110,48 @@ class SessionStore:
         return ops
 
     async def save_changes(self, sessions: Iterable[Session], durability: Durability) -> None:
-        if self._store is None:
+        if self._writer is None:
             for session in sessions:
                 session.take_changes()
             return
-        ops: list[Put | Delete] = []
-        for session in sessions:
-            if session.has_changes():
-                ops.extend(self.change_ops(session))
-        if ops:
-            await self._store.write(ops, durability)
+        batches = [
+            (self.shard(session.client_id), self.change_ops(session))
+            for session in sessions
+            if session.has_changes()
+        ]
+        if batches:
+            await self._writer.write(batches, durability)
 
     async def delete(self, client_id: str) -> None:
         """Forget a stored session entirely (a clean-session CONNECT replaces it)."""
-        if self._store is None:
+        if self._store is None or self._writer is None:
             return
         prefix = self._prefix(client_id)
         ops: list[Put | Delete] = [Delete("sessions", prefix)]
         for db in ("queues", "inflight"):
             rows = await self._store.scan(db, prefix)
             ops.extend(Delete(db, key) for key, _ in rows)
-        await self._store.write(ops, Durability.DURABLE)
+        await self._writer.write([(self.shard(client_id), ops)], Durability.DURABLE)
 
     # -- reads ------------------------------------------------------------------------------
 
     async def load_all(self) -> list[StoredSession]:
         """Every stored session with its messages in sequence order (node start-up)."""
+        return await self.load(b"")
+
+    async def load_shard(self, shard: int) -> list[StoredSession]:
+        """The sessions of one shard (a node that became its owner)."""
+        return await self.load(shard_key(shard))
+
+    async def load(self, prefix: bytes) -> list[StoredSession]:
         if self._store is None:
             return []
         sessions: dict[bytes, StoredSession] = {}
-        for key, record in await self._store.scan("sessions"):
+        for key, record in await self._store.scan("sessions", prefix):
             cid = _client_id(key)
             subs = {f: int(q) for f, q in record["subs"]}
             sessions[key] = StoredSession(cid, subs, [], set())
-        for key, value in await self._store.scan("queues"):
+        for key, value in await self._store.scan("queues", prefix):
             owner = sessions.get(key[:-8])
             if owner is None:
                 continue  # orphan of a deleted session
@@ -150,7 +167,7 @@ class SessionStore:
                     expires_at,
                 )
             )
-        for key, _ in await self._store.scan("inflight"):
+        for key, _ in await self._store.scan("inflight", prefix):
             owner = sessions.get(key[:-2])
             if owner is not None:
                 owner.inbound_qos2.add(_PID.unpack(key[-2:])[0])

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import ClassVar
 
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
@@ -142,6 +143,9 @@ class SessionLimits:
 
 @dataclass(slots=True)
 class Session:
+    #: True for a stand-in whose state lives on another node (see mqttring.cluster).
+    remote: ClassVar[bool] = False
+
     client_id: str
     clean_session: bool
     limits: SessionLimits = field(default_factory=SessionLimits)

@@ -1,0 +1,108 @@
+"""Who owns a client id: the session lifecycle seam, and its single-node answer.
+
+CONNECT, the end of a connection and the persistence of session progress all go through a
+``SessionManager``.  On one node (``LocalSessions``) that is a dictionary and the node store.
+In a cluster (``mqttring.cluster.sessions``) the owner of ``shard(client id)`` is the lock
+for the id and the home of its persistent session, possibly on another node.  The broker
+core (``BrokerCore``) is the same in both cases.
+
+Rules kept here (MQTT 3.1.1):
+* a second connection with the same client id closes the first [MQTT-3.1.4-2] and, since
+  that close is not a DISCONNECT, publishes its will;
+* CleanSession=1 discards any previous session [MQTT-3.1.2-6], CleanSession=0 resumes it
+  [MQTT-3.1.2-4] (session present set [MQTT-3.2.2-2]);
+* a clean session ends with its connection [MQTT-3.1.2-6];
+* the will is published on every close that is not a DISCONNECT [MQTT-3.1.2-8] and
+  discarded after one [MQTT-3.14.4-3].
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
+from mqttring.lsm import Durability
+from mqttring.protocol.packets import Connect
+from mqttring.protocol.session import Message, Session
+
+if TYPE_CHECKING:
+    from mqttring.broker.client import ClientHandler
+    from mqttring.broker.core import BrokerCore
+
+log = logging.getLogger("mqttring.broker")
+
+
+class SessionManager(Protocol):
+    async def open(
+        self, handler: ClientHandler, client_id: str, packet: Connect
+    ) -> tuple[Session, bool]:
+        """Take the id (closing any other connection with it); return (session, present)."""
+
+    async def close(self, handler: ClientHandler) -> None:
+        """The connection is gone: unbind its session, publish its will if it is owed."""
+
+    async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
+        """Store what changed in these sessions."""
+
+
+class LocalSessions:
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+
+    async def open(
+        self, handler: ClientHandler, client_id: str, packet: Connect
+    ) -> tuple[Session, bool]:
+        core = self.core
+        old = core.clients.get(client_id)
+        if old is not None:
+            log.info("takeover of client %r", client_id)
+            await core.connection_lost(old)
+            old.kick()
+        return await self.bind(client_id, packet.clean_session)
+
+    async def bind(self, client_id: str, clean_session: bool) -> tuple[Session, bool]:
+        """Resume or create the session for a client whose id this node now holds."""
+        core = self.core
+        existing = core.sessions.get(client_id)
+        if clean_session or existing is None or existing.clean_session:
+            if existing is not None:
+                core.router.forget(existing)
+                del core.sessions[client_id]
+                if existing.persistent:
+                    await core.session_store.delete(client_id)
+            session = Session(client_id, clean_session, core.session_limits)
+            core.sessions[client_id] = session
+            await core.session_store.save_subscriptions(session)
+            return session, False
+        return existing, True
+
+    async def close(self, handler: ClientHandler) -> None:
+        session = handler.session
+        assert session is not None
+        await self.unbind(handler, session)
+        await self.publish_will(handler)
+
+    async def unbind(self, handler: ClientHandler, session: Session) -> None:
+        core = self.core
+        client_id = session.client_id
+        if session.output is handler.conn.output:
+            session.detach()
+        if session.clean_session:
+            if core.sessions.get(client_id) is session:
+                core.router.forget(session)
+                del core.sessions[client_id]
+        elif session.has_changes():
+            await core.session_store.save_changes([session], Durability.LAZY)
+
+    async def publish_will(self, handler: ClientHandler) -> None:
+        will = handler.will
+        handler.will = None
+        if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
+            self.core.metrics.messages_received += 1
+            await self.core.router.publish(
+                Message(will.topic, will.payload, will.qos, will.retain)
+            )
+
+    async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
+        await self.core.session_store.save_changes(sessions, durability)

@@ -1,0 +1,289 @@
+"""Persistent, authenticated, batched links between nodes, with request/response on top.
+
+Theory of operation
+-------------------
+Every node keeps one *outbound* link to every other live member.  A link is a connection to
+the peer's cluster port (the RPC server of ``mqttring.raft.rpc``: HMAC challenge both ways,
+so a peer without the cluster secret is refused and logged there) switched into the
+``data.link`` stream kind.  Messages travel one way on it: A's messages to B go on A's link
+to B, B's replies on B's link to A.  That keeps each link a plain FIFO with one writer task.
+
+Batching: ``send`` appends a message (a small list, see ``mqttring.cluster.wire``) to the
+link's queue and wakes its writer, which sends everything queued as one frame; under load
+one write carries many messages, when idle a lone message leaves at once (no timer).
+
+Back-pressure: a queue holds at most ``max_queued`` messages.  ``send`` of a message that may
+be lost (QoS 0 traffic) drops it when the queue is full and counts the drop; ``send_wait``
+(acknowledged traffic, control messages) waits for room instead, which slows exactly the
+publishers that feed a slow peer.
+
+Requests: ``request(node, msg)`` puts a fresh request id in ``msg[1]``, sends it and waits
+for the matching ``ack`` from that node.  When the peer leaves the view, or its link breaks,
+its pending requests fail with ``PeerUnavailable`` so the caller can re-route by the newer
+epoch instead of waiting forever.
+
+Reconnects: a writer that loses its connection reconnects with backoff for as long as the
+peer is in the view; what is queued meanwhile waits (bounded as above).  A message already
+handed to a broken connection may be lost; everything that matters is acknowledged, so the
+sender retries it (see ``ClusterRouter``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from mqttring.raft.rpc import FramedStream, Peer, ProtocolError, RpcClient
+
+log = logging.getLogger("mqttring.cluster.links")
+
+STREAM_KIND = "data.link"
+MAX_QUEUED = 50_000
+MAX_BATCH = 2_000
+RECONNECT_MIN = 0.05
+RECONNECT_MAX = 2.0
+
+Message = list[Any]
+#: Called for every inbound message, in order; it must not block: anything that waits
+#: (a store write, an answer from a third node) runs in a task it starts, or the link's
+#: reader would stall and two nodes waiting on each other's links would deadlock.
+MessageHandler = Callable[[str, Message], None]
+
+
+class PeerUnavailable(Exception):
+    """The peer left the cluster view or its link broke before it answered."""
+
+
+class _Pending:
+    __slots__ = ("done", "node", "ok", "result")
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.done = trio.Event()
+        self.ok = False
+        self.result: Any = None
+
+
+class Link:
+    """The outbound half towards one peer: a queue and the task that drains it."""
+
+    def __init__(self, owner: Links, node_id: str, address: str) -> None:
+        self.owner = owner
+        self.node_id = node_id
+        self.address = address
+        self.queue: deque[Message] = deque()
+        self.wakeup = trio.Event()
+        self.room = trio.Event()
+        self.connected = False
+        self.closed = False
+        self.sent_messages = 0
+        self.sent_frames = 0
+        self.dropped = 0
+        self.cancel_scope = trio.CancelScope()
+
+    def push(self, message: Message) -> bool:
+        if len(self.queue) >= self.owner.max_queued:
+            self.dropped += 1
+            return False
+        self.queue.append(message)
+        self.wakeup.set()
+        return True
+
+    async def push_wait(self, message: Message) -> None:
+        while len(self.queue) >= self.owner.max_queued:
+            if self.closed:
+                raise PeerUnavailable(self.node_id)
+            await self.room.wait()
+        self.queue.append(message)
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        with self.cancel_scope:
+            delay = RECONNECT_MIN
+            while not self.closed:
+                try:
+                    client = await RpcClient.connect(
+                        self.address, self.owner.key, self.owner.node_id
+                    )
+                    stream = await client.open_stream(STREAM_KIND, {"node": self.owner.node_id})
+                except Exception as exc:  # refused, unreachable, handshake failed: retry
+                    log.debug("link %s -> %s: connect failed: %s", self.owner.node_id,
+                              self.node_id, exc)
+                    self.owner.link_broken(self)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, RECONNECT_MAX)
+                    continue
+                delay = RECONNECT_MIN
+                self.connected = True
+                try:
+                    await self._drain(stream)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id, exc)
+                finally:
+                    self.connected = False
+                    with trio.CancelScope(shield=True):
+                        await trio.aclose_forcefully(stream.stream)
+                self.owner.link_broken(self)
+
+    async def _drain(self, stream: FramedStream) -> None:
+        queue = self.queue
+        while True:
+            if not queue:
+                self.wakeup = trio.Event()
+                if not queue:
+                    await self.wakeup.wait()
+            n = min(len(queue), MAX_BATCH)
+            batch = [queue.popleft() for _ in range(n)]
+            if len(queue) < self.owner.max_queued:
+                self.room.set()
+                self.room = trio.Event()
+            try:
+                await stream.send({"b": batch})
+            except BaseException:
+                queue.extendleft(reversed(batch))  # not sent: keep them for the next connection
+                raise
+            self.sent_messages += n
+            self.sent_frames += 1
+
+
+class Links:
+    """All outbound links of this node and the dispatch of inbound ones."""
+
+    def __init__(self, node_id: str, key: bytes, handler: MessageHandler,
+                 max_queued: int = MAX_QUEUED) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.max_queued = max_queued
+        self._handler = handler
+        self._links: dict[str, Link] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self.received_messages = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- membership ---------------------------------------------------------------------
+
+    def update_peers(self, peers: dict[str, str]) -> None:
+        """Open links to new peers (node id -> cluster address) and close the others."""
+        assert self._nursery is not None
+        for node_id, link in list(self._links.items()):
+            if peers.get(node_id) != link.address:
+                self._close(link)
+        for node_id, address in peers.items():
+            if node_id != self.node_id and node_id not in self._links:
+                link = Link(self, node_id, address)
+                self._links[node_id] = link
+                self._nursery.start_soon(link.run)
+
+    def _close(self, link: Link) -> None:
+        link.closed = True
+        link.cancel_scope.cancel()
+        link.room.set()
+        del self._links[link.node_id]
+        self._fail_pending(link.node_id)
+
+    def link_broken(self, link: Link) -> None:
+        # Requests in flight on a broken connection may never be answered: fail them now
+        # so callers retry (by the then-current view) instead of hanging.
+        self._fail_pending(link.node_id)
+
+    def _fail_pending(self, node_id: str) -> None:
+        for req, pending in list(self._pending.items()):
+            if pending.node == node_id:
+                del self._pending[req]
+                pending.result = PeerUnavailable(node_id)
+                pending.done.set()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {
+            node: {"queued": len(link.queue), "sent": link.sent_messages,
+                   "frames": link.sent_frames, "dropped": link.dropped,
+                   "connected": int(link.connected)}
+            for node, link in self._links.items()
+        }
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, node_id: str, message: Message) -> bool:
+        """Queue a message that may be dropped under back-pressure; False if it was."""
+        link = self._links.get(node_id)
+        return link.push(message) if link is not None else False
+
+    async def send_wait(self, node_id: str, message: Message) -> None:
+        link = self._links.get(node_id)
+        if link is None:
+            raise PeerUnavailable(node_id)
+        await link.push_wait(message)
+
+    async def request(self, node_id: str, message: Message, timeout: float = 10.0) -> Any:
+        """Send ``message`` with a request id in slot 1 and wait for the peer's answer."""
+        req = next(self._ids)
+        message[1] = req
+        pending = _Pending(node_id)
+        self._pending[req] = pending
+        try:
+            await self.send_wait(node_id, message)
+            with trio.move_on_after(timeout):
+                await pending.done.wait()
+        finally:
+            self._pending.pop(req, None)
+        if not pending.done.is_set():
+            raise PeerUnavailable(f"{node_id}: no answer within {timeout}s")
+        if isinstance(pending.result, Exception):
+            raise pending.result
+        if not pending.ok:
+            raise RemoteError(str(pending.result))
+        return pending.result
+
+    def reply(self, node_id: str, req: int, ok: bool, body: Any = None) -> None:
+        if req:
+            link = self._links.get(node_id)
+            if link is not None:
+                link.queue.append(["ack", req, ok, body])
+                link.wakeup.set()
+
+    # -- receiving ------------------------------------------------------------------------
+
+    async def serve_stream(self, stream: FramedStream, peer: Peer, body: dict[str, Any]) -> None:
+        """RPC stream handler for ``data.link``: dispatch every message of every frame."""
+        node = peer.node_id
+        handler = self._handler
+        while True:
+            frame = await stream.receive()
+            batch = frame.get("b")
+            if not isinstance(batch, list):
+                raise ProtocolError("data.link frame without a batch")
+            self.received_messages += len(batch)
+            for message in batch:
+                if not isinstance(message, list) or not message:
+                    raise ProtocolError("data.link message is not a list")
+                if message[0] == "ack":
+                    self._on_ack(message)
+                else:
+                    handler(node, message)
+
+    def _on_ack(self, message: Message) -> None:
+        _, req, ok, body = message
+        pending = self._pending.pop(req, None)
+        if pending is not None:
+            pending.ok = bool(ok)
+            pending.result = body
+            pending.done.set()
+
+
+class RemoteError(Exception):
+    """The peer answered a request with a refusal."""
+
+
+__all__ = ["STREAM_KIND", "Links", "PeerUnavailable", "RemoteError"]

@@ -1,0 +1,162 @@
+"""Shard data on R nodes: replicated writes and the catch-up copy of a shard.
+
+Theory of operation
+-------------------
+Each shard's stored data (retained messages, persistent sessions and their queues) lives on
+the shard's replica list: the owner plus R-1 replicas (``ClusterView.replicas``).  The owner
+is the only writer of a shard.  ``ShardReplicator.write`` applies a batch to the local store
+and sends the same operations to every other replica of the shard; a DURABLE write returns
+only when every replica that is reachable in the current view has it durably, which is what
+makes an acknowledged QoS 1 message survive the loss of the owner.  A replica that does not
+answer is not waited for forever: the write fails over to "what the view says is alive",
+and the failure detector will move the shard if that replica is gone.
+
+Catch-up: a node that (re)joins is made a *catching-up* target of some shards by the
+metadata state machine, and already receives their new writes (it is in ``replicas``).  It
+copies what existed before with a range scan from the owner (``cu`` requests, one database
+and one chunk at a time), skipping every key that a live write has touched since the copy
+started, so an old copied value can never overwrite a newer replicated one.  When all its
+shards are copied it reports them caught up through Raft; only then may it become owner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from mqttring.broker.shard_writes import Op
+from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
+from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.raft.view import ClusterView
+
+log = logging.getLogger("mqttring.cluster.replication")
+
+#: Databases that hold shard data (and so are replicated and copied on catch-up).
+SHARD_DATABASES = ("retained", "sessions", "queues", "inflight")
+CATCH_UP_CHUNK = 2000
+REPLICA_TIMEOUT = 5.0
+
+
+def encode_ops(ops: Sequence[Op]) -> list[list[Any]]:
+    return [[op.db, op.key, op.value] if isinstance(op, Put) else [op.db, op.key, None]
+            for op in ops]
+
+
+def decode_ops(raw: list[list[Any]]) -> list[Op]:
+    ops: list[Op] = []
+    for db, key, value in raw:
+        if db not in SHARD_DATABASES or not isinstance(key, bytes):
+            raise ValueError(f"bad replicated op for {db!r}")
+        ops.append(Delete(db, key) if value is None else Put(db, key, value))
+    return ops
+
+
+class ShardReplicator:
+    """The cluster's ``ShardWriter`` and the receiving end of replication and catch-up."""
+
+    def __init__(
+        self,
+        node_id: str,
+        store: LsmStore,
+        links: Links,
+        view: Callable[[], ClusterView],
+        on_applied: Callable[[list[Op]], None],
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.links = links
+        self.view = view
+        #: Keeps in-memory mirrors (the retained index) in step with replicated rows.
+        self.on_applied = on_applied
+        #: Keys written by live replication per shard while that shard is being copied.
+        self._touched: dict[int, set[tuple[str, bytes]]] = {}
+        self.replicated_batches = 0
+
+    # -- the writer side ------------------------------------------------------------------
+
+    async def write(self, batches: Sequence[tuple[int, list[Op]]], durability: Durability) -> None:
+        all_ops = [op for _, ops in batches for op in ops]
+        if not all_ops:
+            return
+        view = self.view()
+        by_node: dict[str, list[list[Any]]] = {}
+        for shard, ops in batches:
+            for node in view.replicas(shard):
+                if node != self.node_id:
+                    by_node.setdefault(node, []).append([shard, encode_ops(ops)])
+        if durability is Durability.LAZY:
+            for node, shard_ops in by_node.items():
+                self.links.send(node, ["repl", 0, shard_ops, False])
+            await self.store.write(all_ops, durability)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.store.write, all_ops, durability)
+            for node, shard_ops in by_node.items():
+                nursery.start_soon(self._replicate, node, shard_ops)
+        self.replicated_batches += 1
+
+    async def _replicate(self, node: str, shard_ops: list[list[Any]]) -> None:
+        try:
+            await self.links.request(node, ["repl", 0, shard_ops, True], REPLICA_TIMEOUT)
+        except (PeerUnavailable, RemoteError) as exc:
+            # The write stands on the replicas that answered; a dead replica is the failure
+            # detector's business (it will re-place the shard and the copy will catch up).
+            log.warning("replica %s did not confirm a write: %s", node, exc)
+
+    # -- the replica side -----------------------------------------------------------------
+
+    def on_repl(self, node: str, message: list[Any]) -> Callable[[], Any]:
+        """Returns the task to run for an inbound ``repl`` message."""
+        _, req, shard_ops, durable = message
+
+        async def apply() -> None:
+            ops: list[Op] = []
+            for shard, raw in shard_ops:
+                decoded = decode_ops(raw)
+                touched = self._touched.get(shard)
+                if touched is not None:
+                    touched.update((op.db, op.key) for op in decoded)
+                ops.extend(decoded)
+            await self.store.write(ops, Durability.DURABLE if durable else Durability.LAZY)
+            self.on_applied(ops)
+            self.links.reply(node, req, True)
+
+        return apply
+
+    async def serve_catch_up(self, node: str, message: list[Any]) -> None:
+        """Answer ``["cu", req, shard, db, after]`` with the next chunk of rows."""
+        _, req, shard, db, after = message
+        if db not in SHARD_DATABASES:
+            self.links.reply(node, req, False, f"unknown database {db!r}")
+            return
+        prefix = shard_key(shard)
+        start = after + b"\x00" if after else prefix
+        rows = await self.store.scan(db, prefix, start=start, limit=CATCH_UP_CHUNK)
+        self.links.reply(node, req, True, [[key, value] for key, value in rows])
+
+    async def copy_shard(self, shard: int, source: str) -> int:
+        """Copy one shard from ``source``; returns the number of rows written."""
+        touched = self._touched.setdefault(shard, set())
+        copied = 0
+        try:
+            for db in SHARD_DATABASES:
+                after = b""
+                while True:
+                    rows = await self.links.request(source, ["cu", 0, shard, db, after])
+                    ops: list[Op] = [
+                        Put(db, key, value) for key, value in rows if (db, key) not in touched
+                    ]
+                    if ops:
+                        await self.store.write(ops, Durability.LAZY)
+                        self.on_applied(ops)
+                        copied += len(ops)
+                    if len(rows) < CATCH_UP_CHUNK:
+                        break
+                    after = rows[-1][0]
+            await self.store.write([], Durability.DURABLE)  # make the whole copy durable
+        finally:
+            self._touched.pop(shard, None)
+        return copied
