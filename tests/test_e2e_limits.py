@@ -171,3 +171,31 @@ def test_slow_subscriber_does_not_stall_others(broker_factory, raw, paho_any, ui
     probe.send(PINGREQ_BYTES)
     assert probe.expect(PINGRESP)
     assert time.monotonic() - t1 < 2.0
+
+
+def test_inflight_then_queued_order_after_reconnect(broker_factory, raw, paho_any, uid):
+    """With max_inflight=2 and 5 messages: after a reconnect the 2 in-flight ones are re-sent
+    first with DUP=1 (original ids), then the 3 that waited in the queue with DUP=0, in publish
+    order (4.6)."""
+    b = broker_factory(max_inflight=2)
+    topic, cid = uid("order"), uid("persist")
+    c = raw(b)
+    assert c.connect(cid, clean_session=False).return_code == 0
+    assert c.subscribe([(topic, 1)]) == [1]
+    pub = paho_any(b, uid("pub"))
+    pub.connect()
+    for i in range(5):
+        pub.publish(topic, f"o{i}".encode(), qos=1)
+    window = [c.expect(PUBLISH), c.expect(PUBLISH)]
+    c.close()
+    c2 = raw(b)
+    assert c2.connect(cid, clean_session=False).session_present is True
+    got = []
+    for _ in range(5):
+        p = c2.expect(PUBLISH)
+        got.append(p)
+        c2.send(puback(p.packet_id))
+    assert [p.payload for p in got] == [f"o{i}".encode() for i in range(5)]
+    assert [p.dup for p in got] == [True, True, False, False, False]
+    assert [p.packet_id for p in got[:2]] == [p.packet_id for p in window]
+    assert c2.no_packet_within(0.5) is None

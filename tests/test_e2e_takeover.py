@@ -79,3 +79,24 @@ def test_keepalive_zero_means_no_timeout(raw, uid):
     assert not c.wait_closed(3.0)
     c.send(PINGREQ_BYTES)
     assert c.expect(PINGRESP)
+
+
+def test_takeover_resends_inflight_on_new_connection(raw, paho, uid):
+    """[MQTT-3.1.4-2] + [MQTT-4.4.0-1]: a CleanSession=0 takeover keeps the session, so a QoS 1
+    message the old connection never acknowledged is re-sent to the new one with DUP=1."""
+    from mqtt_client import puback
+
+    cid, topic = uid("dup"), uid("t")
+    first = raw()
+    assert first.connect(cid, clean_session=False).return_code == 0
+    assert first.subscribe([(topic, 1)]) == [1]
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(topic, b"unacked", qos=1)
+    p = first.expect(PUBLISH)
+    second = raw()
+    assert second.connect(cid, clean_session=False).session_present is True
+    again = second.expect(PUBLISH)
+    assert (again.payload, again.packet_id, again.dup) == (b"unacked", p.packet_id, True)
+    second.send(puback(again.packet_id))
+    assert first.wait_closed(5)

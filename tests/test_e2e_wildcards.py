@@ -80,8 +80,14 @@ def test_dollar_topics_not_matched_by_leading_wildcards(broker_factory, paho_any
     sys_sub.subscribe("$SYS/#", 0)
     first = sys_sub.get(timeout=4)
     assert first.topic.startswith("$SYS/")
+    # Subscribing after the retained $SYS messages exist: they must not be sent to '#' or
+    # '+/#' either (the rule applies to retained messages on subscribe as well).
+    late = paho_any(b, uid("late"))
+    late.connect()
+    late.subscribe([("#", 1), ("+/#", 1), ("+/broker/#", 1)])
     sys_sub.drain(1.5)  # let at least one more $SYS cycle pass while '#' listens
-    leaked = [m.topic for m in hash_all.drain(0.1) + plus.drain(0.1) if m.topic.startswith("$")]
+    got = hash_all.drain(0.1) + plus.drain(0.1) + late.drain(0.1)
+    leaked = [m.topic for m in got if m.topic.startswith("$")]
     assert leaked == []
 
 
@@ -123,3 +129,24 @@ def test_overlapping_subscriptions_paho_counts(paho, uid):
     pub.publish(f"{root}/a", b"once", qos=2)
     got = s.collect(1) + s.drain(0.7)
     assert [(m.payload, m.qos) for m in got] == [(b"once", 2)]
+
+
+def test_resubscribe_replaces_qos_and_unsubscribe_unknown(raw, paho, uid):
+    """[MQTT-3.8.4-3]: an identical filter replaces the subscription (new maximum QoS);
+    [MQTT-3.10.4-5]: UNSUBACK even when nothing was unsubscribed."""
+    from mqtt_client import UNSUBACK, unsubscribe
+
+    topic = uid("re")
+    c = raw()
+    assert c.connect(uid("c")).return_code == 0
+    assert c.subscribe([(topic, 2)], packet_id=1) == [2]
+    assert c.subscribe([(topic, 0)], packet_id=2) == [0]
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(topic, b"now-qos0", qos=2)
+    p = c.expect(PUBLISH)
+    assert (p.payload, p.qos) == (b"now-qos0", 0)
+    assert c.no_packet_within(0.5) is None, "the old QoS 2 subscription still exists"
+    c.send(unsubscribe(77, [uid("never-subscribed")]))
+    ack = c.expect(UNSUBACK)
+    assert (ack.flags, ack.packet_id) == (0, 77)
