@@ -69,35 +69,47 @@ def test_clean_session_client_gets_nothing_queued(paho, uid):
     assert again.drain(0.7) == []
 
 
-def _publish_and_check_restart(node, paho_any, uid, restart):
-    """Shared body: queue QoS 1 messages for an offline persistent session, restart the node
-    (clean or crash), and check the session, its queue and a retained message survived."""
+def _publish_and_check_restart(node, paho_any, uid, restart, qos: int = 1):
+    """Shared body: queue QoS ``qos`` messages for an offline persistent session, restart the
+    node (clean or crash), and check what must survive: the session and its subscription, its
+    queue in order, a retained message; and what must stay gone: an unsubscribed filter and a
+    cleared retained message."""
     topic, cid = uid("persist"), uid("persist")
     handle = node.start()
     s = paho_any(handle, cid, clean_session=False)
     s.connect()
-    s.subscribe([(topic, 1)])
+    s.subscribe([(topic, qos), (f"{topic}/unsubscribed", qos)])
+    s.unsubscribe(f"{topic}/unsubscribed")
     s.disconnect()
     pub = paho_any(handle, uid("pub"))
     pub.connect()
+    pub.publish(f"{topic}/cleared", b"old", qos=1, retain=True)
+    pub.publish(f"{topic}/cleared", b"", qos=1, retain=True)
+    pub.publish(f"{topic}/unsubscribed", b"not-for-you", qos=1)
     for i in range(10):
-        pub.publish(topic, f"m{i}".encode(), qos=1)  # waits for PUBACK
-    pub.publish(f"{topic}/retained", b"kept", qos=1, retain=True)
+        pub.publish(topic, f"m{i}".encode(), qos=qos)  # waits for PUBACK / PUBCOMP
+    pub.publish(f"{topic}/retained", b"kept", qos=qos, retain=True)
     pub.close()
     restart()
     handle = node.start()
     back = paho_any(handle, cid, clean_session=False)
     assert back.connect() is True, "the persistent session did not survive the restart"
     got = back.collect(10, timeout=10)
-    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(10)]
-    assert back.drain(0.5) == []
+    assert [(m.payload, m.qos) for m in got] == [(f"m{i}".encode(), qos) for i in range(10)]
+    assert back.drain(0.5) == [], "more than the queued messages (unsubscribed filter back?)"
+    pub2 = paho_any(handle, uid("pub2"))
+    pub2.connect()
+    pub2.publish(topic, b"live-after-restart", qos=1)
+    assert back.get().payload == b"live-after-restart", "subscription lost in restart"
     late = paho_any(handle, uid("late"))
     late.connect()
     late.subscribe(f"{topic}/retained", 1)
     m = late.get()
     assert (m.payload, m.retain) == (b"kept", True), "retained message lost in restart"
-    back.disconnect()
-    late.disconnect()
+    late.subscribe(f"{topic}/cleared", 1)
+    assert late.drain(0.5) == [], "a cleared retained message came back after restart"
+    for c in (back, late, pub2):
+        c.disconnect()
 
 
 def test_persistent_session_survives_clean_node_restart(node_factory, paho_any, uid):
@@ -116,11 +128,20 @@ def test_pubacked_qos1_survives_kill9_of_node(node_factory, paho_any, uid):
     """Issue 2 durability contract: anything PUBACKed survives kill -9 of the node. (MQTT
     4.3.2: after PUBACK the sender has discarded the message, so the broker owns it.)"""
     node = node_factory()
-    _publish_and_check_restart(node, paho_any, uid, node.kill9)
+    _publish_and_check_restart(node, paho_any, uid, node.kill9, qos=1)
     node.kill9()
 
 
-def test_unacked_outbound_redelivered_after_node_restart(node_factory, paho_any, uid):
+def test_completed_qos2_survives_kill9_of_node(node_factory, paho_any, uid):
+    """The QoS 2 analogue: after PUBREC the sender discards the message (4.3.3), so a
+    PUBREC'd (here even PUBCOMP'd) message belongs to the broker and must survive kill -9."""
+    node = node_factory()
+    _publish_and_check_restart(node, paho_any, uid, node.kill9, qos=2)
+    node.kill9()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_unacked_outbound_redelivered_after_node_restart(node_factory, paho_any, uid, how):
     """[MQTT-4.4.0-1] across a node restart: a QoS 1 message sent but not PUBACKed by the
     subscriber is re-sent with DUP=1 when it reconnects to the restarted node."""
     from mqtt_client import RawClient
@@ -140,7 +161,10 @@ def test_unacked_outbound_redelivered_after_node_restart(node_factory, paho_any,
         pub.close()
     finally:
         c.close()
-    assert node.terminate() == 0
+    if how == "kill9":
+        node.kill9()
+    else:
+        assert node.terminate() == 0
     handle = node.start()
     c2 = RawClient(handle.host, handle.port)
     try:
