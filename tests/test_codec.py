@@ -302,13 +302,21 @@ def test_round_trip_each_type(packet_type: type, data: st.DataObject) -> None:
 def test_split_stream_anywhere(packets: list[Packet], data: st.DataObject) -> None:
     stream = b"".join(encode(p) for p in packets)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    # A lazy consumer takes at most one packet per feed instead of draining.
+    lazy = data.draw(st.booleans())
     decoder = PacketDecoder()
     decoded: list[Packet] = []
     previous = 0
     for cut in [*cuts, len(stream)]:
         decoder.feed(stream[previous:cut])
-        decoded.extend(decoder)
+        if lazy:
+            packet = decoder.next_packet()
+            if packet is not None:
+                decoded.append(packet)
+        else:
+            decoded.extend(decoder)
         previous = cut
+    decoded.extend(decoder)
     assert decoded == packets
     assert decoder.buffered == 0
     assert decoder.next_packet() is None
@@ -327,6 +335,43 @@ def test_byte_at_a_time_then_all_at_once() -> None:
     assert decoded == expected
     decoder.feed(stream)
     assert list(decoder) == expected
+
+
+def test_large_packet_trickling_in_is_parked_then_joined_once() -> None:
+    packet = Publish("big/topic", bytes(range(256)) * 40, qos=2, packet_id=9)  # 10 KiB
+    wire = encode(packet)
+    decoder = PacketDecoder()
+    fed = 0
+    while len(wire) - fed > 100:
+        decoder.feed(wire[fed : fed + 100])
+        fed += 100
+        if fed > 100:
+            # Header known and packet incomplete: chunks are parked, not concatenated.
+            assert len(decoder._chunks) == fed // 100 - 1
+        assert decoder.next_packet() is None
+        assert decoder.buffered == fed
+    decoder.feed(wire[fed:] + encode(PingReq()))
+    assert not decoder._chunks
+    assert list(decoder) == [packet, PingReq()]
+    assert decoder.buffered == 0
+
+
+def test_feed_copies_mutable_buffers() -> None:
+    """A transport may reuse its receive buffer: parked data must not change under us."""
+    wire = encode(Publish("t", b"abcdefgh" * 20))
+    decoder = PacketDecoder()
+    scratch = bytearray(wire[:50])
+    decoder.feed(scratch)
+    assert decoder.next_packet() is None
+    for part in (wire[50:100], wire[100:]):
+        scratch[:] = part
+        decoder.feed(memoryview(scratch))
+        scratch[:] = b"\xff" * len(scratch)  # clobber after feeding
+    assert decoder.next_packet() == Publish("t", b"abcdefgh" * 20)
+    decoder.feed(bytearray(encode(PubAck(3))))
+    assert decoder.next_packet() == PubAck(3)
+    decoder.feed(b"")
+    assert decoder.next_packet() is None
 
 
 @given(publishes())

@@ -82,6 +82,7 @@ _RULE_FLAGS = "MQTT-2.2.2-1"
 _U16 = Struct(">H")
 _pack_u16 = _U16.pack
 _pack_hdr_u16 = Struct(">BBH").pack  # first byte, 1-byte remaining length, a 16-bit field
+_pack_bb = Struct(">BB").pack
 
 
 # --------------------------------------------------------------------------------- encoding
@@ -200,6 +201,17 @@ def publish_with_packet_id(
         return bytes((0x30 | retain_bit,)) + packet[1:]
     if qos not in (1, 2) or packet_id is None or not 1 <= packet_id <= 0xFFFF:
         raise ValueError(f"bad qos/packet id for a stamped PUBLISH: {qos}, {packet_id}")
+    first_byte = 0x30 | (dup << 3) | (qos << 1) | retain_bit
+    length = packet[1]
+    if length < 126:
+        # Still a one-byte length after adding the packet id: plain slices beat a join here.
+        topic_end = 4 + ((packet[2] << 8) | packet[3])
+        return (
+            _pack_bb(first_byte, length + 2)
+            + packet[2:topic_end]
+            + _pack_u16(packet_id)
+            + packet[topic_end:]
+        )
     length = 0
     shift = 0
     index = 1
@@ -211,7 +223,6 @@ def publish_with_packet_id(
             break
         shift += 7
     topic_end = index + 2 + ((packet[index] << 8) | packet[index + 1])
-    first_byte = 0x30 | (dup << 3) | (qos << 1) | retain_bit
     view = memoryview(packet)
     return b"".join(
         (
@@ -588,13 +599,19 @@ class PacketDecoder:
         """Bytes received but not yet decoded (at most one partial packet after draining)."""
         return len(self._buf) - self._pos + self._parked
 
-    def feed(self, data: bytes) -> None:
-        """Append bytes from the transport, in chunks of any size."""
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes from the transport, in chunks of any size.
+
+        The decoder never keeps a reference to a caller's mutable buffer (a transport may
+        reuse it for the next read); only immutable ``bytes`` are parked as they are.
+        """
         if not data:
             return
         buf = self._buf
         pos = self._pos
         if len(buf) - pos + self._parked + len(data) < self._need:
+            if type(data) is not bytes:
+                data = bytes(data)
             self._chunks.append(data)
             self._parked += len(data)
             return
@@ -608,6 +625,7 @@ class PacketDecoder:
         else:
             self._buf = buf[pos:] + data
         self._pos = 0
+        self._need = 0  # met; next_packet states the next requirement when it runs dry
 
     def __iter__(self) -> Iterator[Packet]:
         """Decoded packets until more data is needed."""
