@@ -112,11 +112,15 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
 
 
 class _TrieNode(Generic[K, V]):
-    __slots__ = ("children", "entries")
+    # ``plus`` and ``hash`` duplicate children["+"] and children["#"]: the match walk reads
+    # them as slots instead of two dict lookups per node and level.
+    __slots__ = ("children", "entries", "hash", "plus")
 
     def __init__(self) -> None:
         self.children: dict[str, _TrieNode[K, V]] = {}
         self.entries: dict[K, V] = {}
+        self.plus: _TrieNode[K, V] | None = None
+        self.hash: _TrieNode[K, V] | None = None
 
 
 class TopicTrie(Generic[K, V]):
@@ -148,6 +152,10 @@ class TopicTrie(Generic[K, V]):
             child = node.children.get(level)
             if child is None:
                 child = node.children[level] = _TrieNode()
+                if level == "+":
+                    node.plus = child
+                elif level == "#":
+                    node.hash = child
             node = child
         is_new = key not in node.entries
         node.entries[key] = value
@@ -173,6 +181,10 @@ class TopicTrie(Generic[K, V]):
         while path and not node.entries and not node.children:
             parent, level = path.pop()
             del parent.children[level]
+            if level == "+":
+                parent.plus = None
+            elif level == "#":
+                parent.hash = None
             node = parent
         return True
 
@@ -189,21 +201,17 @@ class TopicTrie(Generic[K, V]):
     def match(self, topic: str) -> list[tuple[K, V]]:
         """One ``(key, value)`` per matching (filter, key) pair for a topic name."""
         result: list[tuple[K, V]] = []
+        root = self._root
         levels = topic.split("/")
-        root_children = self._root.children
-        if not root_children:
-            return result
         # Level 0 is unrolled because only there do wildcards have to skip '$' topics.
         frontier: list[_TrieNode[K, V]] = []
         first = levels[0]
         if not first.startswith("$"):
-            hash_node = root_children.get("#")
-            if hash_node is not None:
-                result.extend(hash_node.entries.items())
-            plus = root_children.get("+")
-            if plus is not None:
-                frontier.append(plus)
-        child = root_children.get(first)
+            if root.hash is not None:
+                result.extend(root.hash.entries.items())
+            if root.plus is not None:
+                frontier.append(root.plus)
+        child = root.children.get(first)
         if child is not None:
             frontier.append(child)
         for level in levels[1:]:
@@ -211,27 +219,19 @@ class TopicTrie(Generic[K, V]):
                 return result
             next_frontier: list[_TrieNode[K, V]] = []
             for node in frontier:
-                children = node.children
-                if not children:
-                    continue
-                hash_node = children.get("#")
-                if hash_node is not None:
-                    result.extend(hash_node.entries.items())
-                plus = children.get("+")
-                if plus is not None:
-                    next_frontier.append(plus)
-                child = children.get(level)
+                if node.hash is not None:
+                    result.extend(node.hash.entries.items())
+                if node.plus is not None:
+                    next_frontier.append(node.plus)
+                child = node.children.get(level)
                 if child is not None:
                     next_frontier.append(child)
             frontier = next_frontier
         for node in frontier:
             if node.entries:
                 result.extend(node.entries.items())
-            if node.children:
-                # 'a/#' also matches 'a' itself.
-                hash_node = node.children.get("#")
-                if hash_node is not None:
-                    result.extend(hash_node.entries.items())
+            if node.hash is not None:  # 'a/#' also matches 'a' itself
+                result.extend(node.hash.entries.items())
         return result
 
     def match_keys(self, topic: str) -> set[K]:
