@@ -84,29 +84,18 @@ async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             ports = await nursery.start(broker.serve)
-            metadata = None
-            if config.cluster is not None:
-                from mqttring.raft.service import MetadataService
-
-                metadata = MetadataService(config)
-                await nursery.start(metadata.run)
             if ready_file is not None:
                 _write_ready_file(
                     ready_file,
-                    {
-                        "mqtt": ports.mqtt,
-                        "ws": ports.ws,
-                        "pid": os.getpid(),
-                        "node_id": config.node_id,
-                        "cluster": config.cluster,
-                    },
+                    {"mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
+                     "node_id": config.node_id, "cluster": config.cluster},
                 )
             async for signum in signals:
                 log.info("signal %s: shutting down", signal.Signals(signum).name)
                 break
-            if metadata is not None:
+            if broker.plane is not None:
                 with trio.move_on_after(LEAVE_TIMEOUT):
-                    await metadata.leave()
+                    await broker.plane.leave()
             nursery.cancel_scope.cancel()
 
 

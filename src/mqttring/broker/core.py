@@ -206,7 +206,7 @@ class BrokerCore:
             ):
                 codes.append(SUBACK_FAILURE)
                 continue
-            self.router.subscribe(session, topic_filter, qos)
+            await self.router.subscribe(session, topic_filter, qos)
             codes.append(qos)
         await self.session_store.save_subscriptions(session)
         return codes

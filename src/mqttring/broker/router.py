@@ -42,8 +42,12 @@ class Router(Protocol):
     async def publish(self, message: Message) -> None:
         """Route one application message; returns once it is accepted (see module doc)."""
 
-    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
-        """Register (or replace [MQTT-3.8.4-3]) one subscription of a session."""
+    async def publish_local(self, message: Message) -> None:
+        """Deliver to this node's subscribers only (the node's own ``$SYS`` values)."""
+
+    async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        """Register (or replace [MQTT-3.8.4-3]) one subscription of a session; returns once
+        publishes anywhere will find it (so the SUBACK that follows is truthful)."""
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None: ...
 
@@ -78,6 +82,12 @@ class LocalRouter:
         to_persist = self.deliver_local(message)
         if to_persist:
             await self._session_store.save_changes(to_persist, Durability.DURABLE)
+
+    async def publish_local(self, message: Message) -> None:
+        """Node-local traffic ($SYS): kept in memory, never stored."""
+        if message.retain:
+            await self._retained.update(message, persist=False)
+        self.deliver_local(message)
 
     def deliver_local(self, message: Message) -> list[Session]:
         """Hand ``message`` to every matching local session; returns those needing a write."""
@@ -114,7 +124,10 @@ class LocalRouter:
         self._metrics.messages_sent += sent
         return to_persist
 
-    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+    async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        self.add_subscription(session, topic_filter, qos)
+
+    def add_subscription(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscriptions[topic_filter] = qos
         self.subscriptions.remove(topic_filter, session.client_id)
         self.subscriptions.add(topic_filter, session.client_id, qos)

@@ -21,7 +21,7 @@ import threading
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket
@@ -34,8 +34,11 @@ from mqttring.broker.router import LocalRouter, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sys_topics import publish_sys_topics
 from mqttring.broker.transport import TcpTransport, WebSocketTransport
-from mqttring.config import BrokerConfig, parse_hostport
+from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
+
+if TYPE_CHECKING:
+    from mqttring.cluster.plane import DataPlane
 
 log = logging.getLogger("mqttring.broker")
 
@@ -64,6 +67,8 @@ class MqttRingBroker:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread_scope: trio.CancelScope | None = None
+        #: The cluster data plane, when ``config.cluster`` is set.
+        self.plane: DataPlane | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -80,18 +85,29 @@ class MqttRingBroker:
             store.start()
         self.store = store
         try:
-            session_store = SessionStore(store, config.num_shards)
-            retained = RetainedStore(store, config.num_shards)
-            core = BrokerCore(config, session_store, self.metrics)
-            router = LocalRouter(core.sessions, retained, session_store, self.metrics, core.wake)
-            core.router = router
-            self.core, self.router = core, router
-            n_retained = await retained.load()
-            n_sessions = await core.restore_sessions()
-            log.info(
-                "node %s: %d retained, %d sessions restored", config.node_id, n_retained, n_sessions
-            )
+            core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics)
+            self.core = core
             async with trio.open_nursery() as nursery:
+                if config.cluster is not None:
+                    if store is None:
+                        raise ConfigError("a cluster node needs a data_dir")
+                    from mqttring.cluster.plane import DataPlane
+
+                    plane = DataPlane(config, store, core, self.metrics)
+                    self.plane = plane
+                    retained = plane.retained
+                    await nursery.start(plane.run)
+                else:
+                    retained = RetainedStore(store, config.num_shards)
+                    core.router = LocalRouter(
+                        core.sessions, retained, core.session_store, self.metrics, core.wake
+                    )
+                    n_retained = await retained.load()
+                    n_sessions = await core.restore_sessions()
+                    log.info("node %s: %d retained, %d sessions restored", config.node_id,
+                             n_retained, n_sessions)
+                router = core.router
+                self.router = router
                 mqtt_port = ws_port = None
                 if config.mqtt is not None:
                     host, port = parse_hostport(config.mqtt)

@@ -39,5 +39,5 @@ async def publish_sys_topics(
     """Runs until cancelled; one round of updates every ``interval`` seconds."""
     while True:
         for topic, value in sys_values(metrics, retained).items():
-            await router.publish(Message(topic, value.encode(), 0, True))
+            await router.publish_local(Message(topic, value.encode(), 0, True))
         await trio.sleep(interval)

@@ -268,10 +268,15 @@ class Links:
             for message in batch:
                 if not isinstance(message, list) or not message:
                     raise ProtocolError("data.link message is not a list")
-                if message[0] == "ack":
-                    self._on_ack(message)
-                else:
-                    handler(node, message)
+                try:
+                    if message[0] == "ack":
+                        self._on_ack(message)
+                    else:
+                        handler(node, message)
+                except (ValueError, TypeError, KeyError, IndexError) as exc:
+                    # An authenticated peer sent something we cannot read (a version skew or
+                    # a bug): close its link, keep the node running.
+                    raise ProtocolError(f"bad {message[0]!r} message from {node}: {exc}") from None
 
     def _on_ack(self, message: Message) -> None:
         _, req, ok, body = message

@@ -1,0 +1,346 @@
+"""``ClusterRouter``: one-hop publish routing over the hash ring.
+
+Theory of operation
+-------------------
+A PUBLISH received by any node (the *edge*) goes, in one hop, to the owner of its topic's
+shard (zero hops when the edge owns it).  The owner
+
+1. updates the retained message if RETAIN is set (stored on the shard's R replicas, durably
+   for QoS >= 1, before anything is acknowledged);
+2. looks up which nodes have matching subscribers (``RouteTable``: node-level routes, never
+   per client) and sends the message once to each of them (``dlv``), and to no other node;
+3. answers the edge, for QoS >= 1, once every node that got a ``dlv`` has accepted it (a
+   node accepts after storing the copies it queues for persistent sessions, whose homes
+   replicate them), so the edge's PUBACK/PUBREC promises what a node loss cannot take back.
+
+No loops by construction: a ``dlv`` is only ever delivered to local sessions, never routed
+again, and a ``pub`` is routed only by the owner of its shard.  A ``pub`` that reaches a
+node that no longer owns its shard (the view changed in flight) is re-sent to the owner of
+the newer epoch; every hop increments a counter and a message past ``MAX_HOPS`` is refused,
+a safety net against views that disagree for a moment.
+
+The Raft leader has no part in any of this: routing reads the local ``ClusterView`` only.
+
+Subscriptions register node-level routes (``radd``/``rdel``) as described in
+``mqttring.cluster.routes``; ``subscribe`` returns only when the route is registered where
+publishes will look for it, so a client's SUBACK means what it says on every node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.retained import RetainedStore
+from mqttring.broker.router import LocalRouter
+from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
+from mqttring.cluster.routes import RouteTable, route_shard
+from mqttring.protocol.session import Message, Session
+from mqttring.raft.view import ClusterView
+
+log = logging.getLogger("mqttring.cluster.router")
+
+MAX_HOPS = 4
+FORWARD_ATTEMPTS = 20
+FORWARD_TIMEOUT = 10.0
+
+
+class NotOwner(Exception):
+    """This node does not own the shard any more and could not pass the message on."""
+
+
+class ClusterRouter:
+    def __init__(
+        self,
+        node_id: str,
+        local: LocalRouter,
+        retained: RetainedStore,
+        links: Links,
+        view: Callable[[], ClusterView],
+        metrics: BrokerMetrics,
+        persist: Callable[[list[Session]], Any],
+        spawn: Callable[..., None],
+    ) -> None:
+        self.node_id = node_id
+        self.local = local
+        self.retained_store = retained
+        self.links = links
+        self.view = view
+        self.metrics = metrics
+        self._persist = persist
+        self.spawn = spawn
+        self.routes = RouteTable()
+        #: Local subscriptions per filter (a route is registered while this is > 0).
+        self.local_filters: dict[str, int] = {}
+        self._view_changed = trio.Event()
+
+    # -- publish: edge side -----------------------------------------------------------------
+
+    async def publish(self, message: Message) -> None:
+        view = self.view()
+        shard = view.shard_for_topic(message.topic)
+        owner = view.owner(shard)
+        if owner is None or owner == self.node_id:
+            await self.accept(message, view)
+            return
+        self.metrics.forwarded_to_owner += 1
+        if message.qos == 0 and not message.retain:
+            self.links.send(owner, self._pub(message, 0, 1, view))
+            return
+        await self.forward(message, 1)
+
+    def _pub(self, message: Message, req: int, hops: int, view: ClusterView) -> list[Any]:
+        return ["pub", req, message.topic, message.payload, message.qos, message.retain,
+                self.node_id, view.epoch, hops]
+
+    async def forward(self, message: Message, hops: int) -> None:
+        """Send to the shard's owner and wait until it accepted, following view changes."""
+        for _ in range(FORWARD_ATTEMPTS):
+            view = self.view()
+            owner = view.owner(view.shard_for_topic(message.topic))
+            if owner is None or owner == self.node_id:
+                await self.accept(message, view)
+                return
+            try:
+                await self.links.request(owner, self._pub(message, 0, hops, view),
+                                         FORWARD_TIMEOUT)
+                return
+            except (PeerUnavailable, RemoteError) as exc:
+                log.debug("forward of %r to %s failed (%s); retrying", message.topic, owner, exc)
+                await self.wait_for_view_change(0.5)
+        raise NotOwner(f"no owner accepted {message.topic!r}")
+
+    async def wait_for_view_change(self, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            await self._view_changed.wait()
+
+    # -- publish: owner side ----------------------------------------------------------------
+
+    async def accept(self, message: Message, view: ClusterView) -> None:
+        """Route a message whose shard this node owns; returns once it is accepted."""
+        if message.retain:
+            await self.retained_store.update(
+                message, persist=not message.topic.startswith("$SYS/")
+            )
+        targets = self.routes.nodes_for(message.topic)
+        acked: list[str] = []
+        to_persist: list[Session] = []
+        for node in targets:
+            if node == self.node_id:
+                to_persist = self.local.deliver_local(message)
+                continue
+            self.metrics.deliveries_to_nodes += 1
+            if message.qos == 0:
+                self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, view.epoch])
+            else:
+                acked.append(node)
+        if not acked:
+            if to_persist:
+                await self._persist(to_persist)
+            return
+        async with trio.open_nursery() as nursery:
+            if to_persist:
+                nursery.start_soon(self._persist, to_persist)
+            for node in acked:
+                nursery.start_soon(self._deliver_acked, node, message, view.epoch)
+
+    async def _deliver_acked(self, node: str, message: Message, epoch: int) -> None:
+        try:
+            await self.links.request(
+                node, ["dlv", 0, message.topic, message.payload, message.qos, epoch],
+                FORWARD_TIMEOUT,
+            )
+        except (PeerUnavailable, RemoteError) as exc:
+            # The node is gone; its clean sessions went with it, and persistent sessions
+            # are delivered through their homes, which re-register routes when promoted.
+            log.info("delivery of %r to %s not confirmed: %s", message.topic, node, exc)
+
+    # -- inbound messages -------------------------------------------------------------------
+
+    def on_pub(self, node: str, msg: list[Any]) -> None:
+        _, req, topic, payload, qos, retain, _origin, _epoch, hops = msg
+        message = Message(topic, payload, qos, retain)
+        view = self.view()
+        owner = view.owner(view.shard_for_topic(topic))
+        if req == 0 and qos == 0 and not retain and owner == self.node_id:
+            targets = self.routes.nodes_for(topic)  # the hot path: QoS 0, inline, in order
+            for target in targets:
+                if target == self.node_id:
+                    self.local.deliver_local(message)
+                else:
+                    self.metrics.deliveries_to_nodes += 1
+                    self.links.send(target, ["dlv", 0, topic, payload, 0, view.epoch])
+            return
+        self.spawn(self._pub_task, node, req, message, hops)
+
+    async def _pub_task(self, node: str, req: int, message: Message, hops: int) -> None:
+        try:
+            view = self.view()
+            owner = view.owner(view.shard_for_topic(message.topic))
+            if owner is None or owner == self.node_id:
+                await self.accept(message, view)
+            elif hops >= MAX_HOPS:
+                raise NotOwner(f"{message.topic!r} exceeded {MAX_HOPS} hops")
+            elif req == 0 and message.qos == 0 and not message.retain:
+                self.links.send(owner, self._pub(message, 0, hops + 1, view))
+            else:
+                await self.forward(message, hops + 1)  # re-sent by the newer epoch
+            self.links.reply(node, req, True)
+        except (NotOwner, PeerUnavailable, RemoteError) as exc:
+            log.warning("publish to %r refused: %s", message.topic, exc)
+            self.links.reply(node, req, False, str(exc))
+
+    def on_dlv(self, node: str, msg: list[Any]) -> None:
+        _, req, topic, payload, qos, _epoch = msg
+        to_persist = self.local.deliver_local(Message(topic, payload, qos, False))
+        if req == 0:
+            return
+        if not to_persist:
+            self.links.reply(node, req, True)
+            return
+
+        async def persist_then_ack() -> None:
+            await self._persist(to_persist)
+            self.links.reply(node, req, True)
+
+        self.spawn(persist_then_ack)
+
+    def on_route(self, node: str, msg: list[Any]) -> None:
+        kind, req, topic_filter, route_node = msg
+        if kind == "radd":
+            self.routes.add(topic_filter, route_node)
+        else:
+            self.routes.remove(topic_filter, route_node)
+        self.links.reply(node, req, True)
+
+    async def on_retained_query(self, node: str, msg: list[Any]) -> None:
+        _, req, topic_filter = msg
+        rows = [[m.topic, m.payload, m.qos] for m in self._owned_retained(topic_filter)]
+        self.links.reply(node, req, True, rows)
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        new = topic_filter not in session.subscriptions
+        self.local.add_subscription(session, topic_filter, qos)
+        if new:
+            count = self.local_filters.get(topic_filter, 0)
+            self.local_filters[topic_filter] = count + 1
+            if count == 0:
+                await self._register(topic_filter, "radd")
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> None:
+        if topic_filter in session.subscriptions:
+            self.local.unsubscribe(session, topic_filter)
+            self._release(topic_filter)
+
+    def forget(self, session: Session) -> None:
+        for topic_filter in list(session.subscriptions):
+            self.local.subscriptions.remove(topic_filter, session.client_id)
+            self._release(topic_filter)
+
+    def _release(self, topic_filter: str) -> None:
+        count = self.local_filters.get(topic_filter, 0) - 1
+        if count > 0:
+            self.local_filters[topic_filter] = count
+            return
+        self.local_filters.pop(topic_filter, None)
+        self.spawn(self._register, topic_filter, "rdel")
+
+    def _route_targets(self, topic_filter: str, view: ClusterView) -> list[str]:
+        shard = route_shard(topic_filter, view)
+        if shard is None:
+            return list(view.live_members()) or [self.node_id]
+        owner = view.owner(shard)
+        return [owner] if owner is not None else [self.node_id]
+
+    async def _register(self, topic_filter: str, kind: str, targets: list[str] | None = None
+                        ) -> None:
+        view = self.view()
+        for node in targets or self._route_targets(topic_filter, view):
+            if node == self.node_id:
+                if kind == "radd":
+                    self.routes.add(topic_filter, node)
+                else:
+                    self.routes.remove(topic_filter, node)
+                continue
+            try:
+                await self.links.request(node, [kind, 0, topic_filter, self.node_id])
+            except (PeerUnavailable, RemoteError) as exc:
+                # Routes are re-sent whenever the view changes; a dead target gets them from
+                # the node that takes over its shards.
+                log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
+
+    def restore(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            for topic_filter, qos in session.subscriptions.items():
+                self.local.subscriptions.add(topic_filter, session.client_id, qos)
+                count = self.local_filters.get(topic_filter, 0)
+                self.local_filters[topic_filter] = count + 1
+                if count == 0:
+                    self.spawn(self._register, topic_filter, "radd")
+
+    # -- retained ---------------------------------------------------------------------------
+
+    def _owned_retained(self, topic_filter: str) -> list[Message]:
+        view = self.view()
+        return self.retained_store.matching(
+            topic_filter, lambda shard: view.owner(shard) == self.node_id
+        )
+
+    async def retained(self, topic_filter: str) -> list[Message]:
+        """Gather from the owner of the one shard that may hold matches, or from all."""
+        if topic_filter.startswith("$SYS"):
+            return await self.local.retained(topic_filter)  # each node's own vital signs
+        view = self.view()
+        targets = self._route_targets(topic_filter, view)
+        found: dict[str, Message] = {}
+
+        async def ask(node: str) -> None:
+            if node == self.node_id:
+                for message in self._owned_retained(topic_filter):
+                    found[message.topic] = message
+                return
+            try:
+                rows = await self.links.request(node, ["retq", 0, topic_filter])
+            except (PeerUnavailable, RemoteError) as exc:
+                log.info("retained query %r at %s failed: %s", topic_filter, node, exc)
+                return
+            for topic, payload, qos in rows:
+                found[topic] = Message(topic, payload, qos, True)
+
+        async with trio.open_nursery() as nursery:
+            for node in targets:
+                nursery.start_soon(ask, node)
+        return list(found.values())
+
+    # -- membership changes -----------------------------------------------------------------
+
+    def on_view(self, old: ClusterView, new: ClusterView) -> None:
+        """Re-send routes whose target changed; drop routes of nodes that left."""
+        event, self._view_changed = self._view_changed, trio.Event()
+        event.set()
+        live = set(new.live_members())
+        for node in old.members:
+            if node not in live:
+                self.routes.drop_node(node)
+        owned = {s for s in range(new.num_shards) if new.owner(s) == self.node_id}
+        self.routes.drop_exact_where(owned, new)
+        restarted = {
+            n for n in live
+            if n in old.members and old.members[n].incarnation != new.members[n].incarnation
+        }
+        for topic_filter in list(self.local_filters):
+            before = set(self._route_targets(topic_filter, old)) if old.epoch else set()
+            after = set(self._route_targets(topic_filter, new))
+            fresh = sorted((after - before) | (after & restarted))
+            if fresh:
+                self.spawn(self._register, topic_filter, "radd", fresh)
+
+    async def publish_local(self, message: Message) -> None:
+        """Node-local traffic ($SYS): this node's subscribers only, never the cluster."""
+        await self.local.publish_local(message)

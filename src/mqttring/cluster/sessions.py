@@ -1,0 +1,431 @@
+"""Sessions in a cluster: the home node of a client id is its lock, will keeper and store.
+
+Theory of operation
+-------------------
+The *home* of a client id is the owner of ``shard(client id)`` in the current view.
+
+* **Lock.** Every CONNECT, on whichever node (the *edge*) it arrives, registers with the
+  home (``sopen``), which serializes registrations of one id with a lock and remembers
+  ``(edge node, connection token, will)``.  A registration that replaces a live one tells
+  the old edge to close that connection (``skick``) and publishes the old will (takeover).
+  Two concurrent CONNECTs with one id on two nodes are thus ordered at the home: exactly one
+  stays live.
+* **Wills** live at the home, so the will of a client whose edge node dies is still
+  published: when the view marks a node down, each home publishes the wills registered for
+  it.  A clean DISCONNECT (``sclose`` without will) removes the will.
+* **Clean sessions** live at the edge (their subscriptions route straight to it).
+* **Persistent sessions** live at the home, always: their subscriptions route to the home,
+  which stores every queued QoS 1/2 message (replicated to the shard's replicas) and runs
+  the ``Session`` machine (windows, packet ids, DUP resends, QoS 2 state).  When the client
+  is connected to another node, the home ships the session's encoded output to that edge
+  (``sbytes``), and the edge forwards the client's PUBACK/PUBREC/PUBCOMP (``sack``),
+  SUBSCRIBE/UNSUBSCRIBE (``ssub``/``sunsub``, answered by the home in the byte stream, so a
+  SUBACK can never overtake nor follow the retained messages it announces) and inbound QoS 2
+  ids (``q2``).  The edge holds a ``RemoteSession`` stand-in for the protocol machine.
+
+Tokens: each connection has a token ``edge:counter``; messages about a connection carry it,
+and a home ignores messages whose token is not the registered one (a late close of a
+connection that was already taken over must not unregister its successor).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mqttring.broker.sessions import LocalSessions
+from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
+from mqttring.lsm import Durability
+from mqttring.protocol.codec import encode
+from mqttring.protocol.packets import Connect, SubAck, UnsubAck, Will
+from mqttring.protocol.session import Message, Session
+from mqttring.raft.view import ClusterView
+
+if TYPE_CHECKING:
+    from mqttring.broker.client import ClientHandler
+    from mqttring.broker.core import BrokerCore
+
+log = logging.getLogger("mqttring.cluster.sessions")
+
+
+@dataclass(slots=True)
+class Registration:
+    node: str
+    token: str
+    will: Will | None
+    clean: bool
+
+
+def will_to_wire(will: Will | None) -> list[Any] | None:
+    return None if will is None else [will.topic, will.payload, will.qos, will.retain]
+
+
+def will_from_wire(raw: list[Any] | None) -> Will | None:
+    return None if raw is None else Will(raw[0], raw[1], int(raw[2]), bool(raw[3]))
+
+
+class RemoteSession(Session):
+    """Edge-side stand-in for a persistent session whose home is another node."""
+
+    remote = True
+    __slots__ = ("home", "links", "pending", "q2_changes", "token")
+
+    def __init__(self, client_id: str, home: str, token: str, links: Links,
+                 subscriptions: dict[str, int], inbound_qos2: Iterable[int]) -> None:
+        super().__init__(client_id, False)
+        self.home = home
+        self.token = token
+        self.links = links
+        self.subscriptions = dict(subscriptions)
+        self.inbound_qos2 = set(inbound_qos2)
+        self.q2_changes: dict[int, bool] = {}
+        #: Bytes from the home that arrived before the connection was accepted.
+        self.pending = bytearray()
+        self.output = self.pending  # sbytes land here until attach()
+
+    def attach(self, output: bytearray, now: float = 0.0) -> None:
+        output += self.pending  # after the CONNACK that accept() just wrote
+        self.pending = output
+        self.output = output
+
+    def detach(self) -> None:
+        self.output = None
+
+    def deliver(self, message: Message, qos: int, retain: bool = False,
+                now: float = 0.0) -> Any:
+        raise RuntimeError("messages for a remote session are routed to its home")
+
+    def _send(self, message: list[Any]) -> None:
+        self.links.send(self.home, message)
+
+    def on_puback(self, packet_id: int) -> bool:
+        self._send(["sack", self.client_id, self.token, 4, packet_id])
+        return True
+
+    def on_pubrec(self, packet_id: int) -> bool:
+        self._send(["sack", self.client_id, self.token, 5, packet_id])
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> bool:
+        self._send(["sack", self.client_id, self.token, 7, packet_id])
+        return True
+
+    def begin_inbound_qos2(self, packet_id: int) -> bool:
+        if packet_id in self.inbound_qos2:
+            return False
+        self.inbound_qos2.add(packet_id)
+        self.q2_changes[packet_id] = True
+        return True
+
+    def release_inbound_qos2(self, packet_id: int) -> None:
+        if packet_id in self.inbound_qos2:
+            self.inbound_qos2.discard(packet_id)
+            self.q2_changes[packet_id] = False
+
+    def has_changes(self) -> bool:
+        return bool(self.q2_changes)
+
+    def take_changes(self) -> tuple[dict[int, Any], dict[int, bool]]:
+        changes, self.q2_changes = self.q2_changes, {}
+        return {}, changes
+
+    def forward_subscribe(self, packet_id: int, topics: tuple[tuple[str, int], ...]) -> None:
+        self._send(["ssub", self.client_id, self.token, packet_id, [list(t) for t in topics]])
+
+    def forward_unsubscribe(self, packet_id: int, topics: tuple[str, ...]) -> None:
+        self._send(["sunsub", self.client_id, self.token, packet_id, list(topics)])
+
+
+class SessionProxy:
+    """Home-side waker: ships a persistent session's output to the edge that holds it."""
+
+    __slots__ = ("client_id", "links", "node", "output", "token")
+
+    def __init__(self, links: Links, node: str, client_id: str, token: str) -> None:
+        self.links = links
+        self.node = node
+        self.client_id = client_id
+        self.token = token
+        self.output = bytearray()
+
+    def wake(self) -> None:
+        if self.output:
+            self.links.send(self.node, ["sbytes", self.client_id, self.token, bytes(self.output)])
+            self.output.clear()
+
+
+class ClusterSessions(LocalSessions):
+    """The cluster's ``SessionManager``; see the module docstring."""
+
+    def __init__(self, core: BrokerCore, node_id: str, links: Links,
+                 view: Callable[[], ClusterView], spawn: Callable[..., None]) -> None:
+        super().__init__(core)
+        self.node_id = node_id
+        self.links = links
+        self.view = view
+        self.spawn = spawn
+        self.registrations: dict[str, Registration] = {}
+        self.proxies: dict[str, SessionProxy] = {}
+        self.remote: dict[tuple[str, str], RemoteSession] = {}
+        self._locks: dict[str, trio.Lock] = {}
+        self._tokens = itertools.count(1)
+
+    def home(self, client_id: str, view: ClusterView | None = None) -> str | None:
+        view = view or self.view()
+        return view.owner(view.shard_for_client(client_id))
+
+    # -- edge side --------------------------------------------------------------------------
+
+    async def open(self, handler: ClientHandler, client_id: str,
+                   packet: Connect) -> tuple[Session, bool]:
+        token = f"{self.node_id}:{next(self._tokens)}"
+        handler.token = token
+        home = self.home(client_id)
+        if home is None or home == self.node_id:
+            await self.register(client_id, self.node_id, token, packet.will, packet.clean_session)
+            return await self.bind_local(client_id, packet.clean_session, token)
+        stand_in = None
+        if not packet.clean_session:
+            stand_in = RemoteSession(client_id, home, token, self.links, {}, ())
+            self.remote[(client_id, token)] = stand_in
+        try:
+            answer = await self.links.request(home, ["sopen", 0, client_id, self.node_id, token,
+                                                     packet.clean_session,
+                                                     will_to_wire(packet.will)])
+        except (PeerUnavailable, RemoteError):
+            self.remote.pop((client_id, token), None)
+            raise
+        if stand_in is None:
+            return await self.bind(client_id, True)
+        stand_in.subscriptions = {f: int(q) for f, q in answer["subs"]}
+        stand_in.inbound_qos2 = set(answer["qos2"])
+        return stand_in, bool(answer["present"])
+
+    async def bind_local(self, client_id: str, clean: bool, token: str) -> tuple[Session, bool]:
+        session, present = await self.bind(client_id, clean)
+        return session, present
+
+    async def close(self, handler: ClientHandler) -> None:
+        session = handler.session
+        assert session is not None
+        owed_will = not handler.clean_disconnect and not self.core.shutting_down
+        if isinstance(session, RemoteSession):
+            session.detach()
+            self.remote.pop((session.client_id, session.token), None)
+        else:
+            await self.unbind(handler, session)
+        handler.will = None  # the home holds the will and publishes it if owed
+        home = self.home(session.client_id)
+        if home is None or home == self.node_id:
+            await self.unregister(session.client_id, handler.token, owed_will)
+        else:
+            self.links.send(home, ["sclose", session.client_id, handler.token, owed_will])
+
+    async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
+        local = []
+        for session in sessions:
+            if isinstance(session, RemoteSession):
+                _, changes = session.take_changes()
+                if not changes:
+                    continue
+                message = ["q2", 0, session.client_id, session.token, list(changes.items())]
+                if durability is Durability.DURABLE:
+                    await self.links.request(session.home, message)
+                else:
+                    self.links.send(session.home, message)
+            else:
+                local.append(session)
+        if local:
+            await super().persist(local, durability)
+
+    def on_sbytes(self, message: list[Any]) -> None:
+        _, client_id, token, data = message
+        stand_in = self.remote.get((client_id, token))
+        if stand_in is not None and stand_in.output is not None:
+            stand_in.output += data
+            self.core.wake(client_id)
+
+    def on_skick(self, message: list[Any]) -> None:
+        _, client_id, token = message
+        handler = self.core.clients.get(client_id)
+        if handler is not None and handler.token == token:
+            handler.will = None  # the home already published it
+            handler.kick()
+
+    # -- home side --------------------------------------------------------------------------
+
+    async def register(self, client_id: str, node: str, token: str, will: Will | None,
+                       clean: bool) -> None:
+        lock = self._locks.setdefault(client_id, trio.Lock())
+        async with lock:
+            previous = self.registrations.get(client_id)
+            self.registrations[client_id] = Registration(node, token, will, clean)
+            if previous is not None and previous.token != token:
+                log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node)
+                self._detach_proxy(client_id, previous.token)
+                if previous.node == self.node_id:
+                    old = self.core.clients.get(client_id)
+                    if old is not None and old.token == previous.token:
+                        old.will = None
+                        await self.core.connection_lost(old)
+                        old.kick()
+                else:
+                    self.links.send(previous.node, ["skick", client_id, previous.token])
+                await self._publish_will(previous.will)
+        if not self._locks[client_id].statistics().tasks_waiting:
+            self._locks.pop(client_id, None)
+
+    async def unregister(self, client_id: str, token: str, publish_will: bool) -> None:
+        current = self.registrations.get(client_id)
+        if current is None or current.token != token:
+            return  # a connection that was already replaced
+        del self.registrations[client_id]
+        self._detach_proxy(client_id, token)
+        if publish_will:
+            await self._publish_will(current.will)
+
+    async def _publish_will(self, will: Will | None) -> None:
+        if will is not None and not self.core.shutting_down:
+            self.core.metrics.messages_received += 1
+            await self.core.router.publish(Message(will.topic, will.payload, will.qos,
+                                                   will.retain))
+
+    def _detach_proxy(self, client_id: str, token: str) -> None:
+        proxy = self.proxies.get(client_id)
+        if proxy is None or proxy.token != token:
+            return
+        del self.proxies[client_id]
+        if self.core.wakers.get(client_id) is proxy:
+            del self.core.wakers[client_id]
+        session = self.core.sessions.get(client_id)
+        if session is not None and session.output is proxy.output:
+            session.detach()
+
+    async def on_sopen(self, node: str, message: list[Any]) -> None:
+        _, req, client_id, edge, token, clean, raw_will = message
+        try:
+            await self.register(client_id, edge, token, will_from_wire(raw_will), clean)
+            session, present = await self.bind(client_id, clean)
+            if clean:
+                # The clean session itself lives at the edge: nothing stays here but the
+                # registration (the bind above discarded any stored session).
+                if self.core.sessions.get(client_id) is session:
+                    del self.core.sessions[client_id]
+                self.links.reply(node, req, True, {"present": False, "subs": [], "qos2": []})
+                return
+            proxy = SessionProxy(self.links, edge, client_id, token)
+            self.proxies[client_id] = proxy
+            self.core.wakers[client_id] = proxy
+            self.links.reply(node, req, True, {
+                "present": present,
+                "subs": [[f, q] for f, q in session.subscriptions.items()],
+                "qos2": sorted(session.inbound_qos2),
+            })
+            session.attach(proxy.output)  # resends inflight with DUP, fills the window
+            proxy.wake()
+            if session.has_changes():
+                await self.core.session_store.save_changes([session], Durability.LAZY)
+        except (PeerUnavailable, RemoteError, OSError) as exc:
+            self.links.reply(node, req, False, str(exc))
+
+    def on_sclose(self, message: list[Any]) -> Callable[[], Any]:
+        _, client_id, token, publish_will = message
+        return lambda: self.unregister(client_id, token, bool(publish_will))
+
+    def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
+        proxy = self.proxies.get(client_id)
+        session = self.core.sessions.get(client_id)
+        if proxy is None or proxy.token != token or session is None:
+            return None
+        return session, proxy
+
+    async def on_sack(self, message: list[Any]) -> None:
+        _, client_id, token, kind, packet_id = message
+        found = self._proxied(client_id, token)
+        if found is None:
+            return
+        session, proxy = found
+        {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}[kind](packet_id)
+        proxy.wake()
+        if session.has_changes():
+            await self.core.session_store.save_changes([session], Durability.LAZY)
+
+    async def on_q2(self, node: str, message: list[Any]) -> None:
+        _, req, client_id, token, changes = message
+        found = self._proxied(client_id, token)
+        if found is None:
+            self.links.reply(node, req, False, "not the registered connection")
+            return
+        session, _ = found
+        for packet_id, added in changes:
+            if added:
+                session.begin_inbound_qos2(packet_id)
+            else:
+                session.release_inbound_qos2(packet_id)
+        durability = Durability.DURABLE if req else Durability.LAZY
+        await self.core.session_store.save_changes([session], durability)
+        self.links.reply(node, req, True)
+
+    async def on_ssub(self, message: list[Any]) -> None:
+        _, client_id, token, packet_id, topics = message
+        found = self._proxied(client_id, token)
+        if found is None:
+            return
+        session, proxy = found
+        pairs = tuple((str(f), int(q)) for f, q in topics)
+        codes = await self.core.subscribe(session, pairs)
+        proxy.output += encode(SubAck(packet_id, tuple(codes)))
+        proxy.wake()
+        await self.core.deliver_retained(session, pairs, codes)
+
+    async def on_sunsub(self, message: list[Any]) -> None:
+        _, client_id, token, packet_id, topics = message
+        found = self._proxied(client_id, token)
+        if found is None:
+            return
+        session, proxy = found
+        for topic_filter in topics:
+            self.core.router.unsubscribe(session, topic_filter)
+        await self.core.session_store.save_subscriptions(session)
+        proxy.output += encode(UnsubAck(packet_id))
+        proxy.wake()
+
+    # -- membership changes -----------------------------------------------------------------
+
+    async def on_view(self, old: ClusterView, new: ClusterView) -> None:
+        """Wills of clients whose edge died; clients whose home moved reconnect."""
+        gone = {n for n in old.members if n not in new.live_members()}
+        for client_id, reg in list(self.registrations.items()):
+            if reg.node in gone:
+                await self.unregister(client_id, reg.token, True)
+        for handler in list(self.core.clients.values()):
+            session = handler.session
+            if session is None or handler.client_id is None:
+                continue
+            before, after = self.home(handler.client_id, old), self.home(handler.client_id, new)
+            if before == after:
+                continue
+            if session.clean_session:
+                # Re-register (same token: no takeover) so the new home holds the will.
+                self.spawn(self._reregister, handler, after)
+            else:
+                handler.kick()  # its session moved; the client reconnects to the new home
+
+    async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
+        if handler.client_id is None or home is None:
+            return
+        will = will_to_wire(handler.will)
+        try:
+            if home == self.node_id:
+                await self.register(handler.client_id, self.node_id, handler.token,
+                                    handler.will, True)
+            else:
+                await self.links.request(home, ["sopen", 0, handler.client_id, self.node_id,
+                                                handler.token, True, will])
+        except (PeerUnavailable, RemoteError) as exc:
+            log.warning("could not re-register %r at %s: %s", handler.client_id, home, exc)
