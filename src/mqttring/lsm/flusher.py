@@ -38,6 +38,8 @@ from mqttring.lsm.wakeups import Waiter, wake_all
 INTERNAL_DB = b"__lsm__"
 SEQUENCE_KEY = b"sequence"
 SCHEMA_KEY = b"schema_version"
+#: Memtable entries released per lock hold after a commit.
+RELEASE_CHUNK = 512
 
 
 @dataclass(slots=True)
@@ -158,13 +160,30 @@ class CommitQueue:
             return items
 
     def committed(self, batches: list[Batch], seq: int) -> None:
-        """``batches`` are visible in LMDB: drop them from the memtable, release bytes."""
-        with self.lock:
+        """``batches`` are visible in LMDB: drop them from the memtable, release bytes.
+
+        The lock is dropped every ``RELEASE_CHUNK`` ops so that a writer on the event loop
+        never waits behind a whole large commit's bookkeeping.  Releasing part of a write
+        early is safe: what is released is already readable from LMDB."""
+        lock = self.lock
+        lock.acquire()
+        try:
+            budget = RELEASE_CHUNK
             for batch in batches:
-                self.memtable.release(batch.seq, batch.ops)
+                ops = batch.ops
+                for i in range(0, len(ops), RELEASE_CHUNK):
+                    chunk = ops[i:i + RELEASE_CHUNK]
+                    self.memtable.release(batch.seq, chunk)
+                    budget -= len(chunk)
+                    if budget <= 0:
+                        lock.release()
+                        lock.acquire()
+                        budget = RELEASE_CHUNK
                 self.pending_bytes -= batch.nbytes
             self.committed_seq = seq
             waiters, self._space_waiters = self._space_waiters, []
+        finally:
+            lock.release()
         wake_all(waiters)
 
     def synced(self, seq: int) -> None:

@@ -68,6 +68,8 @@ _DEFAULTS = StoreSettings()
 #: Bookkeeping bytes charged per op on top of key and value, so that many tiny writes still
 #: count against ``memtable_max_bytes`` roughly as much memory as they really take.
 OP_OVERHEAD = 96
+#: Largest write encoded and queued on the event loop itself; bigger ones use a worker thread.
+INLINE_OPS = 64
 #: Rows checked and deleted per locked step of ``expire``.
 _EXPIRE_CHUNK = 512
 _T = TypeVar("_T")
@@ -214,23 +216,32 @@ class LsmStore:
         if q.synced_seq < seq:
             raise q.failure or StoreError(f"write {seq} was not made durable (store closed)")
 
-    def write_sync(self, ops: Sequence[Put | Delete],
-                   durability: Durability = Durability.DURABLE) -> int:
-        """Blocking twin of ``write`` for plain threads (never call it on the event loop)."""
-        encoded, nbytes = self._encode(ops)
-        durable = durability is Durability.DURABLE
-        self._check_started()
+    def _enqueue_blocking(self, encoded: list[EncodedOp], nbytes: int, durable: bool,
+                          waiter: ThreadWaiter | TrioWaiter | None) -> int:
+        """Queue a write from a plain thread, waiting for memtable room if needed."""
         q = self._queue
-        waiter = ThreadWaiter() if durable else None
         while True:
             with q.lock:
                 q.check_writable_locked()
                 if q.has_room_locked(nbytes):
-                    seq = q.enqueue_locked(encoded, durable, nbytes, waiter)
-                    break
+                    return q.enqueue_locked(encoded, durable, nbytes, waiter)
                 room = ThreadWaiter()
                 q.wait_for_room_locked(room)
             room.wait()
+
+    def _encode_and_enqueue(self, ops: Sequence[Put | Delete], durable: bool,
+                            waiter: TrioWaiter | None) -> int:
+        encoded, nbytes = self._encode(ops)
+        return self._enqueue_blocking(encoded, nbytes, durable, waiter)
+
+    def write_sync(self, ops: Sequence[Put | Delete],
+                   durability: Durability = Durability.DURABLE) -> int:
+        """Blocking twin of ``write`` for plain threads (never call it on the event loop)."""
+        encoded, nbytes = self._encode(ops)
+        self._check_started()
+        durable = durability is Durability.DURABLE
+        waiter = ThreadWaiter() if durable else None
+        seq = self._enqueue_blocking(encoded, nbytes, durable, waiter)
         if waiter is not None:
             waiter.wait()
             self._check_synced(seq)
@@ -241,23 +252,28 @@ class LsmStore:
         """Apply ``ops`` atomically; return the write's sequence number.
 
         DURABLE resumes after the fsync'd commit containing the write; LAZY once it is in the
-        memtable (readable), possibly after waiting for memtable room.  Cancelling a waiting
-        DURABLE caller does not undo a write that was already queued.
+        memtable (readable), possibly after waiting for memtable room.  Writes of more than
+        ``INLINE_OPS`` ops are encoded and queued from a worker thread so that encoding
+        megabytes never stalls the loop.  Cancelling a waiting DURABLE caller does not undo
+        a write that was already queued.
         """
-        encoded, nbytes = self._encode(ops)
-        durable = durability is Durability.DURABLE
         self._check_started()
-        q = self._queue
+        durable = durability is Durability.DURABLE
         waiter = TrioWaiter() if durable else None
-        while True:
-            with q.lock:
-                q.check_writable_locked()
-                if q.has_room_locked(nbytes):
-                    seq = q.enqueue_locked(encoded, durable, nbytes, waiter)
-                    break
-                room = TrioWaiter()
-                q.wait_for_room_locked(room)
-            await room.wait()
+        if len(ops) > INLINE_OPS:
+            seq = await trio.to_thread.run_sync(self._encode_and_enqueue, ops, durable, waiter)
+        else:
+            encoded, nbytes = self._encode(ops)
+            q = self._queue
+            while True:
+                with q.lock:
+                    q.check_writable_locked()
+                    if q.has_room_locked(nbytes):
+                        seq = q.enqueue_locked(encoded, durable, nbytes, waiter)
+                        break
+                    room = TrioWaiter()
+                    q.wait_for_room_locked(room)
+                await room.wait()
         if waiter is not None:
             await waiter.wait()
             self._check_synced(seq)
