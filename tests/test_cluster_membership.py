@@ -116,7 +116,11 @@ async def test_kill_leader_elects_new_one_and_keeps_metadata(cluster: LocalClust
     nodes = ["a", "b", "c"]
     await cluster.form(*nodes)
     before = (await agree(cluster, nodes, set(nodes)))[0]
-    await cluster.call("a", "pin", {"subtree": "factory/line1/#", "shard": 7})
+    pinned = subprocess.run(
+        [sys.executable, "-m", "mqttring.cli", "pin", "--node", cluster.procs["a"].cluster,
+         "--secret", cluster.secret, "factory/line1/#", "--shard", "7"],
+        capture_output=True, text=True, timeout=30)
+    assert pinned.returncode == 0 and "shard 7" in pinned.stdout, pinned.stderr
     leader = before["view"]["leader"]
     survivors = [n for n in nodes if n != leader]
     cluster.kill(leader)

@@ -1,4 +1,4 @@
-"""Operator commands over the cluster RPC: ``mqttring status`` and ``mqttring leave``.
+"""Operator commands over the cluster RPC: ``mqttring status``, ``leave`` and ``pin``.
 
 Both authenticate with the cluster secret like any member (``--secret`` or
 ``$MQTTRING_CLUSTER_SECRET``), so the admin port is the cluster port and nothing more is
@@ -85,6 +85,21 @@ def cmd_leave(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pin(args: argparse.Namespace) -> int:
+    try:
+        if args.unpin:
+            reply = _call(args, "unpin", {"subtree": args.subtree}, args.timeout)
+            print(f"{args.subtree} unpinned (epoch {reply['epoch']})")
+        else:
+            reply = _call(args, "pin", {"subtree": args.subtree, "shard": args.shard},
+                          args.timeout)
+            print(f"{args.subtree} -> shard {reply['shard']} (epoch {reply['epoch']})")
+    except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
+        print(f"error: {args.node}: {exc!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node", required=True, metavar="HOST:PORT", help="a member's cluster address")
     p.add_argument("--secret", help=f"cluster secret (else ${SECRET_ENV})")
@@ -101,3 +116,9 @@ def register(subparsers: Any) -> None:
     _common(leave)
     leave.add_argument("--member", help="instead remove this (dead) member through --node")
     leave.set_defaults(func=cmd_leave, timeout=60.0)
+    pin = subparsers.add_parser("pin", help="keep a topic subtree (a/b/#) on one shard")
+    _common(pin)
+    pin.add_argument("subtree", help="e.g. factory/line1/#")
+    pin.add_argument("--shard", type=int, help="shard to pin to (default: hash of the subtree)")
+    pin.add_argument("--unpin", action="store_true", help="remove the pin instead")
+    pin.set_defaults(func=cmd_pin)

@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 RPC_KEY_PURPOSE = "mqttring-rpc-v1"
 SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
 #: Metadata RPC kinds served on the cluster port (the data plane adds its own).
-RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_up", "pin")
+RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_up", "pin",
+             "unpin")
 
 
 class CatchUp(enum.Enum):
@@ -176,7 +177,12 @@ class MetadataService:
                 await self._stop_raft()
 
     async def leave(self) -> None:
-        """Hand this node's shards away (epoch without it as owner), then leave Raft."""
+        """Hand this node's shards away (epoch without it as owner), then leave Raft.
+
+        Takes up to ``config.leave_timeout`` waiting for shards only this node holds to be
+        caught up elsewhere, plus a few seconds for the Raft removal: a caller that bounds
+        it should allow ``leave_timeout + 15`` s.
+        """
         me = self._view.members.get(self.node_id)
         if self._syncobj is None or me is None:
             return
@@ -192,6 +198,10 @@ class MetadataService:
         with trio.move_on_after(self.config.leave_timeout):
             while any(a.owner == self.node_id for a in self._view.shards):
                 await self._wait_view()
+        sole = sum(1 for a in self._view.shards if a.owner == self.node_id)
+        if sole:
+            log.warning("%s leaves as the only holder of %d shards: their data goes with it",
+                        self.node_id, sole)
         if self._syncobj._isLeader():
             await self._transfer_leadership()
         await self._leader_call("remove", {"node_id": self.node_id})
@@ -214,8 +224,8 @@ class MetadataService:
             log.exception("building a ClusterView failed")
 
     def _install(self, view: ClusterView) -> None:
-        if view.epoch < self._view.epoch:
-            return
+        if view.epoch < self._view.epoch or view == self._view:
+            return  # stale, or a refused command (same state, nothing new to tell)
         self._view = view
         self._view_changed.set()
         self._view_changed = trio.Event()
@@ -566,6 +576,9 @@ class MetadataService:
 
     async def _rpc_pin(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         return await self._commit_rpc(sm.cmd_pin(str(body["subtree"]), body.get("shard")))
+
+    async def _rpc_unpin(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return await self._commit_rpc(sm.cmd_unpin(str(body["subtree"])))
 
     async def _commit_rpc(self, command: sm.Command) -> dict[str, Any]:
         try:
