@@ -53,7 +53,7 @@ from mqttring.raft.replicated import (
     make_syncobj,
 )
 from mqttring.raft.rpc import Peer, RpcClient, RpcError, RpcServer, call_once, derive_key
-from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
+from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -586,18 +586,3 @@ class MetadataService:
         except (CommitError, trio.TooSlowError) as exc:
             raise RpcError(f"not committed: {exc!r}") from None
 
-
-def view_to_wire(view: ClusterView) -> dict[str, Any]:
-    """A msgpack/JSON-friendly rendering of a view, for status and tests."""
-    return {
-        "epoch": view.epoch,
-        "leader": view.leader,
-        "num_shards": view.num_shards,
-        "replication": view.replication,
-        "members": {n: {"state": m.state.value, "incarnation": m.incarnation, "mqtt": m.mqtt,
-                        "cluster": m.cluster, "raft": m.raft, "weight": m.weight}
-                    for n, m in view.members.items()},
-        "shard_counts": view.shard_counts(),
-        "pins": dict(view.pins),
-        "shards": [[list(a.replicas), sorted(a.catching_up)] for a in view.shards],
-    }

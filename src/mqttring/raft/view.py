@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from mqttring.ring.hashing import shard_of
 
@@ -128,3 +129,19 @@ class ClusterView:
 
 
 EMPTY_VIEW = ClusterView(epoch=0, leader=None, num_shards=1, replication=1)
+
+
+def view_to_wire(view: ClusterView) -> dict[str, Any]:
+    """A msgpack/JSON-friendly rendering of a view, for status and tests."""
+    return {
+        "epoch": view.epoch,
+        "leader": view.leader,
+        "num_shards": view.num_shards,
+        "replication": view.replication,
+        "members": {n: {"state": m.state.value, "incarnation": m.incarnation, "mqtt": m.mqtt,
+                        "cluster": m.cluster, "raft": m.raft, "weight": m.weight}
+                    for n, m in view.members.items()},
+        "shard_counts": view.shard_counts(),
+        "pins": dict(view.pins),
+        "shards": [[list(a.replicas), sorted(a.catching_up)] for a in view.shards],
+    }
