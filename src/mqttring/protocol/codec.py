@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from struct import Struct
+from typing import Any
 
 from mqttring.protocol.errors import InvalidTopic, MalformedPacket, PacketTooLarge
 from mqttring.protocol.packets import (
@@ -81,7 +82,6 @@ _RULE_FLAGS = "MQTT-2.2.2-1"
 
 _U16 = Struct(">H")
 _pack_u16 = _U16.pack
-_pack_hdr_u16 = Struct(">BBH").pack  # first byte, 1-byte remaining length, a 16-bit field
 _pack_bb = Struct(">BB").pack
 
 
@@ -150,24 +150,14 @@ def encode_publish(
     topic_len = len(topic)
     if qos:
         length = topic_len + len(payload) + 4
-        if length < 128:
-            return _pack_hdr_u16(first, length, topic_len) + topic + _pack_u16(packet_id) + payload  # type: ignore[arg-type]
-        return b"".join(
-            (
-                bytes((first,)),
-                encode_remaining_length(length),
-                _pack_u16(topic_len),
-                topic,
-                _pack_u16(packet_id),  # type: ignore[arg-type]
-                payload,
-            )
-        )
-    length = topic_len + len(payload) + 2
+        head = _pack_u16(topic_len) + topic + _pack_u16(packet_id)  # type: ignore[arg-type]
+    else:
+        length = topic_len + len(payload) + 2
+        head = _pack_u16(topic_len) + topic
     if length < 128:
-        return _pack_hdr_u16(first, length, topic_len) + topic + payload
-    return b"".join(
-        (bytes((first,)), encode_remaining_length(length), _pack_u16(topic_len), topic, payload)
-    )
+        return _pack_bb(first, length) + head + payload
+    # Left to right, so the (large) payload is copied once, by the last concatenation.
+    return bytes((first,)) + encode_remaining_length(length) + head + payload
 
 
 def publish_with_packet_id(
@@ -212,26 +202,22 @@ def publish_with_packet_id(
             + _pack_u16(packet_id)
             + packet[topic_end:]
         )
-    length = 0
-    shift = 0
+    length = shift = 0
     index = 1
-    while True:
-        byte = packet[index]
-        length |= (byte & 0x7F) << shift
+    while packet[index] & 0x80:
+        length |= (packet[index] & 0x7F) << shift
         index += 1
-        if byte < 128:
-            break
         shift += 7
+    length |= packet[index] << shift
+    index += 1
     topic_end = index + 2 + ((packet[index] << 8) | packet[index + 1])
-    view = memoryview(packet)
-    return b"".join(
-        (
-            bytes((first_byte,)),
-            encode_remaining_length(length + 2),
-            view[index:topic_end],
-            _pack_u16(packet_id),
-            view[topic_end:],
-        )
+    view = memoryview(packet)  # slices of a view do not copy; the final concatenation does
+    return (
+        bytes((first_byte,))
+        + encode_remaining_length(length + 2)
+        + view[index:topic_end]
+        + _pack_u16(packet_id)
+        + view[topic_end:]
     )
 
 
@@ -296,13 +282,9 @@ def _encode_unsubscribe(packet: Unsubscribe) -> bytes:
     return _frame(0xA2, b"".join(parts))
 
 
-def _ack_encoder(first_byte: int) -> Callable[[Packet], bytes]:
+def _ack_encoder(first_byte: int) -> Callable[[PubAck | PubRec | PubRel | PubComp], bytes]:
     prefix = bytes((first_byte, 0x02))
-
-    def encode_ack(packet: Packet) -> bytes:
-        return prefix + _pack_u16(packet.packet_id)  # type: ignore[union-attr]
-
-    return encode_ack
+    return lambda packet: prefix + _pack_u16(packet.packet_id)
 
 
 def _constant_encoder(first_byte: int) -> Callable[[Packet], bytes]:
@@ -310,22 +292,14 @@ def _constant_encoder(first_byte: int) -> Callable[[Packet], bytes]:
     return lambda _packet: frame
 
 
-_ENCODERS: dict[type, Callable[[Packet], bytes]] = {
-    Connect: _encode_connect,  # type: ignore[dict-item]
-    ConnAck: _encode_connack,  # type: ignore[dict-item]
-    Publish: _encode_publish_packet,  # type: ignore[dict-item]
-    PubAck: _ack_encoder(0x40),
-    PubRec: _ack_encoder(0x50),
-    PubRel: _ack_encoder(0x62),
-    PubComp: _ack_encoder(0x70),
-    Subscribe: _encode_subscribe,  # type: ignore[dict-item]
-    SubAck: _encode_suback,  # type: ignore[dict-item]
-    Unsubscribe: _encode_unsubscribe,  # type: ignore[dict-item]
-    UnsubAck: _ack_encoder(0xB0),
-    PingReq: _constant_encoder(0xC0),
-    PingResp: _constant_encoder(0xD0),
+_ENCODERS: dict[type, Callable[[Any], bytes]] = {
+    Connect: _encode_connect, ConnAck: _encode_connack, Publish: _encode_publish_packet,
+    PubAck: _ack_encoder(0x40), PubRec: _ack_encoder(0x50), PubRel: _ack_encoder(0x62),
+    PubComp: _ack_encoder(0x70), Subscribe: _encode_subscribe, SubAck: _encode_suback,
+    Unsubscribe: _encode_unsubscribe, UnsubAck: _ack_encoder(0xB0),
+    PingReq: _constant_encoder(0xC0), PingResp: _constant_encoder(0xD0),
     Disconnect: _constant_encoder(0xE0),
-}
+}  # fmt: skip
 
 
 def encode(packet: Packet) -> bytes:
@@ -370,7 +344,7 @@ def _read_bin(buf: bytes, offset: int, stop: int, what: str) -> tuple[bytes, int
     end = offset + 2 + _read_u16(buf, offset, stop, what)
     if end > stop:
         raise _truncated(what)
-    return bytes(buf[offset + 2 : end]), end
+    return buf[offset + 2 : end], end
 
 
 def _expect_end(offset: int, stop: int, what: str) -> None:
@@ -430,16 +404,8 @@ def _decode_connect(flags: int, buf: bytes, start: int, stop: int) -> Packet:
     if has_password:
         password, offset = _read_bin(buf, offset, stop, "password")
     _expect_end(offset, stop, "CONNECT payload")
-    return Connect(
-        client_id=client_id,
-        clean_session=bool(connect_flags & 0x02),
-        keepalive=keepalive,
-        will=will,
-        username=username,
-        password=password,
-        protocol_name=name,
-        protocol_level=level,
-    )
+    clean_session = bool(connect_flags & 0x02)
+    return Connect(client_id, clean_session, keepalive, will, username, password, name, level)
 
 
 def _decode_connack(flags: int, buf: bytes, start: int, stop: int) -> Packet:
@@ -527,23 +493,11 @@ _Decoder = Callable[[int, bytes, int, int], Packet]
 
 # Index = packet type; PUBLISH (3) is handled inline, 0 and 15 are reserved.
 _DECODERS: list[_Decoder | None] = [
-    None,
-    _decode_connect,
-    _decode_connack,
-    None,
-    _ack_decoder(PubAck),
-    _ack_decoder(PubRec),
-    _ack_decoder(PubRel),
-    _ack_decoder(PubComp),
-    _decode_subscribe,
-    _decode_suback,
-    _decode_unsubscribe,
-    _ack_decoder(UnsubAck),
-    _empty_decoder(PingReq),
-    _empty_decoder(PingResp),
-    _empty_decoder(Disconnect),
-    None,
-]
+    None, _decode_connect, _decode_connack, None,
+    _ack_decoder(PubAck), _ack_decoder(PubRec), _ack_decoder(PubRel), _ack_decoder(PubComp),
+    _decode_subscribe, _decode_suback, _decode_unsubscribe, _ack_decoder(UnsubAck),
+    _empty_decoder(PingReq), _empty_decoder(PingResp), _empty_decoder(Disconnect), None,
+]  # fmt: skip
 # Required low nibble of the first byte per packet type (Table 2.2); PUBLISH's is free.
 _FIXED_FLAGS = (0, 0, 0, -1, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
 
@@ -553,22 +507,13 @@ _FIXED_FLAGS = (0, 0, 0, -1, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
 # ``__post_init__``): it is about three times cheaper and a third of the per-packet cost.  The
 # decoder performs the same checks itself just before.  If packets.py ever changes the fields,
 # fail at import rather than build half-initialised packets.
-if tuple(f.name for f in fields(Publish)) != (
-    "topic",
-    "payload",
-    "qos",
-    "retain",
-    "dup",
-    "packet_id",
-):  # pragma: no cover - guards against an edit of packets.py
+_PUBLISH_FIELDS = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+if tuple(f.name for f in fields(Publish)) != _PUBLISH_FIELDS:  # pragma: no cover
     raise RuntimeError("codec.py's PUBLISH fast path is out of date with packets.Publish")
 _new_publish = Publish.__new__
-_set_topic = Publish.__dict__["topic"].__set__
-_set_payload = Publish.__dict__["payload"].__set__
-_set_qos = Publish.__dict__["qos"].__set__
-_set_retain = Publish.__dict__["retain"].__set__
-_set_dup = Publish.__dict__["dup"].__set__
-_set_packet_id = Publish.__dict__["packet_id"].__set__
+_set_topic, _set_payload, _set_qos, _set_retain, _set_dup, _set_packet_id = (
+    Publish.__dict__[name].__set__ for name in _PUBLISH_FIELDS
+)
 
 
 class PacketDecoder:
