@@ -727,6 +727,7 @@ def test_incomplete_and_leftover_input_to_decode() -> None:
         (Connect("c", username="u", password=b"p" * 65536), MalformedPacket, "MQTT-3.1.3"),
         (Connect("c", will=Will("a/#", b"")), InvalidTopic, "MQTT-3.3.2-2"),
         (ConnAck(True, ConnectReturnCode.SERVER_UNAVAILABLE), MalformedPacket, "MQTT-3.2.2-4"),
+        (ConnAck(False, 6), MalformedPacket, "MQTT-3.2.2.3"),  # type: ignore[arg-type]
     ],
 )
 def test_encode_refuses_what_decode_would_reject(

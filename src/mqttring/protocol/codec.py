@@ -248,6 +248,8 @@ def _encode_connect(packet: Connect) -> bytes:
 
 def _encode_connack(packet: ConnAck) -> bytes:
     code = int(packet.return_code)
+    if not 0 <= code <= ConnectReturnCode.NOT_AUTHORIZED:
+        raise MalformedPacket("MQTT-3.2.2.3", f"reserved CONNACK return code {code}")
     if packet.session_present and code:
         raise MalformedPacket("MQTT-3.2.2-4", "session present must be 0 when refusing")
     return bytes((0x20, 0x02, 0x01 if packet.session_present else 0, code))
