@@ -183,3 +183,13 @@ def test_truncated_packet_then_close_does_not_hurt_broker(raw, paho, uid):
     assert good.drain(0.5) == [], "a partial PUBLISH must not be delivered"
     good.publish(topic, b"fine", qos=1)
     assert good.get().payload == b"fine"
+
+
+def test_username_and_password_accepted_without_auth(raw, uid):
+    """3.1.2.8/3.1.2.9 and 3.1.3.4/3.1.3.5: a CONNECT with user name and password is well formed;
+    with no authentication configured the node accepts it (CONNACK 0)."""
+    c = raw()
+    ack = c.connect(uid("auth"), username="user", password=b"\x00binary\xff")
+    assert (ack.return_code, ack.session_present) == (0, False)
+    c2 = raw()
+    assert c2.connect(uid("useronly"), username="only-user").return_code == 0

@@ -11,7 +11,17 @@ import time
 
 import pytest
 
-from mqtt_client import CONNACK, PINGREQ_BYTES, PINGRESP, PUBLISH, connect, puback, publish
+from mqtt_client import (
+    CONNACK,
+    DISCONNECT_BYTES,
+    PINGREQ_BYTES,
+    PINGRESP,
+    PUBLISH,
+    ConnectionClosed,
+    connect,
+    puback,
+    publish,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -82,34 +92,47 @@ def test_max_connections_connack_3(broker_factory, raw, uid):
         time.sleep(0.1)
 
 
-def test_max_queued_drops_oldest_qos0_first_then_oldest(broker_factory, paho_any, uid):
+def test_max_queued_drops_oldest_qos0_first_then_oldest(broker_factory, raw, paho_any, uid):
     """Limits.max_queued: when an offline session's queue is full, the oldest QoS 0 message is
     dropped first, then the oldest QoS 1/2 message.  (The sequence is chosen so the expected
     result is the same whether or not QoS 0 messages are queued for offline clients, which
-    MQTT 3.1.1 leaves optional.)"""
+    MQTT 3.1.1 leaves optional.)  The session client is a raw one that sends DISCONNECT and
+    waits for the broker to close the socket, so the session is known to be offline before
+    anything is published."""
     b = broker_factory(max_queued=3)
     topic, cid = uid("queue"), uid("persist")
-    s = paho_any(b, cid, clean_session=False)
-    s.connect()
-    s.subscribe([(topic, 1)])
-    s.disconnect()
+
+    def go_offline(client) -> None:
+        client.send(DISCONNECT_BYTES)
+        assert client.wait_closed(5), "[MQTT-3.14.4-1] broker keeps a DISCONNECTed socket open"
+
+    def come_back() -> list[bytes]:
+        c = raw(b)
+        ack = c.connect(cid, clean_session=False)
+        assert (ack.return_code, ack.session_present) == (0, True)
+        got = []
+        while (p := c.no_packet_within(0.7)) is not None:
+            assert p.type == PUBLISH, p
+            got.append(p.payload)
+            if p.qos == 1:
+                c.send(puback(p.packet_id))
+        go_offline(c)
+        return got
+
+    s = raw(b)
+    assert s.connect(cid, clean_session=False).return_code == 0
+    assert s.subscribe([(topic, 1)]) == [1]
+    go_offline(s)
     pub = paho_any(b, uid("pub"))
     pub.connect()
     pub.publish(topic, b"m1", qos=1)
     pub.publish(topic, b"m2-qos0", qos=0)
     pub.publish(topic, b"m3", qos=1)
     pub.publish(topic, b"m4", qos=1)  # full: the QoS 0 message goes, not m1
-    back = paho_any(b, cid, clean_session=False)
-    assert back.connect() is True
-    got = back.collect(3) + back.drain(0.5)
-    assert [m.payload for m in got] == [b"m1", b"m3", b"m4"]
-    back.disconnect()
+    assert come_back() == [b"m1", b"m3", b"m4"]
     for i in range(1, 6):
         pub.publish(topic, f"n{i}".encode(), qos=1)  # n1, n2 dropped (oldest first)
-    again = paho_any(b, cid, clean_session=False)
-    assert again.connect() is True
-    got = again.collect(3) + again.drain(0.5)
-    assert [m.payload for m in got] == [b"n3", b"n4", b"n5"]
+    assert come_back() == [b"n3", b"n4", b"n5"]
 
 
 def test_max_inflight_window(broker_factory, raw, paho_any, uid):
@@ -199,3 +222,45 @@ def test_inflight_then_queued_order_after_reconnect(broker_factory, raw, paho_an
     assert [p.dup for p in got] == [True, True, False, False, False]
     assert [p.packet_id for p in got[:2]] == [p.packet_id for p in window]
     assert c2.no_packet_within(0.5) is None
+
+
+def test_stuck_qos0_subscriber_is_bounded(broker_factory, raw, paho_any, uid):
+    """Limits.max_outgoing_buffer: a connection that does not read does not make the node
+    buffer without bound; QoS 0 deliveries over the limit are dropped (or the client is
+    disconnected).  10 MB of QoS 0 is sent to a stuck reader with a 64 kB limit; when it
+    finally reads it must not get all of it, and it must then either get a fresh message or
+    find its connection closed, never a wedged connection."""
+    b = broker_factory(max_outgoing_buffer=64 * 1024)
+    topic = uid("stuck")
+    stuck = raw(b, rcvbuf=4096)
+    assert stuck.connect(uid("stuck"), keepalive=0).return_code == 0
+    assert stuck.subscribe([(topic, 0)]) == [0]
+    pub = paho_any(b, uid("pub"))
+    pub.connect()
+    chunk = b"z" * 32 * 1024
+    for _ in range(320):  # 10 MB
+        pub.publish(topic, chunk, qos=1)
+    received = 0
+    try:
+        while stuck.no_packet_within(1.0) is not None:  # drain what the node kept for it
+            received += 1
+    except ConnectionClosed:
+        return  # disconnected: an accepted outcome (and nothing was buffered without bound)
+    assert received < 320, "all 10 MB were buffered for a reader that was not reading"
+    # Now that it reads again, it gets new messages: the connection is not wedged.
+    pub.publish(topic, b"fresh", qos=1)
+    p = stuck.recv_packet(timeout=5)
+    assert p.payload == b"fresh"
+
+
+def test_max_subscriptions_suback_failure(broker_factory, raw, uid):
+    """Limits.max_subscriptions: filters beyond the limit get SUBACK 0x80 [MQTT-3.9.3-2 allows
+    0x80 per filter]; the connection stays usable."""
+    b = broker_factory(max_subscriptions=2)
+    c = raw(b)
+    assert c.connect(uid("subs")).return_code == 0
+    assert c.subscribe([("a/1", 0), ("a/2", 1), ("a/3", 2)]) == [0, 1, 0x80]
+    # Replacing an existing filter is not a new subscription.
+    assert c.subscribe([("a/2", 2)], packet_id=2) == [2]
+    c.send(PINGREQ_BYTES)
+    assert c.expect(PINGRESP)
