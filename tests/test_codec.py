@@ -6,6 +6,8 @@ not captured from the encoder, so they check both directions independently.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -483,6 +485,18 @@ def test_well_framed_random_bodies_only_raise_mqtt_errors(
     _assert_only_mqtt_errors(bytes(((packet_type << 4) | flags, len(body))) + body)
 
 
+def _outcome(chunks: list[bytes], max_packet_size: int) -> tuple[list[Packet], str | None]:
+    decoder = PacketDecoder(max_packet_size)
+    packets: list[Packet] = []
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+            packets.extend(decoder)
+    except MQTTError as exc:
+        return packets, exc.rule
+    return packets, None
+
+
 @st.composite
 def mutated_packets(draw: st.DrawFn) -> bytes:
     wire = bytearray(encode(draw(any_packet)))
@@ -509,6 +523,26 @@ def mutated_packets(draw: st.DrawFn) -> bytes:
 @settings(max_examples=3000)
 def test_mutated_packets_only_raise_mqtt_errors(data: bytes) -> None:
     _assert_only_mqtt_errors(data)
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.lists(mutated_packets(), max_size=4).map(b"".join),
+        st.lists(any_packet, max_size=4).map(lambda ps: b"".join(map(encode, ps))),
+    ),
+    st.data(),
+    st.sampled_from([16, 200, MAX_REMAINING_LENGTH]),
+)
+@settings(max_examples=1000)
+def test_outcome_does_not_depend_on_chunking(
+    data: bytes, draw: st.DataObject, max_packet_size: int
+) -> None:
+    """Same packets and the same rule broken, however the transport slices the bytes."""
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    bounds = [0, *cuts, len(data)]
+    chunks = [data[a:b] for a, b in pairwise(bounds)]
+    assert _outcome(chunks, max_packet_size) == _outcome([data], max_packet_size)
 
 
 # ------------------------------------------------------------------------------ malformed
