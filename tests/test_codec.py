@@ -699,6 +699,12 @@ def test_malformed_cases_differ_from_a_valid_packet_only_where_intended() -> Non
     )
 
 
+def test_bom_is_kept_not_stripped() -> None:
+    # [MQTT-1.5.3-3]: 0xEF 0xBB 0xBF is U+FEFF and must not be skipped or stripped.
+    assert decode(h("30 05 00 03 ef bb bf")) == Publish("\ufeff", b"")
+    assert decode(h("82 08 00 01 00 03 ef bb bf 00")) == Subscribe(1, (("\ufeff", 0),))
+
+
 def test_over_size_packet_is_refused_from_the_fixed_header_alone() -> None:
     decoder = PacketDecoder(max_packet_size=1000)
     decoder.feed(h("30 e9 07"))  # 1001, no body at all
