@@ -478,11 +478,13 @@ class MetadataService:
             me = self._view.members.get(self.node_id)
             if pending and me is not None and me.state is MemberState.UP:
                 try:
-                    await self.mark_caught_up(list(pending))
+                    result = await self.mark_caught_up(list(pending))
                 except (CommitError, trio.TooSlowError) as exc:
                     log.info("caught_up not committed: %s", exc)
                     await trio.sleep(0.2)
                     continue
+                if result.get("accepted"):
+                    continue  # the view it produced may already assign more shards
             await self._wait_view()
 
     # -- RPC handlers -------------------------------------------------------------------
