@@ -38,10 +38,17 @@ from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
 from mqttring.raft.rpc import derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE, MetadataService, cluster_secret
+from mqttring.raft.service import (
+    RPC_KEY_PURPOSE,
+    CommitError,
+    MetadataService,
+    cluster_secret,
+)
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
 
 log = logging.getLogger("mqttring.cluster")
+
+CAUGHT_UP_ATTEMPTS = 10
 
 
 class DataPlane:
@@ -189,9 +196,19 @@ class DataPlane:
                 rows = await self.replicator.copy_shard(shard, source)
                 log.debug("shard %d: copied %d rows from %s", shard, rows, source)
                 done.append(shard)
-            if done:
-                await self.metadata.mark_caught_up(done)
-                log.info("node %s caught up on %d shards", self.node_id, len(done))
+            for attempt in range(CAUGHT_UP_ATTEMPTS):
+                still = [s for s in done if self.node_id in self.view.shards[s].catching_up]
+                if not still:
+                    break
+                try:
+                    await self.metadata.mark_caught_up(still)
+                    log.info("node %s caught up on %d shards", self.node_id, len(still))
+                    break
+                except CommitError as exc:
+                    # No leader for a moment, or this node is leaving: try again while
+                    # the view still says these shards wait for us.
+                    log.info("caught-up report not committed (%s), attempt %d", exc, attempt + 1)
+                    await trio.sleep(0.2 * (attempt + 1))
         finally:
             self._copying.difference_update(shards)
 
