@@ -18,11 +18,10 @@ Joining (``config.join`` or, after a restart, the members remembered in
 A node that restarts (or finds itself marked down) joins again the same way and gets a new
 incarnation; its shards come back to it only through ``mark_caught_up``.
 
-Who calls ``mark_caught_up``: the data plane, once it has copied a shard it is catching up
-on (``view.catching_up_for(node_id)``).  Until issue 5 wires that in, a node built with
-``catch_up=CatchUp.DATA_PLANE`` (the default, used by ``mqttring.node``) stays catching-up
--- correct, since nothing copies the data.  The metadata-only member
-(``mqttring.raft.member``) holds no shard data, so it uses ``CatchUp.NOTHING_TO_COPY``.
+Who calls ``mark_caught_up``: the data plane (``mqttring.cluster.plane``), once it has
+copied a shard it is catching up on (``view.catching_up_for(node_id)``); until then the
+shard's old holders serve it.  The metadata-only member (``mqttring.raft.member``) holds no
+shard data, so it uses ``CatchUp.NOTHING_TO_COPY`` and claims its shards at once.
 """
 
 from __future__ import annotations
