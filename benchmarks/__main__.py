@@ -120,6 +120,19 @@ def _summary(r: dict[str, Any]) -> str:
     return "ok"
 
 
+def save_stderr(handle: BrokerHandle, out_dir: Path, stamp: str) -> str | None:
+    """Keep a failed broker's own log next to the report: the error text alone is a tail."""
+    if not handle.tmpdir:
+        return None
+    src = Path(handle.tmpdir) / "stderr.log"
+    if not src.exists() or not src.stat().st_size:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dst = out_dir / f"{stamp}-{handle.name}-stderr.log"
+    dst.write_bytes(src.read_bytes()[-200_000:])
+    return str(dst)
+
+
 def compare(args: argparse.Namespace) -> int:
     loadgen.raise_nofile()  # brokers we start inherit it: 10,000 idle connections need fds
     p = Params.quick() if args.quick else Params()
@@ -168,7 +181,9 @@ def compare(args: argparse.Namespace) -> int:
                     "unavailable": handle.unavailable,
                 }
                 continue
-            results["brokers"][handle.name] = run_broker(handle, names, p, run_id)
+            results["brokers"][handle.name] = entry = run_broker(handle, names, p, run_id)
+            if any(s.get("status") == "failed" for s in entry["scenarios"].values()):
+                entry["stderr_log"] = save_stderr(handle, Path(args.out), stamp)
         finally:
             handle.stop()
     results["total_wall_s"] = round(time.monotonic() - t_start, 1)

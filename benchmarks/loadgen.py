@@ -80,7 +80,7 @@ class WorkerSpec:
     max_msgs: int = 10_000_000
     max_seconds: float = 30.0
     open_loop: bool = False
-    stall_s: float = 0.25
+    stall_s: float = 1.0
     rate: float = 200.0
     connections: int = 0
     connect_timeout: float = 10.0
@@ -265,7 +265,9 @@ def publisher(w: Worker) -> dict[str, Any]:
             if blocked:
                 if recv != last_recv:
                     last_recv, last_progress = recv, now
-                elif now - last_progress > spec.stall_s and outstanding > 0:
+                elif not spec.qos and now - last_progress > spec.stall_s and outstanding > 0:
+                    # QoS 0 only: a broker may drop those.  QoS 1 messages were acknowledged
+                    # and must arrive, so a QoS 1 publisher just waits (up to its deadline).
                     writeoff += outstanding
                     stalls += 1
                     w.set(WRITEOFF, writeoff)
