@@ -95,6 +95,7 @@ class CommitQueue:
         self.peak_bytes = 0
         self.failure: StoreError | None = None
         self.stopping = False
+        self.held = False
         self._pending: list[Batch | SnapshotRequest] = []
         self._flusher_idle = False
         self._durable_waiters: deque[tuple[int, Waiter]] = deque()
@@ -152,12 +153,21 @@ class CommitQueue:
     def take(self, timeout: float | None) -> list[Batch | SnapshotRequest]:
         """Everything pending, waiting up to ``timeout`` (None: forever) if nothing is."""
         with self.lock:
-            if not self._pending and not self.stopping:
+            if (self.held or not self._pending) and not self.stopping:
                 self._flusher_idle = True
                 self._wakeup.wait(timeout)
                 self._flusher_idle = False
+            if self.held and not self.stopping:
+                return []
             items, self._pending = self._pending, []
             return items
+
+    def hold(self, held: bool) -> None:
+        """Tests only: while held, the flusher commits nothing, so writes stay in the memtable
+        (durable writers and snapshots wait).  ``stop`` overrides it."""
+        with self.lock:
+            self.held = held
+            self._wakeup.notify()
 
     def committed(self, batches: list[Batch], seq: int) -> None:
         """``batches`` are visible in LMDB: drop them from the memtable, release bytes.
