@@ -69,8 +69,11 @@ class DataPlane:
         self.session_store = SessionStore(store, config.num_shards, self.replicator)
         core.session_store = self.session_store
         local = LocalRouter(core.sessions, self.retained, self.session_store, metrics, core.wake)
+        #: Shards this node owns and whose persistent sessions are loaded in memory.
+        self.held: set[int] = set()
         self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
-                                    self.current_view, metrics, self._persist, self.spawn)
+                                    self.current_view, metrics, self._persist, self.spawn,
+                                    self.held.__contains__)
         core.router = self.router
         self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
                                         self.spawn)
@@ -141,10 +144,13 @@ class DataPlane:
         owned_now = {s for s in range(new.num_shards) if new.owner(s) == me}
         lost = owned_before - owned_now
         if lost:
+            self.held.difference_update(lost)
             self._unload(lost, new)
         gained = owned_now - owned_before
         if gained:
             await self._load(gained)
+            self.held.update(s for s in gained if self.view.owner(s) == me)
+            self.router.notify_changed()
         self.retained.forget_shards(lambda s: me in new.replicas(s))
         await self.sessions.on_view(old, new)
         pending = [s for s in new.catching_up_for(me) if s not in self._copying]

@@ -64,6 +64,7 @@ class ClusterRouter:
         metrics: BrokerMetrics,
         persist: Callable[[list[Session]], Any],
         spawn: Callable[..., None],
+        holds: Callable[[int], bool],
     ) -> None:
         self.node_id = node_id
         self.local = local
@@ -73,9 +74,11 @@ class ClusterRouter:
         self.metrics = metrics
         self._persist = persist
         self.spawn = spawn
+        #: True once this node owns the shard *and* has its persistent sessions loaded.
+        self.holds = holds
         self.routes = RouteTable()
-        #: Local subscriptions per filter (a route is registered while this is > 0).
-        self.local_filters: dict[str, int] = {}
+        #: Local subscriptions per (filter, route target); a route is registered while > 0.
+        self.local_filters: dict[tuple[str, str], int] = {}
         self._view_changed = trio.Event()
 
     # -- publish: edge side -----------------------------------------------------------------
@@ -126,38 +129,76 @@ class ClusterRouter:
             await self.retained_store.update(
                 message, persist=not message.topic.startswith("$SYS/")
             )
-        targets = self.routes.nodes_for(message.topic)
-        acked: list[str] = []
-        to_persist: list[Session] = []
-        for node in targets:
+        by_node = self.resolve(self.routes.nodes_for(message.topic), view)
+        acked: list[tuple[str, list[int]]] = []
+        local_shards: list[int] | None = None
+        for node, shards in by_node.items():
             if node == self.node_id:
-                to_persist = self.local.deliver_local(message)
+                local_shards = shards
                 continue
             self.metrics.deliveries_to_nodes += 1
             if message.qos == 0:
-                self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, view.epoch])
+                self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, shards])
             else:
-                acked.append(node)
-        if not acked:
-            if to_persist:
-                await self._persist(to_persist)
-            return
+                acked.append((node, shards))
         async with trio.open_nursery() as nursery:
-            if to_persist:
-                nursery.start_soon(self._persist, to_persist)
-            for node in acked:
-                nursery.start_soon(self._deliver_acked, node, message, view.epoch)
+            if local_shards is not None:
+                nursery.start_soon(self._deliver_here, message, local_shards)
+            for node, shards in acked:
+                nursery.start_soon(self._deliver_acked, node, shards, message)
 
-    async def _deliver_acked(self, node: str, message: Message, epoch: int) -> None:
-        try:
-            await self.links.request(
-                node, ["dlv", 0, message.topic, message.payload, message.qos, epoch],
-                FORWARD_TIMEOUT,
-            )
-        except (PeerUnavailable, RemoteError) as exc:
-            # The node is gone; its clean sessions went with it, and persistent sessions
-            # are delivered through their homes, which re-register routes when promoted.
-            log.info("delivery of %r to %s not confirmed: %s", message.topic, node, exc)
+    def resolve(self, targets: set[str], view: ClusterView) -> dict[str, list[int]]:
+        """Route targets to nodes: ``s:N`` (persistent sessions of shard N) means N's owner.
+
+        Each node comes with the session shards it must hold to accept the delivery.
+        """
+        by_node: dict[str, list[int]] = {}
+        for target in targets:
+            if target.startswith("s:"):
+                shard = int(target[2:])
+                node = view.owner(shard)
+                if node is not None:
+                    by_node.setdefault(node, []).append(shard)
+            else:
+                by_node.setdefault(target, [])
+        return by_node
+
+    async def _deliver_here(self, message: Message, shards: list[int]) -> None:
+        for _ in range(FORWARD_ATTEMPTS):
+            if all(self.holds(s) for s in shards):
+                break
+            await self.wait_for_view_change(0.5)  # our sessions of these shards are loading
+        to_persist = self.local.deliver_local(message)
+        if to_persist:
+            await self._persist(to_persist)
+
+    async def _deliver_acked(self, node: str, shards: list[int], message: Message) -> None:
+        """Deliver to a node and wait for its acceptance; session shards follow their owner."""
+        for _ in range(FORWARD_ATTEMPTS):
+            try:
+                await self.links.request(
+                    node, ["dlv", 0, message.topic, message.payload, message.qos, shards],
+                    FORWARD_TIMEOUT,
+                )
+                return
+            except (PeerUnavailable, RemoteError) as exc:
+                if not shards:
+                    # A node that only held clean sessions is gone, and they with it.
+                    log.info("delivery of %r to %s not confirmed: %s", message.topic, node, exc)
+                    return
+                await self.wait_for_view_change(0.5)
+                view = self.view()
+                moved = self.resolve({f"s:{s}" for s in shards}, view)
+                if node in moved and len(moved) == 1:
+                    continue  # same owner: it is still loading them, ask again
+                async with trio.open_nursery() as nursery:
+                    for other, other_shards in moved.items():
+                        if other == self.node_id:
+                            nursery.start_soon(self._deliver_here, message, other_shards)
+                        else:
+                            nursery.start_soon(self._deliver_acked, other, other_shards, message)
+                return
+        log.warning("delivery of %r to sessions of shards %s gave up", message.topic, shards)
 
     # -- inbound messages -------------------------------------------------------------------
 
@@ -167,13 +208,13 @@ class ClusterRouter:
         view = self.view()
         owner = view.owner(view.shard_for_topic(topic))
         if req == 0 and qos == 0 and not retain and owner == self.node_id:
-            targets = self.routes.nodes_for(topic)  # the hot path: QoS 0, inline, in order
-            for target in targets:
+            # The hot path: QoS 0, handled inline so that arrival order is kept.
+            for target, shards in self.resolve(self.routes.nodes_for(topic), view).items():
                 if target == self.node_id:
                     self.local.deliver_local(message)
                 else:
                     self.metrics.deliveries_to_nodes += 1
-                    self.links.send(target, ["dlv", 0, topic, payload, 0, view.epoch])
+                    self.links.send(target, ["dlv", 0, topic, payload, 0, shards])
             return
         self.spawn(self._pub_task, node, req, message, hops)
 
@@ -195,7 +236,11 @@ class ClusterRouter:
             self.links.reply(node, req, False, str(exc))
 
     def on_dlv(self, node: str, msg: list[Any]) -> None:
-        _, req, topic, payload, qos, _epoch = msg
+        _, req, topic, payload, qos, shards = msg
+        if not all(self.holds(s) for s in shards):
+            # Sessions of a shard we do not hold (yet): the sender re-resolves its owner.
+            self.links.reply(node, req, False, "not the session shard's owner")
+            return
         to_persist = self.local.deliver_local(Message(topic, payload, qos, False))
         if req == 0:
             return
@@ -224,65 +269,83 @@ class ClusterRouter:
 
     # -- subscriptions ----------------------------------------------------------------------
 
+    def route_target(self, session: Session) -> str:
+        """Clean sessions live here; persistent ones at the owner of their shard."""
+        if session.clean_session:
+            return self.node_id
+        return f"s:{self.view().shard_for_client(session.client_id)}"
+
     async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         new = topic_filter not in session.subscriptions
         self.local.add_subscription(session, topic_filter, qos)
         if new:
-            count = self.local_filters.get(topic_filter, 0)
-            self.local_filters[topic_filter] = count + 1
+            key = (topic_filter, self.route_target(session))
+            count = self.local_filters.get(key, 0)
+            self.local_filters[key] = count + 1
             if count == 0:
-                await self._register(topic_filter, "radd")
+                await self._register(key, "radd")
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
         if topic_filter in session.subscriptions:
             self.local.unsubscribe(session, topic_filter)
-            self._release(topic_filter)
+            self._release((topic_filter, self.route_target(session)))
 
     def forget(self, session: Session) -> None:
+        target = self.route_target(session)
         for topic_filter in list(session.subscriptions):
             self.local.subscriptions.remove(topic_filter, session.client_id)
-            self._release(topic_filter)
+            self._release((topic_filter, target))
 
-    def _release(self, topic_filter: str) -> None:
-        count = self.local_filters.get(topic_filter, 0) - 1
+    def _release(self, key: tuple[str, str]) -> None:
+        count = self.local_filters.get(key, 0) - 1
         if count > 0:
-            self.local_filters[topic_filter] = count
+            self.local_filters[key] = count
             return
-        self.local_filters.pop(topic_filter, None)
-        self.spawn(self._register, topic_filter, "rdel")
+        self.local_filters.pop(key, None)
+        self.spawn(self._register, key, "rdel")
 
     def _route_targets(self, topic_filter: str, view: ClusterView) -> list[str]:
+        """Nodes that must hold a filter's route: every replica of its one shard (so a
+        promoted replica already knows them), or every live node for a wildcard filter."""
         shard = route_shard(topic_filter, view)
         if shard is None:
             return list(view.live_members()) or [self.node_id]
-        owner = view.owner(shard)
-        return [owner] if owner is not None else [self.node_id]
+        return list(view.replicas(shard)) or [self.node_id]
 
-    async def _register(self, topic_filter: str, kind: str, targets: list[str] | None = None
-                        ) -> None:
+    async def _register(self, key: tuple[str, str], kind: str,
+                        nodes: list[str] | None = None) -> None:
+        topic_filter, target = key
+        if kind == "rdel" and key in self.local_filters:
+            return  # subscribed again before the removal went out
         view = self.view()
-        for node in targets or self._route_targets(topic_filter, view):
-            if node == self.node_id:
-                if kind == "radd":
-                    self.routes.add(topic_filter, node)
-                else:
-                    self.routes.remove(topic_filter, node)
-                continue
-            try:
-                await self.links.request(node, [kind, 0, topic_filter, self.node_id])
-            except (PeerUnavailable, RemoteError) as exc:
-                # Routes are re-sent whenever the view changes; a dead target gets them from
-                # the node that takes over its shards.
-                log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
+        async with trio.open_nursery() as nursery:
+            for node in nodes or self._route_targets(topic_filter, view):
+                nursery.start_soon(self._register_at, node, kind, topic_filter, target)
+
+    async def _register_at(self, node: str, kind: str, topic_filter: str, target: str) -> None:
+        if node == self.node_id:
+            if kind == "radd":
+                self.routes.add(topic_filter, target)
+            else:
+                self.routes.remove(topic_filter, target)
+            return
+        try:
+            await self.links.request(node, [kind, 0, topic_filter, target])
+        except (PeerUnavailable, RemoteError) as exc:
+            # Routes are re-sent whenever the view changes; a dead target gets them from
+            # the node that takes over its shards.
+            log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
 
     def restore(self, sessions: list[Session]) -> None:
         for session in sessions:
+            target = self.route_target(session)
             for topic_filter, qos in session.subscriptions.items():
                 self.local.subscriptions.add(topic_filter, session.client_id, qos)
-                count = self.local_filters.get(topic_filter, 0)
-                self.local_filters[topic_filter] = count + 1
+                key = (topic_filter, target)
+                count = self.local_filters.get(key, 0)
+                self.local_filters[key] = count + 1
                 if count == 0:
-                    self.spawn(self._register, topic_filter, "radd")
+                    self.spawn(self._register, key, "radd")
 
     # -- retained ---------------------------------------------------------------------------
 
@@ -320,26 +383,31 @@ class ClusterRouter:
 
     # -- membership changes -----------------------------------------------------------------
 
-    def on_view(self, old: ClusterView, new: ClusterView) -> None:
-        """Re-send routes whose target changed; drop routes of nodes that left."""
+    def notify_changed(self) -> None:
+        """Wake everything waiting for ownership to settle (a new view, shards loaded)."""
         event, self._view_changed = self._view_changed, trio.Event()
         event.set()
+
+    def on_view(self, old: ClusterView, new: ClusterView) -> None:
+        """Re-send routes whose target changed; drop routes of nodes that left."""
+        self.notify_changed()
         live = set(new.live_members())
         for node in old.members:
             if node not in live:
                 self.routes.drop_node(node)
-        owned = {s for s in range(new.num_shards) if new.owner(s) == self.node_id}
-        self.routes.drop_exact_where(owned, new)
+        held = {s for s in range(new.num_shards) if self.node_id in new.replicas(s)}
+        self.routes.drop_exact_where(held, new)
         restarted = {
             n for n in live
             if n in old.members and old.members[n].incarnation != new.members[n].incarnation
         }
-        for topic_filter in list(self.local_filters):
+        for key in list(self.local_filters):
+            topic_filter = key[0]
             before = set(self._route_targets(topic_filter, old)) if old.epoch else set()
             after = set(self._route_targets(topic_filter, new))
             fresh = sorted((after - before) | (after & restarted))
             if fresh:
-                self.spawn(self._register, topic_filter, "radd", fresh)
+                self.spawn(self._register, key, "radd", fresh)
 
     async def publish_local(self, message: Message) -> None:
         """Node-local traffic ($SYS): this node's subscribers only, never the cluster."""

@@ -4,20 +4,25 @@ Theory of operation
 -------------------
 A publish is fanned out by the owner of its topic's shard, so the owner must know every
 node with a matching subscriber, and nothing per subscriber: routes are *node* granular
-(one entry per filter and node, however many clients share it).  Where a filter's route is
-registered depends on which topics it can match:
+(one entry per filter and target, however many clients share it).  A route's *target* is
+either a node id (clean sessions live on the node they are connected to) or ``s:N``, the
+persistent sessions of client shard N, which live at that shard's owner: resolving ``s:N``
+at delivery time means a session's routes follow it when its home fails over, with no
+re-registration window in which acknowledged messages could miss it.
 
-* a filter without wildcards matches one topic, whose shard has one owner: the route is
-  registered there only ("exact" routes);
+Where a filter's route is registered depends on which topics it can match:
+
+* a filter without wildcards matches one topic, whose shard has R replicas: the route is
+  registered on all of them ("exact" routes), so a replica promoted to owner already has it;
 * a wildcard filter whose literal prefix lies inside a pinned subtree (``factory/line1/#``
-  pinned to one shard) can only match topics of that shard: registered at its owner only;
+  pinned to one shard) can only match topics of that shard: registered on its replicas;
 * any other wildcard filter may match topics of every shard: it is registered on every node
-  (each keeps a ``TopicTrie`` of node-level wildcard routes), so any owner can consult it.
+  (each keeps a ``TopicTrie`` of wildcard routes), so any owner can consult it.
 
 Registration is a control message (``radd``/``rdel``) sent when a node's first local
 subscription to a filter appears or its last one goes; never Raft.  Routes are soft state:
-when shard owners change or a member joins, nodes re-send the registrations whose target
-changed; when a member goes down, everyone drops its routes.
+when a shard's replicas change or a member joins, nodes re-send the registrations whose
+target set changed; when a member goes down or restarts, everyone drops its node routes.
 """
 
 from __future__ import annotations
@@ -80,17 +85,19 @@ class RouteTable:
                 del self.exact[topic_filter]
 
     def drop_node(self, node: str) -> None:
+        """Forget a node's own routes (``s:N`` session-shard targets outlive any node)."""
         for topic in [t for t, nodes in self.exact.items() if node in nodes]:
             self.remove(topic, node)
         for topic_filter in [f for f in self.wildcard.filters()]:
             self.wildcard.remove(topic_filter, node)
 
     def drop_exact_where(self, keep: set[int], view: ClusterView) -> None:
-        """Forget exact routes of topics whose shard this node no longer owns."""
+        """Forget exact routes of topics whose shard this node no longer holds."""
         for topic in [t for t in self.exact if view.shard_for_topic(t) not in keep]:
             del self.exact[topic]
 
     def nodes_for(self, topic: str) -> set[str]:
+        """Route targets (node ids, or ``s:N`` for the persistent sessions of shard N)."""
         nodes = set(self.exact.get(topic, ()))
         for node, _ in self.wildcard.match(topic):
             nodes.add(node)
