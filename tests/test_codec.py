@@ -571,6 +571,7 @@ MALFORMED: list[tuple[str, bytes, type[MQTTError], str]] = [
     ("disconnect-flags", h("e4 00"), MalformedPacket, "MQTT-2.2.2-1"),
     # PUBLISH.
     ("publish-qos3", h("36 05 00 01 61 00 01"), MalformedPacket, "MQTT-3.3.1-4"),
+    ("publish-qos3-id-0", h("3e 05 00 01 61 00 00"), MalformedPacket, "MQTT-3.3.1-4"),
     ("publish-dup-qos0", h("38 03 00 01 61"), MalformedPacket, "MQTT-3.3.1-2"),
     ("publish-packet-id-0", h("32 05 00 01 61 00 00"), MalformedPacket, "MQTT-2.3.1-1"),
     ("publish-wildcard-plus", h("30 05 00 03 61 2f 2b"), InvalidTopic, "MQTT-3.3.2-2"),

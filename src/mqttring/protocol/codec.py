@@ -615,14 +615,14 @@ class PacketDecoder:
             raise _truncated("PUBLISH topic name")
         topic_end = start + 2 + ((buf[start] << 8) | buf[start + 1])
         if qos:
+            if qos == 3:
+                raise MalformedPacket("MQTT-3.3.1-4", "PUBLISH QoS must not be 3")
             payload_start = topic_end + 2
             if payload_start > stop:
                 raise _truncated("PUBLISH topic name and packet identifier")
             packet_id: int | None = (buf[topic_end] << 8) | buf[topic_end + 1]
             if not packet_id:
                 raise MalformedPacket("MQTT-2.3.1-1", "PUBLISH packet identifier must not be 0")
-            if qos == 3:
-                raise MalformedPacket("MQTT-3.3.1-4", "PUBLISH QoS must not be 3")
         else:
             payload_start = topic_end
             if payload_start > stop:
