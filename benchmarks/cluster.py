@@ -1,45 +1,56 @@
-"""Cluster scenarios: publishers on one node of a local 3-node cluster, subscribers on others.
+"""Cluster scenario: publishers on node 1 of a local 3-node cluster, subscribers on nodes 2, 3.
 
-What it would measure (issue 7): inter-node messages per publish, read from the nodes'
-own counters (issue 5: "publishes received from clients, forwarded to owners, delivery
-messages sent to other nodes, deliveries to local clients"), and total CPU seconds per
-delivered message against a single node.
+What it measures (issue 7):
 
-What it does today: check that the pieces it needs exist, and if any is missing, report
-"not available" with the exact reason.  It never estimates: a figure here must come from a
-real cluster's counters.  The contract it probes for (documented in docs/benchmarks.md):
+* inter-node messages per publish, from the nodes' own counters (``$SYS/broker/cluster/
+  forwarded_to_owner`` + ``deliveries_to_nodes``, summed over nodes) divided by the
+  publishes the nodes received from clients; the target is <= 1 + nodes with subscribers;
+* CPU seconds of all nodes per delivered message, divided by the same figure for the same
+  load on one node (the single node the suite already runs); the target is <= 2x.
 
-* ``python -m mqttring.devcluster`` (``make cluster``) to start N local nodes, and
-* ``python -m mqttring.node`` options to join a cluster (``--join``/``--peers``/``--cluster``),
-* per-node counters published under ``$SYS/broker/cluster/``.
+Why counters and not a model: a figure here must come from the cluster itself.  If anything
+needed is missing (no cluster options, no counters, a cluster that does not deliver across
+nodes within the set-up time) the scenario says "not available" or "failed" with the exact
+reason and no figure.  Mosquitto and amqtt have no clustering: "not available".
 
-Mosquitto and amqtt have no clustering, so for them the scenario is "not available" too.
+Nodes are started directly with ``python -m mqttring.node`` (the first forms the cluster,
+the others ``--join`` it), each with its own temporary directory, and always stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
+import secrets
+import select
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
-from benchmarks.brokers import BrokerHandle
-from benchmarks.scenarios import Params
+from benchmarks import wire
+from benchmarks.brokers import BrokerHandle, _spawn, free_port, wait_listening
+from benchmarks.loadgen import ProtocolFailure, open_conn, read_frame, subscribe
+from benchmarks.scenarios import Params, WorkerSpec, stream
 
-CLUSTER_FLAGS = ("--join", "--peers", "--cluster")
+CLUSTER_FLAGS = ("--join", "--cluster", "--cluster-secret")
+COUNTERS = (
+    "cluster/forwarded_to_owner",
+    "cluster/deliveries_to_nodes",
+    "messages/received",
+    "messages/sent",
+)
 
 
 def cluster_support(broker: BrokerHandle) -> str | None:
-    """None if a local cluster can be measured; otherwise why not."""
+    """None if a local cluster can be started; otherwise why not."""
     if broker.name != "mqttring":
         return f"{broker.name} has no clustering"
     if importlib.util.find_spec("mqttring.node") is None:
         return "mqttring.node does not exist yet"
-    if importlib.util.find_spec("mqttring.devcluster") is None:
-        return (
-            "no mqttring.devcluster to start a local 3-node cluster (issue 5, "
-            "`make cluster`) - cluster data plane not implemented yet"
-        )
     try:
         out = subprocess.run(
             [sys.executable, "-m", "mqttring.node", "--help"],
@@ -49,16 +60,224 @@ def cluster_support(broker: BrokerHandle) -> str | None:
         )
     except (subprocess.SubprocessError, OSError) as exc:
         return f"`python -m mqttring.node --help` failed: {exc}"
-    if not any(flag in out.stdout for flag in CLUSTER_FLAGS):
-        return f"mqttring.node has none of {', '.join(CLUSTER_FLAGS)}: no cluster data plane"
-    return (
-        "cluster entry points exist but the inter-node counters contract "
-        "($SYS/broker/cluster/...) is not wired into this harness yet"
+    missing = [f for f in CLUSTER_FLAGS if f not in out.stdout]
+    if missing:
+        return f"mqttring.node lacks {', '.join(missing)}: no cluster data plane"
+    return None
+
+
+def start_nodes(n: int, secret: str, timeout: float = 40.0) -> list[BrokerHandle]:
+    """Start ``n`` nodes one after another (each joins the first); raise if one fails."""
+    nodes: list[BrokerHandle] = []
+    first_cluster = ""
+    for i in range(1, n + 1):
+        h = BrokerHandle(f"node{i}", version="cluster")
+        nodes.append(h)
+        h.tmpdir = tempfile.mkdtemp(prefix=f"bench-cluster-node{i}-")
+        cl = f"127.0.0.1:{free_port()}"
+        ready = Path(h.tmpdir) / "ready.json"
+        argv = [
+            sys.executable,
+            "-m",
+            "mqttring.node",
+            "--node-id",
+            f"node{i}",
+            "--mqtt",
+            "127.0.0.1:0",
+            "--cluster",
+            cl,
+            "--raft",
+            f"127.0.0.1:{free_port()}",
+            "--cluster-secret",
+            secret,
+            "--data-dir",
+            str(Path(h.tmpdir) / "data"),
+            "--sys-interval",
+            "0.5",
+            "--log-level",
+            "warning",
+            "--ready-file",
+            str(ready),
+        ]
+        if first_cluster:
+            argv += ["--join", first_cluster]
+        first_cluster = first_cluster or cl
+        _spawn(h, argv)
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if not h.alive() or time.monotonic() > deadline:
+                tail = h.stderr_tail().strip()[-400:]
+                raise ProtocolFailure(
+                    f"node{i} did not become ready" + (f" (stderr: {tail})" if tail else "")
+                )
+            time.sleep(0.05)
+        time.sleep(0.05)  # the file may be being written
+        info = json.loads(ready.read_text())
+        h.port, h.pid = int(info["mqtt"]), int(info.get("pid", h.pid))
+        if not wait_listening(h, 10):
+            raise ProtocolFailure(f"node{i} wrote its ready file but does not accept connections")
+    return nodes
+
+
+def read_counters(node: BrokerHandle, timeout: float = 3.0) -> dict[str, int]:
+    """The node's retained ``$SYS/broker/...`` values (refreshed every 0.5 s)."""
+    sock, buf = open_conn(node.host, node.port, f"bench-sys-{secrets.token_hex(3)}")
+    try:
+        sock.sendall(wire.subscribe(1, ["$SYS/broker/#"], 0))
+        values: dict[str, int] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(c in values for c in COUNTERS):
+            r, _, _ = select.select([sock], [], [], 0.1)
+            if r:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            while (frame := wire.next_frame(buf, 0, len(buf))) is not None:
+                first, body, end = frame
+                if first & 0xF0 == wire.PUBLISH:
+                    tl = (buf[body] << 8) | buf[body + 1]
+                    topic = bytes(buf[body + 2 : body + 2 + tl]).decode()
+                    start = body + 2 + tl + (2 if first & 0x06 else 0)
+                    key = topic.removeprefix("$SYS/broker/")
+                    with contextlib.suppress(ValueError):
+                        values[key] = int(bytes(buf[start:end]).split()[0])
+                del buf[:end]
+        return values
+    finally:
+        sock.close()
+
+
+def counters(nodes: list[BrokerHandle]) -> dict[str, int]:
+    total = dict.fromkeys(COUNTERS, 0)
+    for node in nodes:
+        values = read_counters(node)
+        missing = [c for c in COUNTERS if c not in values]
+        if missing:
+            raise ProtocolFailure(f"{node.name} publishes no $SYS/broker/{missing[0]}")
+        for c in COUNTERS:
+            total[c] += values[c]
+    return total
+
+
+def probe_cross_node(nodes: list[BrokerHandle], topic: str, timeout: float) -> float:
+    """Publish on node 1 until subscribers on every other node receive: the cluster works."""
+    t0 = time.monotonic()
+    subs = []
+    for k, node in enumerate(nodes[1:]):
+        sock, buf = open_conn(node.host, node.port, f"bench-probe-s{k}-{secrets.token_hex(3)}")
+        subscribe(sock, buf, [topic], 0, 10)
+        subs.append((sock, buf))
+    pub, _ = open_conn(nodes[0].host, nodes[0].port, f"bench-probe-p-{secrets.token_hex(3)}")
+    got = [False] * len(subs)
+    try:
+        while not all(got):
+            if time.monotonic() - t0 > timeout:
+                raise ProtocolFailure(
+                    f"a publish on node1 did not reach subscribers on the other "
+                    f"nodes within {timeout:.0f} s (reached: {got})"
+                )
+            pub.sendall(wire.publish(topic, b"probe"))
+            for k, (sock, buf) in enumerate(subs):
+                if got[k]:
+                    continue
+                with contextlib.suppress(ProtocolFailure, TimeoutError):
+                    first, _, _ = read_frame(sock, buf, 0.2)
+                    got[k] = first & 0xF0 == wire.PUBLISH
+        return time.monotonic() - t0
+    finally:
+        pub.close()
+        for sock, _ in subs:
+            sock.close()
+
+
+def _load(
+    p: Params,
+    pub_node: BrokerHandle,
+    sub_nodes: list[BrokerHandle],
+    topic: str,
+    tag: str,
+    meter_on: BrokerHandle,
+) -> dict[str, Any]:
+    subs = [
+        WorkerSpec(
+            role="sub",
+            index=0,
+            host=n.host,
+            port=n.port,
+            client_prefix=f"{tag}-s{i}",
+            filters=[[topic]],
+            payload_size=p.payload,
+        )
+        for i, n in enumerate(sub_nodes)
+    ]
+    pub = WorkerSpec(
+        role="pub",
+        index=0,
+        host=pub_node.host,
+        port=pub_node.port,
+        client_prefix=f"{tag}-p",
+        topics=[topic],
+        payload_size=p.payload,
+        batch=32,
+        window=2000,
     )
+    return stream(meter_on, p, [pub, pub], subs, len(sub_nodes), 0)
 
 
 def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
     reason = cluster_support(broker)
     if reason:
         return {"status": "not available", "reason": reason}
-    return {"status": "not available", "reason": "unreachable"}  # pragma: no cover
+    topic = f"bench/{run_id}/cluster"
+    nodes: list[BrokerHandle] = []
+    try:
+        try:
+            nodes = start_nodes(3, secrets.token_hex(8))
+            probe_s = probe_cross_node(nodes, f"bench/{run_id}/probe", p.setup_timeout + 15)
+        except (ProtocolFailure, OSError, ValueError) as exc:
+            return {"status": "failed", "error": f"cluster set-up: {exc}"}
+        whole = BrokerHandle("cluster", pid=nodes[0].pid, extra={"pids": [n.pid for n in nodes]})
+        before = counters(nodes)
+        load = _load(p, nodes[0], nodes[1:], topic, f"bench-{run_id}-cl", whole)
+        time.sleep(1.2)  # $SYS values are refreshed every 0.5 s
+        after = counters(nodes)
+        single = _load(p, broker, [broker, broker], f"{topic}-single", f"bench-{run_id}-sn", broker)
+    except (ProtocolFailure, OSError) as exc:
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        for n in nodes:
+            n.stop()
+    delta = {c: after[c] - before[c] for c in COUNTERS}
+    inter = delta["cluster/forwarded_to_owner"] + delta["cluster/deliveries_to_nodes"]
+    publishes = delta["messages/received"]
+    out: dict[str, Any] = {
+        "status": "ok",
+        "nodes": 3,
+        "nodes_with_subscribers": 2,
+        "probe_s": round(probe_s, 2),
+        "counters_delta": delta,
+        "publishes_counted": publishes,
+        "cluster_load": load,
+        "single_node_load": single,
+    }
+    for name, r in (("cluster", load), ("single node", single)):
+        if r.get("status") != "ok":
+            out.update(status="failed", error=f"{name} load: {r.get('error')}")
+            return out
+    if publishes <= 0:
+        out.update(status="failed", error="nodes counted no publishes from clients")
+        return out
+    out["internode_per_publish"] = round(inter / publishes, 3)
+    cpu_c = load["cpu"]["broker_s"] / max(1, load["deliveries_per_s"] * load["cpu"]["elapsed_s"])
+    cpu_s = single["cpu"]["broker_s"] / max(
+        1, single["deliveries_per_s"] * single["cpu"]["elapsed_s"]
+    )
+    out["cpu_us_per_delivery_cluster"] = round(cpu_c * 1e6, 2)
+    out["cpu_us_per_delivery_single"] = round(cpu_s * 1e6, 2)
+    out["cpu_ratio_vs_single"] = round(cpu_c / cpu_s, 2) if cpu_s else None
+    out["deliveries_per_s"] = load["deliveries_per_s"]
+    out["single_deliveries_per_s"] = single["deliveries_per_s"]
+    if load.get("lost") or single.get("lost"):
+        out["note"] = f"QoS 0 loss: cluster {load.get('lost')}, single {single.get('lost')}"
+    return out

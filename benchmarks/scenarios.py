@@ -105,18 +105,25 @@ def proc_rss(pid: int | None) -> int | None:
         return None
 
 
+def broker_pids(broker: BrokerHandle) -> list[int | None]:
+    """All processes whose CPU is the broker's: one node, or every node of a cluster."""
+    pids = broker.extra.get("pids")
+    return list(pids) if isinstance(pids, list) else [broker.pid]
+
+
 class CpuMeter:
     """System busy CPU split into broker, generator (workers + this process) and other."""
 
-    def __init__(self, broker_pid: int | None, gen_pids: list[int]) -> None:
-        self.broker_pid = broker_pid
+    def __init__(self, broker_pids: list[int | None], gen_pids: list[int]) -> None:
+        self.broker_pids = broker_pids
         self.gen_pids = gen_pids
 
     def snap(self) -> tuple[float, float, float, float]:
-        gen = _proc_cpu(None) + sum(_proc_cpu(p) for p in self.gen_pids)
+        gen = sum(_proc_cpu(p) for p in self.gen_pids)
         me = psutil.Process().cpu_times()
         gen += me.user + me.system
-        return time.monotonic(), _busy(psutil.cpu_times()), _proc_cpu(self.broker_pid), gen
+        broker = sum(_proc_cpu(p) for p in self.broker_pids)
+        return time.monotonic(), _busy(psutil.cpu_times()), broker, gen
 
     @staticmethod
     def diff(a: tuple[float, ...], b: tuple[float, ...]) -> dict[str, float]:
@@ -227,7 +234,7 @@ def stream(
         err = run.wait_ready(p.setup_timeout)
         if err:
             return _fail(f"setup: {err}")
-        meter = CpuMeter(broker.pid, [pr.pid for pr in run.procs if pr.pid])
+        meter = CpuMeter(broker_pids(broker), [pr.pid for pr in run.procs if pr.pid])
         run.ctl[PHASE] = GO
         time.sleep(p.warmup_s)
         a, r0, s0 = meter.snap(), run.total(RECV, "sub"), run.total(SENT, "pub")
@@ -348,7 +355,7 @@ def latency(broker: BrokerHandle, p: Params, run_id: str, rate: float = 200.0) -
         err = run.wait_ready(p.setup_timeout)
         if err:
             return _fail(f"setup: {err}")
-        meter = CpuMeter(broker.pid, [pr.pid for pr in run.procs if pr.pid])
+        meter = CpuMeter(broker_pids(broker), [pr.pid for pr in run.procs if pr.pid])
         a = meter.snap()
         run.ctl[PHASE] = GO
         time.sleep(p.latency_s)
@@ -399,7 +406,7 @@ def idle(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         for k in range(procs)
     ]
     with Run(specs, p.setup_timeout + n / 100 + 20) as run:
-        meter = CpuMeter(broker.pid, [pr.pid for pr in run.procs if pr.pid])
+        meter = CpuMeter(broker_pids(broker), [pr.pid for pr in run.procs if pr.pid])
         a = meter.snap()
         err = run.wait_ready(max(15.0, n / 150))
         b = meter.snap()
@@ -453,7 +460,7 @@ def retained(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         err = run.wait_ready(p.setup_timeout)
         if err:
             return _fail(f"setup: {err}")
-        meter = CpuMeter(broker.pid, [pr.pid for pr in run.procs if pr.pid])
+        meter = CpuMeter(broker_pids(broker), [pr.pid for pr in run.procs if pr.pid])
         a = meter.snap()
         run.ctl[PHASE] = GO
         deadline = time.monotonic() + p.retained_limit_s
