@@ -341,11 +341,10 @@ class LsmStore:
             return []
         if high is not None and low >= high:
             return []
-        with self._queue.lock:
-            mem = self._queue.memtable.range(db, low, high)
         handle = self._handles[db]
 
-        def read(txn: lmdb.Transaction) -> list[tuple[bytes, Any]]:
+        def read(txn: lmdb.Transaction,
+                 mem: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, Any]]:
             out: list[tuple[bytes, Any]] = []
             i, n = 0, len(mem)
             with txn.cursor(db=handle) as cur:
@@ -371,8 +370,24 @@ class LsmStore:
                         break
             return out
 
+        # Copying the memtable range and beginning the read transaction under one lock hold
+        # makes the result the exact state at one sequence number: no write can be queued
+        # in between, and a commit landing in between only holds writes whose (newer or
+        # equal) memtable entries were copied.  The gate comes first: waiting for a map
+        # growth while holding the queue lock would stall every writer.
         with self._gate.reading():
-            return self._read(read)
+            if self._closed:
+                raise StoreError("store is closed; reads are refused")
+            try:
+                with self._queue.lock:
+                    mem = self._queue.memtable.range(db, low, high)
+                    txn = self._env.begin(write=False, buffers=True)
+                try:
+                    return read(txn, mem)
+                finally:
+                    txn.abort()
+            except lmdb.Error as exc:
+                raise StoreError(f"read from {self.path} failed: {exc}") from exc
 
     def scan_sync(self, db: str, prefix: bytes = b"", *, start: bytes | None = None,
                   end: bytes | None = None,
@@ -385,7 +400,8 @@ class LsmStore:
                    limit: int | None = None) -> list[tuple[bytes, Any]]:
         """Rows with ``prefix``, ``start <= key < end``, in key order, at most ``limit``.
 
-        Runs in a worker thread: a scan's length is up to the caller."""
+        The rows are the store's exact state at one sequence number (no torn multi-op
+        writes).  Runs in a worker thread: a scan's length is up to the caller."""
         return await trio.to_thread.run_sync(
             lambda: self.scan_sync(db, prefix, start=start, end=end, limit=limit))
 
