@@ -77,6 +77,14 @@ class BrokerConfig:
     limits: Limits = field(default_factory=Limits)
     store: StoreSettings = field(default_factory=StoreSettings)
     num_shards: int = 1024
+    #: Topic filters whose messages are archived for analytics (``docs/analytics.md``).
+    archive: tuple[str, ...] = ()
+    #: Archived messages older than this many seconds are removed (0 keeps them).
+    archive_max_age: float = 7 * 24 * 3600.0
+    #: Archive size bound in bytes of topics and payloads, oldest removed first (0 = none).
+    archive_max_bytes: int = 1024 * 1024 * 1024
+    #: Seconds between archive retention passes.
+    archive_expiry_interval: float = 60.0
     #: Accept CONNECTs without a username (else CONNACK 5, not authorized).
     allow_anonymous: bool = True
     #: username -> SHA-256 hex digest of the password; a wrong pair gets CONNACK 4.
@@ -155,6 +163,10 @@ def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
             raise ConfigError(f"unknown setting {where}{key!r}")
         if name == "data_dir" and value is not None:
             value = Path(value)
+        if name == "archive":
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise ConfigError("archive must be a list of topic filters")
+            value = tuple(value)
         kwargs[name] = value
     try:
         return kind(**kwargs)

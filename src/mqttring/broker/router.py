@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.session_store import SessionStore
@@ -39,6 +40,9 @@ from mqttring.protocol.topics import TopicTrie
 
 
 class Router(Protocol):
+    #: The telemetry archive the owner side appends to (None when not configured).
+    archive: TelemetryArchive | None
+
     async def publish(self, message: Message) -> None:
         """Route one application message; returns once it is accepted (see module doc)."""
 
@@ -75,10 +79,14 @@ class LocalRouter:
         self._wake = wake
         self._clock = clock
         self.subscriptions: TopicTrie[str, int] = TopicTrie()
+        #: Set by the server when ``config.archive`` lists topic filters.
+        self.archive: TelemetryArchive | None = None
 
     async def publish(self, message: Message) -> None:
         if message.retain:
             await self._retained.update(message, persist=not message.topic.startswith("$SYS/"))
+        if self.archive is not None:
+            await self.archive.append(message)
         to_persist = self.deliver_local(message)
         if to_persist:
             await self._session_store.save_changes(to_persist, Durability.DURABLE)

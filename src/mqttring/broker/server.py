@@ -18,24 +18,29 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket
 
+from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.client import ClientHandler
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter, Router
 from mqttring.broker.session_store import SessionStore
+from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.sys_topics import publish_sys_topics
 from mqttring.broker.transport import TcpTransport, WebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
+from mqttring.ring.hashing import shard_of
 
 if TYPE_CHECKING:
     from mqttring.cluster.plane import DataPlane
@@ -69,6 +74,8 @@ class MqttRingBroker:
         self._thread_scope: trio.CancelScope | None = None
         #: The cluster data plane, when ``config.cluster`` is set.
         self.plane: DataPlane | None = None
+        #: The telemetry archive, when ``config.archive`` lists topic filters.
+        self.archive: TelemetryArchive | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -108,6 +115,8 @@ class MqttRingBroker:
                              n_retained, n_sessions)
                 router = core.router
                 self.router = router
+                if config.archive and store is not None:
+                    self.archive = self._start_archive(nursery, store)
                 mqtt_port = ws_port = None
                 if config.mqtt is not None:
                     host, port = parse_hostport(config.mqtt)
@@ -143,6 +152,22 @@ class MqttRingBroker:
         finally:
             with trio.CancelScope(shield=True):
                 await self._close_store()
+
+    def _start_archive(self, nursery: trio.Nursery, store: LsmStore) -> TelemetryArchive:
+        config, plane = self.config, self.plane
+        if plane is not None:
+            writer: ShardWriter = plane.replicator
+            shard_for_topic = plane.retained.shard_for_topic
+            owned: Callable[[], Iterable[int]] = lambda: sorted(plane.held)  # noqa: E731
+        else:
+            writer = LocalShardWriter(store)
+            shard_for_topic = partial(shard_of, num_shards=config.num_shards)
+            owned = lambda: range(config.num_shards)  # noqa: E731
+        archive = TelemetryArchive(config.archive, store, writer, shard_for_topic,
+                                   config.archive_max_age, config.archive_max_bytes)
+        self.router.archive = archive  # type: ignore[union-attr]
+        nursery.start_soon(archive.run_expiry, config.archive_expiry_interval, owned)
+        return archive
 
     async def _close_store(self) -> None:
         core, store = self.core, self.store

@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
@@ -80,6 +81,8 @@ class ClusterRouter:
         #: Local subscriptions per (filter, route target); a route is registered while > 0.
         self.local_filters: dict[tuple[str, str], int] = {}
         self._view_changed = trio.Event()
+        #: Set by the server when ``config.archive`` lists topic filters (owner side only).
+        self.archive: TelemetryArchive | None = None
 
     # -- publish: edge side -----------------------------------------------------------------
 
@@ -129,6 +132,8 @@ class ClusterRouter:
             await self.retained_store.update(
                 message, persist=not message.topic.startswith("$SYS/")
             )
+        if self.archive is not None:
+            await self.archive.append(message)
         by_node = self.resolve(self.routes.nodes_for(message.topic), view)
         acked: list[tuple[str, list[int]]] = []
         local_shards: list[int] | None = None
@@ -209,6 +214,8 @@ class ClusterRouter:
         owner = view.owner(view.shard_for_topic(topic))
         if req == 0 and qos == 0 and not retain and owner == self.node_id:
             # The hot path: QoS 0, handled inline so that arrival order is kept.
+            if self.archive is not None:
+                self.spawn(self.archive.append, message)
             for target, shards in self.resolve(self.routes.nodes_for(topic), view).items():
                 if target == self.node_id:
                     self.local.deliver_local(message)

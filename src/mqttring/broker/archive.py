@@ -1,0 +1,150 @@
+"""Opt-in telemetry archive: published messages on configured topics, kept for analytics.
+
+Operators list topic filters (``archive = ["sensors/#"]``); every message published to a
+matching topic is appended at its shard's owner, so each message is archived once however
+many nodes it crosses.  Keys are ``shard | time (ns, 8 bytes) | sequence (4 bytes)``: one
+shard's archive is one time-ordered range scan, which is what the Spark export reads.
+
+Writes use the *lazy* durability class: the publish path never waits for an fsync for the
+archive (a process kill loses nothing already written; a power loss may lose the last
+``lazy_sync_ms``).  Retention is enforced in the background by age and by total size,
+oldest first; the size is tracked incrementally (one scan at start-up).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Callable, Iterable
+
+import trio
+
+from mqttring.broker.shard_writes import Op, ShardWriter
+from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.protocol.session import Message
+from mqttring.protocol.topics import TopicTrie, validate_topic_filter
+
+log = logging.getLogger("mqttring.archive")
+
+_DB = "archive"
+_STAMP = struct.Struct(">QI")
+#: Rows per delete batch during expiry, so one pass never holds the store for long.
+_EXPIRY_BATCH = 5000
+
+
+def archive_key(shard: int, time_ns: int, seq: int) -> bytes:
+    return shard_key(shard, _STAMP.pack(time_ns, seq & 0xFFFFFFFF))
+
+
+def key_time_ns(key: bytes) -> int:
+    return int(_STAMP.unpack_from(key, 2)[0])
+
+
+class TelemetryArchive:
+    def __init__(
+        self,
+        filters: Iterable[str],
+        store: LsmStore,
+        writer: ShardWriter,
+        shard_for_topic: Callable[[str], int],
+        max_age: float,
+        max_bytes: int,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._filters: TopicTrie[str, int] = TopicTrie()
+        for topic_filter in filters:
+            validate_topic_filter(topic_filter)
+            self._filters.add(topic_filter, topic_filter, 1)
+        self._store = store
+        self._writer = writer
+        self._shard_for_topic = shard_for_topic
+        self.max_age = max_age
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._seq = itertools.count()
+        self.bytes = 0
+        self.appended = 0
+        self.expired = 0
+
+    @property
+    def enabled(self) -> bool:
+        return len(self._filters) > 0
+
+    def matches(self, topic: str) -> bool:
+        return bool(self._filters.match(topic))
+
+    async def append(self, message: Message) -> None:
+        """Archive one message if its topic matches; never waits for a disk sync."""
+        if not self._filters.match(message.topic):
+            return
+        now = self._clock()
+        shard = self._shard_for_topic(message.topic)
+        value = [message.topic, message.payload, message.qos, message.retain, now]
+        op = Put(_DB, archive_key(shard, now, next(self._seq)), value)
+        self.bytes += len(message.payload) + len(message.topic)
+        self.appended += 1
+        await self._writer.write([(shard, [op])], Durability.LAZY)
+
+    # -- retention --------------------------------------------------------------------------
+
+    async def measure(self) -> None:
+        """Size of what is already archived (once, at start-up)."""
+        rows = await self._store.scan(_DB)
+        self.bytes = sum(len(v[1]) + len(v[0]) for _, v in rows)
+
+    async def run_expiry(self, interval: float, shards: Callable[[], Iterable[int]]) -> None:
+        """Runs until cancelled: expire by age, then by size, every ``interval`` seconds."""
+        await self.measure()
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.expire(list(shards()))
+            except Exception:
+                log.exception("archive expiry pass failed")
+
+    async def expire(self, shards: list[int]) -> int:
+        removed = 0
+        if self.max_age > 0:
+            cutoff = self._clock() - int(self.max_age * 1e9)
+            for shard in shards:
+                removed += await self._delete_range(shard, cutoff)
+        if self.max_bytes > 0 and self.bytes > self.max_bytes:
+            removed += await self._shrink(shards)
+        self.expired += removed
+        return removed
+
+    async def _delete_range(self, shard: int, cutoff_ns: int) -> int:
+        end = archive_key(shard, max(cutoff_ns, 0), 0)
+        removed = 0
+        while True:
+            rows = await self._store.scan(_DB, shard_key(shard), end=end, limit=_EXPIRY_BATCH)
+            if not rows:
+                return removed
+            await self._delete(shard, rows)
+            removed += len(rows)
+
+    async def _delete(self, shard: int, rows: list[tuple[bytes, list]]) -> None:
+        ops: list[Op] = [Delete(_DB, key) for key, _ in rows]
+        self.bytes -= sum(len(v[1]) + len(v[0]) for _, v in rows)
+        await self._writer.write([(shard, ops)], Durability.LAZY)
+
+    async def _shrink(self, shards: list[int]) -> int:
+        """Delete the globally oldest rows until the archive fits in ``max_bytes``."""
+        stamps: list[tuple[int, int, int]] = []  # (time, size, shard)
+        for shard in shards:
+            for key, value in await self._store.scan(_DB, shard_key(shard)):
+                stamps.append((key_time_ns(key), len(value[1]) + len(value[0]), shard))
+        stamps.sort()
+        excess = self.bytes - self.max_bytes
+        cutoff_ns = 0
+        for stamp, size, _ in stamps:
+            if excess <= 0:
+                break
+            excess -= size
+            cutoff_ns = stamp + 1
+        removed = 0
+        for shard in shards:
+            removed += await self._delete_range(shard, cutoff_ns)
+        return removed
