@@ -779,6 +779,51 @@ def test_encode_refuses_what_decode_would_reject(
     assert info.value.rule == rule
 
 
+wild_text = st.text(st.sampled_from(["a", "/", "+", "#", "\x00", "\ud800", "ü", "$"]), max_size=6)
+
+
+@st.composite
+def anything_constructible(draw: st.DrawFn) -> Packet:
+    """Packets built from unrestricted text: whatever the dataclasses let through."""
+    build = draw(
+        st.sampled_from(
+            [
+                lambda: Publish(draw(wild_text), b"p"),
+                lambda: Subscribe(1, ((draw(wild_text), draw(qos_values)),)),
+                lambda: Unsubscribe(1, (draw(wild_text),)),
+                lambda: Connect(
+                    draw(wild_text),
+                    will=Will(draw(wild_text), b"w"),
+                    username=draw(st.none() | wild_text),
+                    protocol_name=draw(st.sampled_from(["MQTT", "MQIsdp", "MQTX"])),
+                    protocol_level=draw(st.sampled_from([3, 4])),
+                ),
+            ]
+        )
+    )
+    return build()
+
+
+@given(anything_constructible())
+@settings(max_examples=1000)
+def test_encode_either_refuses_or_round_trips(packet: Packet) -> None:
+    """The encoder never emits bytes that the decoder (a peer) would reject."""
+    try:
+        wire = encode(packet)
+    except MalformedPacket:
+        return
+    if (
+        isinstance(packet, Connect)
+        and packet.protocol_name == "MQTT"
+        and packet.protocol_level != 4
+    ):
+        # By design another revision decodes to its level only (the session refuses it).
+        packet = Connect(
+            "", packet.clean_session, packet.keepalive, protocol_level=packet.protocol_level
+        )
+    assert decode(wire) == packet
+
+
 def test_encode_rejects_non_packets() -> None:
     with pytest.raises(TypeError):
         encode("PINGREQ")  # type: ignore[arg-type]
