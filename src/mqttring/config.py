@@ -89,6 +89,9 @@ class BrokerConfig:
     allow_anonymous: bool = True
     #: username -> SHA-256 hex digest of the password; a wrong pair gets CONNACK 4.
     users: dict[str, str] | None = None
+    #: Admin RPC (stats, snapshots) of a single node, HOST:PORT; needs ``cluster_secret``.
+    #: A cluster node serves the same requests on its ``cluster`` address.
+    admin: str | None = None
     # Cluster settings (used when a node joins or forms a cluster).
     cluster: str | None = None
     raft: str | None = None
@@ -105,7 +108,7 @@ class BrokerConfig:
     leave_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("mqtt", "ws", "cluster", "raft", "join"):
+        for name in ("mqtt", "ws", "cluster", "raft", "join", "admin"):
             value = getattr(self, name)
             if value is not None:
                 parse_hostport(value)

@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, help="where the node store lives (./data)")
     parser.add_argument("--sys-interval", type=float, help="seconds between $SYS updates")
     parser.add_argument("--cluster", help="HOST:PORT for inter-node links and the admin RPC")
+    parser.add_argument("--admin", help="single node: HOST:PORT of the admin RPC (snapshots)")
     parser.add_argument("--raft", help="HOST:PORT for Raft (default: cluster port + 1)")
     parser.add_argument("--join", help="HOST:PORT (cluster address) of any existing member")
     parser.add_argument(
@@ -62,6 +63,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "data_dir": args.data_dir,
         "sys_interval": args.sys_interval,
         "cluster": args.cluster,
+        "admin": args.admin,
         "raft": args.raft,
         "join": args.join,
         "cluster_secret": args.cluster_secret,
@@ -88,7 +90,8 @@ async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None
                 _write_ready_file(
                     ready_file,
                     {"mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
-                     "node_id": config.node_id, "cluster": config.cluster},
+                     "node_id": config.node_id, "cluster": config.cluster,
+                     "admin": broker.admin_port},
                 )
             async for signum in signals:
                 log.info("signal %s: shutting down", signal.Signals(signum).name)

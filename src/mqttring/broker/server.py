@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Self
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket
 
+from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.client import ClientHandler
 from mqttring.broker.core import BrokerCore
@@ -40,6 +41,8 @@ from mqttring.broker.sys_topics import publish_sys_topics
 from mqttring.broker.transport import TcpTransport, WebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
+from mqttring.raft.rpc import RpcServer, derive_key
+from mqttring.raft.service import RPC_KEY_PURPOSE, cluster_secret
 from mqttring.ring.hashing import shard_of
 
 if TYPE_CHECKING:
@@ -76,6 +79,9 @@ class MqttRingBroker:
         self.plane: DataPlane | None = None
         #: The telemetry archive, when ``config.archive`` lists topic filters.
         self.archive: TelemetryArchive | None = None
+        #: The admin RPC server (the cluster RPC in a cluster, ``config.admin`` alone).
+        self.admin: RpcServer | None = None
+        self.admin_port: int | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -103,6 +109,8 @@ class MqttRingBroker:
                     plane = DataPlane(config, store, core, self.metrics)
                     self.plane = plane
                     retained = plane.retained
+                    self.admin = plane.metadata.rpc
+                    register_admin(self.admin, self)
                     await nursery.start(plane.run)
                 else:
                     retained = RetainedStore(store, config.num_shards)
@@ -117,6 +125,12 @@ class MqttRingBroker:
                 self.router = router
                 if config.archive and store is not None:
                     self.archive = self._start_archive(nursery, store)
+                if config.admin is not None and self.plane is None:
+                    self.admin = RpcServer(
+                        derive_key(cluster_secret(config), RPC_KEY_PURPOSE), config.node_id
+                    )
+                    register_admin(self.admin, self)
+                    self.admin_port = await nursery.start(self.admin.serve, config.admin)
                 mqtt_port = ws_port = None
                 if config.mqtt is not None:
                     host, port = parse_hostport(config.mqtt)
