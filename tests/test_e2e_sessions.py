@@ -177,3 +177,42 @@ def test_unacked_outbound_redelivered_after_node_restart(node_factory, paho_any,
     finally:
         c2.close()
     assert node.terminate() == 0
+
+
+def test_qos2_pubrec_state_survives_kill9(node_factory, paho_any, uid):
+    """Exactly once across a crash (4.3.3 + 4.4): a QoS 2 PUBLISH that the node PUBREC'd is
+    owned by the node (the sender has discarded it).  After kill -9 and restart, the
+    publisher resumes with PUBREL (4.4: it re-sends PUBREL, not PUBLISH), gets PUBCOMP, and
+    the offline persistent subscriber receives the message exactly once."""
+    from mqtt_client import PUBCOMP, PUBREC, RawClient, publish, pubrel
+
+    topic, sub_id, pub_id = uid("eo"), uid("sub"), uid("pub")
+    node = node_factory()
+    handle = node.start()
+    s = paho_any(handle, sub_id, clean_session=False)
+    s.connect()
+    s.subscribe([(topic, 2)])
+    s.disconnect()
+    p = RawClient(handle.host, handle.port)
+    try:
+        assert p.connect(pub_id, clean_session=False).return_code == 0
+        p.send(publish(topic, b"exactly-once", qos=2, packet_id=5))
+        assert p.expect(PUBREC).packet_id == 5
+    finally:
+        p.close()
+    node.kill9()
+    handle = node.start()
+    p2 = RawClient(handle.host, handle.port)
+    try:
+        ack = p2.connect(pub_id, clean_session=False)
+        assert (ack.return_code, ack.session_present) == (0, True)
+        p2.send(pubrel(5))
+        comp = p2.expect(PUBCOMP)
+        assert comp.packet_id == 5
+    finally:
+        p2.close()
+    back = paho_any(handle, sub_id, clean_session=False)
+    assert back.connect() is True
+    got = back.collect(1, timeout=5) + back.drain(1.0)
+    assert [(m.payload, m.qos) for m in got] == [(b"exactly-once", 2)]
+    node.kill9()

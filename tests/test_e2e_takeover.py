@@ -100,3 +100,17 @@ def test_takeover_resends_inflight_on_new_connection(raw, paho, uid):
     assert (again.payload, again.packet_id, again.dup) == (b"unacked", p.packet_id, True)
     second.send(puback(again.packet_id))
     assert first.wait_closed(5)
+
+
+def test_any_packet_resets_keepalive(raw, uid):
+    """3.1.2.10: the timer runs from the last Control Packet received, not only PINGREQ: a
+    client publishing QoS 0 every 0.5 s with Keep Alive 1 stays connected for 4 s."""
+    from mqtt_client import publish
+
+    c = raw()
+    assert c.connect(uid("busy"), keepalive=1).return_code == 0
+    for _ in range(8):
+        time.sleep(0.5)
+        assert c.try_send(publish(uid("busy"), b"tick")), "connection closed while active"
+    c.send(PINGREQ_BYTES)
+    assert c.expect(PINGRESP)

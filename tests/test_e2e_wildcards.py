@@ -150,3 +150,48 @@ def test_resubscribe_replaces_qos_and_unsubscribe_unknown(raw, paho, uid):
     c.send(unsubscribe(77, [uid("never-subscribed")]))
     ack = c.expect(UNSUBACK)
     assert (ack.flags, ack.packet_id) == (0, 77)
+
+
+def test_unsubscribe_compares_filters_literally(raw, paho, uid):
+    """[MQTT-3.10.4-1]: UNSUBSCRIBE filters are compared character by character with the
+    existing ones: removing 'a/b' leaves 'a/+' and 'a/#' in place (one delivery, QoS = max of
+    the remaining), and removing 'a/#' does not remove 'a/b'."""
+    from mqtt_client import UNSUBACK, unsubscribe
+
+    root = uid("lit")
+    c = raw()
+    assert c.connect(uid("c")).return_code == 0
+    assert c.subscribe([(f"{root}/b", 2), (f"{root}/+", 1), (f"{root}/#", 0)]) == [2, 1, 0]
+    c.send(unsubscribe(5, [f"{root}/b"]))
+    assert c.expect(UNSUBACK).packet_id == 5
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(f"{root}/b", b"1", qos=2)
+    p = c.expect(PUBLISH)
+    assert (p.payload, p.qos) == (b"1", 1), "'a/+' (QoS 1) must still match"
+    c.send(puback(p.packet_id))
+    assert c.no_packet_within(0.5) is None
+    c.send(unsubscribe(6, [f"{root}/+", f"{root}/#"]))
+    assert c.expect(UNSUBACK).packet_id == 6
+    pub.publish(f"{root}/b", b"2", qos=2)
+    assert c.no_packet_within(0.7) is None, "all matching filters were unsubscribed"
+
+
+def test_fan_out_to_many_subscribers(raw, paho, uid):
+    """One PUBLISH reaches every one of 60 subscribers (via exact, '+' and '#' filters) once."""
+    root = uid("fan")
+    filters = [f"{root}/x", f"{root}/+", f"{root}/#"]
+    subs = []
+    for i in range(60):
+        c = raw()
+        assert c.connect(uid(f"f{i}")).return_code == 0
+        assert c.subscribe([(filters[i % 3], 1)]) == [1]
+        subs.append(c)
+    pub = paho(uid("pub"))
+    pub.connect()
+    pub.publish(f"{root}/x", b"all", qos=1)
+    for c in subs:
+        p = c.expect(PUBLISH)
+        assert (p.payload, p.qos) == (b"all", 1)
+    for c in subs[:5]:
+        assert c.no_packet_within(0.1) is None
