@@ -106,3 +106,40 @@ async def test_text_frame_closes_connection(broker, uid):
         with trio.fail_after(5), pytest.raises(ConnectionClosed):
             while True:
                 await ws.get_message()
+
+
+async def test_subprotocol_selected_from_list_and_will_on_ws_close(broker, paho, uid):
+    """[MQTT-6.0.0-4]: with several offered subprotocols the server selects "mqtt"; closing the
+    WebSocket without an MQTT DISCONNECT publishes the will (3.1.2.5)."""
+    topic = uid("wswill")
+    watcher = paho(uid("watch"))
+    await trio.to_thread.run_sync(watcher.connect)
+    await trio.to_thread.run_sync(watcher.subscribe, topic, 1)
+    url = f"ws://{broker.host}:{broker.ws_port}/mqtt"
+    decoder = StreamDecoder()
+    async with open_websocket_url(url, subprotocols=["x-unknown", "mqtt"]) as ws:
+        assert ws.subprotocol == "mqtt"
+        await ws.send_message(connect(uid("w"), will=(topic, b"ws-gone", 1, False)))
+        assert (await _recv_packet(ws, decoder)).return_code == 0
+    msg = await trio.to_thread.run_sync(watcher.get)
+    assert (msg.topic, msg.payload) == (topic, b"ws-gone")
+
+
+async def test_malformed_packet_over_websocket_closes_only_it(broker, paho, uid):
+    """4.8 over WebSocket: a malformed packet closes that connection; TCP clients continue."""
+    topic = uid("wsbad")
+    good = paho(uid("good"))
+    await trio.to_thread.run_sync(good.connect)
+    await trio.to_thread.run_sync(good.subscribe, topic, 0)
+    url = f"ws://{broker.host}:{broker.ws_port}/mqtt"
+    decoder = StreamDecoder()
+    async with open_websocket_url(url, subprotocols=["mqtt"]) as ws:
+        await ws.send_message(connect(uid("bad")))
+        assert (await _recv_packet(ws, decoder)).type == CONNACK
+        await ws.send_message(publish(topic, b"x", qos=3, packet_id=1))
+        with trio.fail_after(5), pytest.raises(ConnectionClosed):
+            while True:
+                await ws.get_message()
+    await trio.to_thread.run_sync(lambda: good.publish(topic, b"ok", qos=1))
+    msg = await trio.to_thread.run_sync(good.get)
+    assert msg.payload == b"ok"
