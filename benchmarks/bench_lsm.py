@@ -234,7 +234,7 @@ def main() -> None:
             "quick": args.quick,
             "machine": {"python": sys.version.split()[0], "lmdb": lmdb.__version__,
                         "cpus": os.cpu_count(), "platform": platform.platform(),
-                        "dir": str(root)},
+                        "dir": str(root), "loadavg_start": os.getloadavg()},
             "value_bytes": len(json.dumps(VALUE, default=str)),
         }
         print(f"bench dir {root}", flush=True)
@@ -256,6 +256,7 @@ def main() -> None:
         results["target_30k_at_100_writers_met"] = durable100["puts_per_s"] >= 30_000
         results["speedup_100_writers_vs_baseline"] = (durable100["puts_per_s"]
                                                       / results["baseline"]["puts_per_s"])
+        results["machine"]["loadavg_end"] = os.getloadavg()
         results["median_durable_p50_ms"] = statistics.median(
             r["latency_p50_ms"] for r in results["durable"])
     finally:

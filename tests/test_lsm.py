@@ -376,3 +376,36 @@ async def test_async_get_falls_back_to_thread_while_map_growth_pending(tmp_path)
             await trio.sleep(0.02)  # the loop is still running while get waits in a thread
             gate.leave()
         assert await store.get("meta", b"k") == "v"
+
+
+def test_scans_never_see_half_a_write(tmp_path):
+    # Every write sets a and b to n and one of c0..c6 to n: a scan that is the exact state at
+    # one sequence shows a == b, no c newer than a, and c(a % 7) == a, whether rows come from
+    # the memtable, from LMDB, or from a commit landing during the scan.
+    stop = threading.Event()
+    with LsmStore(tmp_path / "s") as store:
+        def writer() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                store.write_sync([Put("sessions", b"a", n), Put("sessions", b"b", n),
+                                  Put("sessions", b"c%d" % (n % 7), n)],
+                                 LAZY if n % 3 else Durability.DURABLE)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            seen = set()
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                rows = dict(store.scan_sync("sessions"))
+                if rows:
+                    n = rows[b"a"]
+                    assert rows[b"b"] == n, rows
+                    assert rows[b"c%d" % (n % 7)] == n, rows
+                    assert all(v <= n for k, v in rows.items() if k.startswith(b"c")), rows
+                    seen.add(n)
+        finally:
+            stop.set()
+            thread.join()
+        assert len(seen) > 10
