@@ -21,10 +21,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -54,17 +52,7 @@ class BrokerHandle:
     data_dir: Path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def _start_inprocess(data_dir: Path, sys_interval: float, ws: bool, limits: dict[str, Any]):
-    if os.environ.get("MQTTRING_E2E_BROKER") == "mosquitto":  # TEMP-MOSQ
-        from _mosquitto_target import Mosq  # TEMP-MOSQ
-        m = Mosq(data_dir, sys_interval, ws, limits)  # TEMP-MOSQ
-        return m, BrokerHandle(HOST, m.port, m.ws_port, data_dir)  # TEMP-MOSQ
     from mqttring import BrokerConfig, Limits, MqttRingBroker
 
     config = BrokerConfig(
@@ -143,16 +131,6 @@ class NodeProcess:
         ]  # fmt: skip
         if self.ws:
             cmd += ["--ws", f"{HOST}:0"]
-        if os.environ.get("MQTTRING_E2E_BROKER") == "mosquitto":  # TEMP-MOSQ
-            from _mosquitto_target import free_port as fp  # TEMP-MOSQ
-            from _mosquitto_target import wait_port, write_conf
-            if not self.port:  # TEMP-MOSQ
-                self.port = fp()  # TEMP-MOSQ
-            conf = write_conf(self.data_dir, self.port, None, 1, {})  # TEMP-MOSQ
-            self.proc = subprocess.Popen(["mosquitto", "-c", str(conf)])  # TEMP-MOSQ
-            wait_port(self.port, self.proc)  # TEMP-MOSQ
-            self.pid = self.proc.pid  # TEMP-MOSQ
-            return self.handle  # TEMP-MOSQ
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== start {self.starts}: {' '.join(cmd)}\n".encode())
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
