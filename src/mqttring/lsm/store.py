@@ -346,27 +346,32 @@ class LsmStore:
         def read(txn: lmdb.Transaction,
                  mem: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, Any]]:
             out: list[tuple[bytes, Any]] = []
+            want = -1 if limit is None else limit
             i, n = 0, len(mem)
             with txn.cursor(db=handle) as cur:
-                more = cur.set_range(low)
-                while limit is None or len(out) < limit:
-                    lkey: bytes | None = None
-                    if more:
-                        lkey = bytes(cur.key())
-                        if high is not None and lkey >= high:
-                            lkey, more = None, False
-                    mkey = mem[i][0] if i < n else None
-                    if mkey is not None and (lkey is None or mkey <= lkey):
-                        blob = mem[i][1]
+                rows = cur.iternext() if cur.set_range(low) else iter(())
+                for raw_key, blob in rows:
+                    key = bytes(raw_key)
+                    if high is not None and key >= high:
+                        break
+                    # Memtable entries sort in front of (or replace) the LMDB row.
+                    while i < n and mem[i][0] <= key:
+                        mkey, mblob = mem[i]
                         i += 1
-                        if lkey == mkey:
-                            more = cur.next()
-                        if blob is not None:
-                            out.append((mkey, convert(blob)))
-                    elif lkey is not None:
-                        out.append((lkey, convert(cur.value())))
-                        more = cur.next()
+                        if mblob is not None:
+                            out.append((mkey, convert(mblob)))
+                            if len(out) == want:
+                                return out
+                        if mkey == key:
+                            break
                     else:
+                        out.append((key, convert(blob)))
+                        if len(out) == want:
+                            return out
+            for mkey, mblob in mem[i:]:
+                if mblob is not None:
+                    out.append((mkey, convert(mblob)))
+                    if len(out) == want:
                         break
             return out
 
