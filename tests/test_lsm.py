@@ -409,3 +409,19 @@ def test_scans_never_see_half_a_write(tmp_path):
             stop.set()
             thread.join()
         assert len(seen) > 10
+
+
+def test_flusher_failure_reaches_every_writer(tmp_path):
+    store = LsmStore(tmp_path / "s")
+    store.start()
+    store.write_sync([Put("meta", b"k", 1)])
+    store._queue.hold(True)  # the flusher is idle and stays so...
+    store._env.close()  # ...while its LMDB environment dies under it, as with a failed disk
+    store._queue.hold(False)
+    with pytest.raises(StoreError, match="flusher failed"):
+        store.write_sync([Put("meta", b"k", 2)])  # never told "durable"
+    with pytest.raises(StoreError, match="flusher failed"):
+        store.write_sync([Put("meta", b"k", 3)], LAZY)
+    with pytest.raises(StoreError, match="flusher failed"):
+        store.snapshot_sync(tmp_path / "snap")
+    store.close()

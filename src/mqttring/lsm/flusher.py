@@ -250,6 +250,7 @@ class Flusher:
 
     def _run(self) -> None:
         q = self._queue
+        items: list[Batch | SnapshotRequest] = []
         try:
             while True:
                 timeout = None
@@ -265,7 +266,13 @@ class Flusher:
                 if q.stopping and not items:
                     break
         except BaseException as exc:
-            q.fail(StoreError(f"store flusher failed, writes are refused: {exc!r}"))
+            error = StoreError(f"store flusher failed, writes are refused: {exc!r}")
+            q.fail(error)
+            # Snapshot requests already taken off the queue wait on us, not on the queue.
+            for item in items:
+                if isinstance(item, SnapshotRequest) and not item.ready.is_set():
+                    item.error = error
+                    item.ready.set()
             if not isinstance(exc, Exception):
                 raise
 
