@@ -8,6 +8,7 @@ settings (heartbeat 0.2 s, grace 1.5 s, pysyncobj elections after 0.4-0.8 s).
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,6 +140,15 @@ async def test_kill_leader_elects_new_one_and_keeps_metadata(cluster: LocalClust
     assert set(view["members"]) == set(nodes)
     assert all(leader not in replicas for replicas, _ in view["shards"])
     check_shard_map(after)
+    # The old leader comes back with its Raft journal, dump and peers.json wiped: everything
+    # in them is rebuilt from the others (it joins through --join, same Raft address).
+    shutil.rmtree(cluster.procs[leader].data_dir / "raft")
+    cluster.start(leader, join=cluster.procs[survivors[0]].cluster)
+    await cluster.wait_ready(leader)
+    statuses = await agree(cluster, nodes, set(nodes))
+    mine = next(s for s in statuses if s["node_id"] == leader)
+    assert mine["view"]["members"][leader]["incarnation"] == 2
+    assert mine["view"]["pins"] == {"factory/line1": 7}
 
 
 async def test_kill_follower_marked_down_then_rejoins(cluster: LocalCluster) -> None:
