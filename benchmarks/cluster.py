@@ -34,7 +34,7 @@ from typing import Any
 from benchmarks import wire
 from benchmarks.brokers import BrokerHandle, _spawn, free_port, wait_listening
 from benchmarks.loadgen import ProtocolFailure, open_conn, read_frame, subscribe
-from benchmarks.scenarios import Params, WorkerSpec, stream
+from benchmarks.scenarios import CpuMeter, Params, WorkerSpec, stream
 
 CLUSTER_FLAGS = ("--join", "--cluster", "--cluster-secret")
 COUNTERS = (
@@ -66,7 +66,9 @@ def cluster_support(broker: BrokerHandle) -> str | None:
     return None
 
 
-def start_nodes(n: int, secret: str, timeout: float = 40.0) -> list[BrokerHandle]:
+def start_nodes(
+    n: int, secret: str, timeout: float = 40.0, sys_interval: float = 0.5
+) -> list[BrokerHandle]:
     """Start ``n`` nodes one after another (each joins the first); raise if one fails."""
     nodes: list[BrokerHandle] = []
     first_cluster = ""
@@ -93,7 +95,7 @@ def start_nodes(n: int, secret: str, timeout: float = 40.0) -> list[BrokerHandle
             "--data-dir",
             str(Path(h.tmpdir) / "data"),
             "--sys-interval",
-            "0.5",
+            str(sys_interval),
             "--log-level",
             "warning",
             "--ready-file",
@@ -238,6 +240,12 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         except (ProtocolFailure, OSError, ValueError) as exc:
             return {"status": "failed", "error": f"cluster set-up: {exc}"}
         whole = BrokerHandle("cluster", pid=nodes[0].pid, extra={"pids": [n.pid for n in nodes]})
+        # Background CPU of the idle cluster (Raft heartbeats, pollers, flushers): part of
+        # the per-delivery figure below, so it is shown on its own.
+        idle_meter = CpuMeter([n.pid for n in nodes], [])
+        a = idle_meter.snap()
+        time.sleep(1.0)
+        idle_cpu = CpuMeter.diff(a, idle_meter.snap())
         before = counters(nodes)
         load = _load(p, nodes[0], nodes[1:], topic, f"bench-{run_id}-cl", whole)
         time.sleep(1.2)  # $SYS values are refreshed every 0.5 s
@@ -258,6 +266,7 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         "probe_s": round(probe_s, 2),
         "counters_delta": delta,
         "publishes_counted": publishes,
+        "idle_cluster_cores": round(idle_cpu["broker_s"] / idle_cpu["elapsed_s"], 3),
         "cluster_load": load,
         "single_node_load": single,
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -23,15 +24,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loadgen
+from benchmarks import cluster, loadgen
 from benchmarks.__main__ import RESULTS, SCENARIOS
-from benchmarks.brokers import start_mqttring
+from benchmarks.brokers import BrokerHandle, start_mqttring
 from benchmarks.scenarios import Params
 
 
 def py_spy() -> str | None:
     exe = Path(sys.executable).parent / "py-spy"
     return str(exe) if exe.exists() else shutil.which("py-spy")
+
+
+#: Leaf frames where a thread sits blocked (py-spy cannot always tell a blocked thread from
+#: a running one): trio's idle epoll wait and thread cache, lock waits, pysyncobj's poller.
+WAITING = frozenset(
+    {
+        "Condition.wait (threading.py)",
+        "WorkerThread._work (trio/_core/_thread_cache.py)",
+        "PollPoller.poll (pysyncobj/poller.py)",
+        "EpollIOManager.get_events (trio/_core/_io_epoll.py)",
+        "Event.wait (threading.py)",
+        "Thread._wait_for_tstate_lock (threading.py)",
+    }
+)
 
 
 def hot_spots(raw: Path, top: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
@@ -42,7 +57,7 @@ def hot_spots(raw: Path, top: int) -> tuple[list[tuple[str, float]], list[tuple[
     """
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = waiting = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -52,6 +67,9 @@ def hot_spots(raw: Path, top: int) -> tuple[list[tuple[str, float]], list[tuple[
         frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";") if f]
         if not frames:
             continue
+        if frames[-1] in WAITING:
+            waiting += n
+            continue
         total += n
         own[frames[-1]] += n
         for f in set(frames):
@@ -59,6 +77,7 @@ def hot_spots(raw: Path, top: int) -> tuple[list[tuple[str, float]], list[tuple[
                 incl[f] += n
     if not total:
         return [], []
+    print(f"samples: {total} working, {waiting} in known waits (excluded)")
 
     def share(c: collections.Counter[str]) -> list[tuple[str, float]]:
         return [(f, round(100 * n / total, 1)) for f, n in c.most_common(top)]
@@ -72,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=int, default=10, help="seconds per py-spy recording")
     ap.add_argument("--out", default=str(RESULTS / "profile-fanin.svg"))
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument(
+        "--node",
+        type=int,
+        default=1,
+        choices=(1, 2, 3),
+        help="cluster scenario: which node to profile (1 has the publishers)",
+    )
     args = ap.parse_args(argv)
     spy = py_spy()
     if spy is None:
@@ -79,28 +105,43 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     loadgen.raise_nofile()
     p = replace(Params.quick(), warmup_s=1.0, measure_s=2 * args.duration + 6)
-    broker = start_mqttring()
-    if broker.unavailable:
-        print(f"mqttring not available: {broker.unavailable}", file=sys.stderr)
-        return 2
     result: dict[str, Any] = {}
+    svg = Path(args.out)
+    raw = svg.with_suffix(".txt")
+    handles: list[BrokerHandle] = []
     try:
-        t = threading.Thread(
-            target=lambda: result.update(SCENARIOS[args.scenario](broker, p, "prof")), daemon=True
-        )
+        if args.scenario == "cluster":
+            # Profile one node of a 3-node cluster under the cluster scenario's load.
+            handles = cluster.start_nodes(3, secrets.token_hex(8))
+            cluster.probe_cross_node(handles, "bench/prof/probe", 30)
+            whole = BrokerHandle("cluster", extra={"pids": [h.pid for h in handles]})
+            target = handles[args.node - 1]
+
+            def load() -> dict[str, Any]:
+                return cluster._load(p, handles[0], handles[1:], "bench/prof/cl", "prof", whole)
+        else:
+            target = start_mqttring()
+            handles = [target]
+            if target.unavailable:
+                print(f"mqttring not available: {target.unavailable}", file=sys.stderr)
+                return 2
+
+            def load() -> dict[str, Any]:
+                return SCENARIOS[args.scenario](target, p, "prof")
+
+        t = threading.Thread(target=lambda: result.update(load()), daemon=True)
         t.start()
         time.sleep(3)  # workers spawned, connected, warmed up
-        svg = Path(args.out)
-        raw = svg.with_suffix(".txt")
         for fmt, path in (("flamegraph", svg), ("raw", raw)):
             subprocess.run(
-                [spy, "record", "--pid", str(broker.pid), "--duration", str(args.duration),
+                [spy, "record", "--pid", str(target.pid), "--duration", str(args.duration),
                  "--rate", "200", "--format", fmt, "--output", str(path)],
                 check=False, timeout=args.duration + 60,
             )  # fmt: skip
         t.join(p.measure_s + 60)
     finally:
-        broker.stop()
+        for h in handles:
+            h.stop()
     own, incl = hot_spots(raw, args.top) if raw.exists() else ([], [])
     print(f"\nscenario result: {_short(result)}")
     print(f"\ntop {args.top} by own time (% of samples):")
