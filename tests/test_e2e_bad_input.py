@@ -56,6 +56,9 @@ AFTER_CONNECT = {
     "subscribe-hash-not-last": subscribe(1, [("a/#/b", 0)]),
     # [MQTT-4.7.1-3]: '+' must occupy an entire level.
     "subscribe-plus-inside-level": subscribe(1, [("a+", 0)]),
+    # [MQTT-4.7.3-1]: filters are at least one character long; [MQTT-1.5.3-2] no U+0000.
+    "subscribe-empty-filter": subscribe(1, [("", 0)]),
+    "subscribe-nul-in-filter": subscribe(1, [(b"a/\x00", 0)]),
     # [MQTT-3.10.3-2]: UNSUBSCRIBE with no topic filter.
     "unsubscribe-empty": packet(0xA2, struct.pack("!H", 2)),
     # [MQTT-3.6.1-1]: PUBREL flags must be 0010.

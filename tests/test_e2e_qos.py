@@ -330,3 +330,33 @@ def test_zero_length_payload_and_utf8_topic(paho, uid):
     pub.publish(topic, b"", qos=1)
     m = sub.get()
     assert (m.topic, m.payload) == (topic, b"")
+
+
+def test_outbound_packet_ids_never_zero_across_wraparound(raw, uid):
+    """[MQTT-2.3.1-1]: packet ids are 1..65535.  70 000 QoS 1 deliveries to one subscriber
+    (acknowledged as they come) force the broker's id counter past 65535: no id 0, no id
+    reused while still unacknowledged, every message delivered in order."""
+    topic = uid("wrap")
+    sub = raw()
+    assert sub.connect(uid("sub")).return_code == 0
+    assert sub.subscribe([(topic, 1)]) == [1]
+    pub = raw()
+    assert pub.connect(uid("pub")).return_code == 0
+    # Batches stay under the default max_queued (1000) so nothing is legitimately dropped;
+    # every delivery is acknowledged at once, so the default inflight window keeps moving.
+    total, batch = 70_000, 500
+    expected = 0
+    for start in range(0, total, batch):
+        pub.send(b"".join(
+            publish(topic, str(i).encode(), qos=1, packet_id=(i % 65535) + 1)
+            for i in range(start, start + batch)
+        ))  # fmt: skip
+        for _ in range(batch):
+            p = sub.expect(PUBLISH, timeout=10)
+            assert p.packet_id and 1 <= p.packet_id <= 0xFFFF, f"bad packet id {p.packet_id}"
+            assert int(p.payload) == expected, f"out of order at {expected}: {p!r}"
+            expected += 1
+            sub.send(puback(p.packet_id))
+        for _ in range(batch):
+            assert pub.expect(PUBACK, timeout=10)
+    assert expected == total

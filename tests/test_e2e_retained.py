@@ -57,17 +57,20 @@ def test_retained_delivered_at_min_qos_and_via_wildcard(paho, uid):
     pub.publish(f"{base}/a", b"qa2", qos=2, retain=True)
     pub.publish(f"{base}/b", b"qb1", qos=1, retain=True)
     pub.publish(f"{base}/c/d", b"qc0", qos=0, retain=True)
+    pub.publish(base, b"parent", qos=1, retain=True)  # 'base/#' matches 'base' too (4.7.1.2)
 
     for sub_qos in (0, 1, 2):
         s = paho(uid("s"))
         s.connect()
         s.subscribe(f"{base}/#", sub_qos)
-        got = {m.topic: (m.payload, m.qos, m.retain) for m in s.collect(3)}
+        got = {m.topic: (m.payload, m.qos, m.retain) for m in s.collect(4)}
         assert got == {
+            base: (b"parent", min(1, sub_qos), True),
             f"{base}/a": (b"qa2", min(2, sub_qos), True),
             f"{base}/b": (b"qb1", min(1, sub_qos), True),
             f"{base}/c/d": (b"qc0", 0, True),
         }
+        assert s.drain(0.2) == []
         s.disconnect()
     narrow = paho(uid("n"))
     narrow.connect()

@@ -216,3 +216,39 @@ def test_qos2_pubrec_state_survives_kill9(node_factory, paho_any, uid):
     got = back.collect(1, timeout=5) + back.drain(1.0)
     assert [(m.payload, m.qos) for m in got] == [(b"exactly-once", 2)]
     node.kill9()
+
+
+def test_qos2_outbound_pubrel_state_survives_clean_restart(node_factory, paho_any, uid):
+    """4.3.3/4.4 across a SIGTERM restart: a subscriber that PUBREC'd a QoS 2 message gets a
+    PUBREL (same id, flags 0010) after reconnecting to the restarted node, and no second
+    PUBLISH of that message."""
+    from mqtt_client import PUBREL, RawClient, pubcomp, pubrec
+
+    topic, cid = uid("rel"), uid("persist")
+    node = node_factory()
+    handle = node.start()
+    c = RawClient(handle.host, handle.port)
+    try:
+        assert c.connect(cid, clean_session=False).return_code == 0
+        assert c.subscribe([(topic, 2)]) == [2]
+        pub = paho_any(handle, uid("pub"))
+        pub.connect()
+        pub.publish(topic, b"q2", qos=2)
+        pub.close()
+        p = c.expect(PUBLISH)
+        c.send(pubrec(p.packet_id))
+        assert c.expect(PUBREL).packet_id == p.packet_id
+    finally:
+        c.close()
+    assert node.terminate() == 0
+    handle = node.start()
+    c2 = RawClient(handle.host, handle.port)
+    try:
+        assert c2.connect(cid, clean_session=False).session_present is True
+        rel = c2.expect(PUBREL)
+        assert (rel.flags, rel.packet_id) == (0x2, p.packet_id)
+        c2.send(pubcomp(p.packet_id))
+        assert c2.no_packet_within(0.7) is None, "the PUBREC'd message was published again"
+    finally:
+        c2.close()
+    assert node.terminate() == 0
