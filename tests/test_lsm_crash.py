@@ -109,5 +109,6 @@ def test_acknowledged_durable_writes_survive_sigkill(tmp_path):
                 assert value == value_for(key[len(b"lazy-"):])
         finally:
             store.close()
+    print(f"{rounds} SIGKILL rounds, {len(acknowledged)} acknowledged durable writes checked")
     assert rounds >= MIN_ROUNDS
     assert len(acknowledged) > 1000, "children must have acknowledged writes before dying"
