@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 
 #: Modules that provide ``register(subparsers)``.
-SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin")
+SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin",
+                                "mqttring.analytics.cli", "mqttring.spark.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,8 @@ from mqttring.config import BrokerConfig, ConfigError
 
 log = logging.getLogger("mqttring.node")
 
-LEAVE_TIMEOUT = 30.0
+#: Seconds past ``config.leave_timeout`` allowed for the last hand-offs and Raft removal.
+LEAVE_SLACK = 15.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +98,7 @@ async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None
                 log.info("signal %s: shutting down", signal.Signals(signum).name)
                 break
             if broker.plane is not None:
-                with trio.move_on_after(LEAVE_TIMEOUT):
+                with trio.move_on_after(config.leave_timeout + LEAVE_SLACK):
                     await broker.plane.leave()
             nursery.cancel_scope.cancel()
 

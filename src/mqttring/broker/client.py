@@ -35,9 +35,8 @@ FINAL_FLUSH_SECONDS = 5.0
 
 class ClientHandler:
     __slots__ = (
-        "_cancel_scope",
-        "_reader_done",
-        "_wakeup",
+        "_nursery",
+        "_writing",
         "clean_disconnect",
         "client_id",
         "conn",
@@ -61,36 +60,43 @@ class ClientHandler:
         self.will: Will | None = None
         self.clean_disconnect = False
         self.finished = False
-        self._wakeup = trio.Event()
-        self._reader_done = False
-        self._cancel_scope: trio.CancelScope | None = None
+        self._writing = False
+        self._nursery: trio.Nursery | None = None
 
     def wake(self) -> None:
-        self._wakeup.set()
+        """Output is pending: make sure a writer task is draining it."""
+        if not self._writing and self._nursery is not None:
+            self._writing = True
+            self._nursery.start_soon(self._writer)
 
     def kick(self) -> None:
         """Close this connection now (takeover, slow consumer, shutdown)."""
         self.conn.close()
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     async def run(self) -> None:
         core = self.core
+        timed_out = False
         try:
             async with trio.open_nursery() as nursery:
-                self._cancel_scope = nursery.cancel_scope
-                nursery.start_soon(self._writer)
+                self._nursery = nursery
                 try:
-                    await self._reader()
+                    await self._reader(nursery.cancel_scope)
                 finally:
-                    self._reader_done = True
-                    self._wakeup.set()
                     # The writer gets a bounded time to flush the last packets (a CONNACK
                     # refusal, a PUBACK) to a peer that may have stopped reading.
                     nursery.cancel_scope.deadline = trio.current_time() + FINAL_FLUSH_SECONDS
+                    if self.conn.pending_output:
+                        self.wake()
+            timed_out = nursery.cancel_scope.cancelled_caught and not self.conn.closed
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("connection %s: %s", self.transport.peer, exc)
         finally:
+            self._nursery = None
+            if timed_out:
+                log.debug("closing %s: timeout in state %s", self.transport.peer,
+                          self.conn.state.name)
             with trio.CancelScope(shield=True):
                 try:
                     await core.connection_lost(self)
@@ -99,7 +105,13 @@ class ClientHandler:
                         with contextlib.suppress(trio.BrokenResourceError, OSError):
                             await self.transport.aclose()
 
-    async def _reader(self) -> None:
+    async def _reader(self, timer: trio.CancelScope) -> None:
+        """Feed the protocol machine until the peer leaves, breaks a rule or times out.
+
+        ``timer`` is the connection's own scope: its deadline is the receive timeout while
+        waiting for bytes and infinite while they are handled (a timeout must never cut a
+        store write or a routing step short); expiring cancels the whole connection.
+        """
         core = self.core
         conn = self.conn
         metrics = core.metrics
@@ -107,16 +119,11 @@ class ClientHandler:
         connect_deadline = trio.current_time() + core.limits.connect_timeout
         while True:
             if conn.state is ConnState.AWAIT_CONNECT:
-                deadline = connect_deadline
+                timer.deadline = connect_deadline
             elif conn.keepalive:
-                deadline = trio.current_time() + 1.5 * conn.keepalive
-            else:
-                deadline = math.inf
-            with trio.move_on_at(deadline) as timer:
-                data = await transport.receive()
-            if timer.cancelled_caught:
-                log.debug("closing %s: timeout in state %s", transport.peer, conn.state.name)
-                return
+                timer.deadline = trio.current_time() + 1.5 * conn.keepalive
+            data = await transport.receive()
+            timer.deadline = math.inf
             if not data:
                 return  # peer closed
             metrics.bytes_received += len(data)
@@ -129,20 +136,21 @@ class ClientHandler:
             if events:
                 await core.handle(self, events)
             if conn.pending_output:
-                self._wakeup.set()
+                self.wake()
             if conn.closed:
                 return
 
     async def _writer(self) -> None:
+        """Drain the output buffer, one send per batch, then exit (idle costs no task)."""
         conn = self.conn
         metrics = self.core.metrics
         transport = self.transport
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            data = conn.data_to_send()
-            if data:
+        try:
+            while True:
+                data = conn.data_to_send()
+                if not data:
+                    return
                 metrics.bytes_sent += len(data)
                 await transport.send(data)
-            if self._reader_done and not conn.pending_output:
-                return
+        finally:
+            self._writing = False

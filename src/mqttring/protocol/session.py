@@ -35,7 +35,6 @@ else the oldest QoS 1/2 message, and counts it in ``dropped``).
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import ClassVar
@@ -153,7 +152,9 @@ class Session:
     subscriptions: dict[str, int] = field(default_factory=dict)
     #: Inflight outbound messages by packet id, in the order they were sent.
     inflight: dict[int, Outbound] = field(default_factory=dict)
-    queue: deque[Outbound] = field(default_factory=deque)
+    #: Waiting messages, oldest first.  A list, not a deque: an empty deque costs ~600 bytes
+    #: per session, and the queue is bounded (``max_queued``) and drained in batches.
+    queue: list[Outbound] = field(default_factory=list)
     #: Packet ids of inbound QoS 2 messages between PUBLISH and PUBREL.
     inbound_qos2: set[int] = field(default_factory=set)
     next_seq: int = 1
@@ -209,7 +210,7 @@ class Session:
         """Drop queued (not inflight) messages past their deadline; returns how many."""
         if self.limits.message_ttl <= 0 or not self.queue:
             return 0
-        kept: deque[Outbound] = deque()
+        kept: list[Outbound] = []
         expired = 0
         for entry in self.queue:
             if 0 < entry.expires_at <= now:
@@ -245,8 +246,11 @@ class Session:
         queue = self.queue
         inflight = self.inflight
         window = self.limits.max_inflight
-        while queue and (queue[0].qos == 0 or len(inflight) < window):
-            entry = queue.popleft()
+        taken = 0
+        for entry in queue:
+            if entry.qos and len(inflight) >= window:
+                break
+            taken += 1
             if entry.qos == 0:
                 out += entry.message.encode_qos0(entry.retain)
                 continue
@@ -257,6 +261,8 @@ class Session:
             if self.persistent:
                 self._dirty[entry.seq] = entry
             out += entry.message.encode(entry.qos, entry.retain, False, pid)
+        if taken:
+            del queue[:taken]
 
     # -- connection lifecycle ---------------------------------------------------------------
 
