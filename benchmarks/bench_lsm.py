@@ -216,6 +216,11 @@ def plot(results: dict, dest: Path) -> None:
                     f"snapshot of {bulk['rows'] / 1e6:g}M rows {bulk['snapshot_seconds']:.1f}s",
                     fontsize=9)
     right.legend(fontsize=8)
+    machine = results["machine"]
+    fig.suptitle(f"mqttring LsmStore, {machine['cpus']} CPUs, load average "
+                 f"{machine['loadavg_start'][0]:.1f} at start, "
+                 f"{machine.get('loadavg_end', [float('nan')])[0]:.1f} at end"
+                 f"{' (quick)' if results['quick'] else ''}", fontsize=10)
     fig.tight_layout()
     fig.savefig(dest, dpi=110)
 
