@@ -23,19 +23,23 @@ Read path: memtable first (an entry there is newer than LMDB, a tombstone hides 
 row), then a fresh LMDB read transaction.  Because the flusher removes a memtable entry only
 after the commit holding it (or a newer version) is visible, a reader that misses the
 memtable and then opens a read transaction cannot see an older value than the one it missed.
+A scan copies its memtable range and begins its read transaction under one lock hold, so it
+is the exact state at one sequence number (no write can be queued in between, and a commit
+landing in between only carries writes whose memtable entries were copied).
 
 Invariants:
 - Every ``write`` is atomic (one batch, one transaction) and writes apply in sequence order.
 - A DURABLE ``write`` returns only when ``synced_seq >= its seq``; if the flusher fails it
   raises StoreError instead, never returns a sequence that is not on disk.
-- Pending (uncommitted) encoded bytes stay below ``memtable_max_bytes`` except for a single
+- Pending (uncommitted) encoded bytes stay at or below ``memtable_max_bytes`` except for one
   oversized write; writers wait (back-pressure) rather than grow memory without bound.
 - Only the flusher thread opens write transactions after start-up, and it grows the map
   between transactions with all readers held off (``MapGate``).
 
 Must never: block the trio event loop on I/O or on the flusher (async reads that cannot
 enter the gate at once, scans, snapshots and expiry run in worker threads; the queue lock
-is held only for in-memory bookkeeping), acknowledge a durable write before its fsync, or
+is held only for in-memory bookkeeping, plus at most 512 mmap point reads in ``expire``'s
+compare-and-delete step), acknowledge a durable write before its fsync, or
 open a write transaction on a thread other than the one that commits it.
 """
 
