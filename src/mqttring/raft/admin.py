@@ -10,6 +10,7 @@ shows an older epoch, and no leader).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -53,6 +54,22 @@ def format_status(status: dict[str, Any]) -> str:
     if view["pins"]:
         lines.append("")
         lines += [f"pin {subtree}/# -> shard {shard}" for subtree, shard in view["pins"].items()]
+    stats = status.get("stats")
+    if stats:
+        m = stats["metrics"]
+        lines += [
+            "",
+            f"traffic of {stats['node_id']}:",
+            f"  clients connected      {m['clients_connected']}",
+            f"  publishes received     {m['messages_received']}",
+            f"  forwarded to owners    {m['forwarded_to_owner']}",
+            f"  deliveries to nodes    {m['deliveries_to_nodes']}",
+            f"  deliveries to clients  {m['messages_sent']}",
+            f"  dropped                {m['messages_dropped']}",
+        ]
+        for peer, link in sorted(stats.get("links", {}).items()):
+            lines.append(f"  link -> {peer:<12} sent {link['sent']} in {link['frames']} frames, "
+                         f"queued {link['queued']}, dropped {link['dropped']}")
     return "\n".join(lines)
 
 
@@ -62,6 +79,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
         print(f"error: {args.node}: {exc!r}", file=sys.stderr)
         return 1
+    # A broker node also reports its traffic counters (a metadata-only member does not).
+    with contextlib.suppress(RpcError):
+        status["stats"] = _call(args, "stats", {}, args.timeout)
     if args.json:
         if not args.shards:
             status["view"].pop("shards", None)
