@@ -202,6 +202,9 @@ def _trie_nodes(trie: TopicTrie[str, int]) -> int:
     while stack:
         node = stack.pop()
         count += 1
+        # The wildcard shortcuts must mirror the children dict (no stale, pruned nodes).
+        assert node.plus is node.children.get("+")
+        assert node.hash is node.children.get("#")
         stack.extend(node.children.values())
     return count - 1
 
