@@ -45,6 +45,7 @@ open a write transaction on a thread other than the one that commits it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -106,6 +107,7 @@ class LsmStore:
         self._gate = MapGate()
         self._flusher: Flusher | None = None
         self._closed = False
+        self._close_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, path: Path, settings: StoreSettings,
@@ -144,14 +146,15 @@ class LsmStore:
 
         Blocks while it flushes; from trio use ``aclose``.  Idempotent.
         """
-        if self._closed:
-            return
-        self._queue.stop()
-        if self._flusher is not None:
-            self._flusher.join()
-        with self._gate.exclusive():
-            self._closed = True
-            self._env.close()
+        with self._close_lock:
+            if self._closed:
+                return
+            self._queue.stop()
+            if self._flusher is not None:
+                self._flusher.join()
+            with self._gate.exclusive():
+                self._closed = True
+                self._env.close()
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self.close)
