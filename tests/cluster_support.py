@@ -407,14 +407,18 @@ class Client:
             self.looping = False
 
     def close(self) -> None:
-        """Drop the TCP connection without DISCONNECT if it is still open (teardown)."""
+        """Drop the TCP connection without DISCONNECT if it is still open (a will is owed).
+
+        paho's ``loop_stop`` may sit in its 1 s select; it is left to finish in the
+        background instead of slowing every teardown down.
+        """
         if self.looping:
+            self.looping = False
             with contextlib.suppress(Exception):
                 sock = self.paho.socket()
                 if sock is not None:
                     sock.close()
-            self.paho.loop_stop()
-            self.looping = False
+            threading.Thread(target=self.paho.loop_stop, daemon=True).start()
 
     @property
     def live(self) -> bool:
@@ -500,6 +504,14 @@ class Client:
                 break
         return got
 
+    def pending(self) -> list[Delivery]:
+        """What has arrived and not been read yet, without waiting."""
+        got: list[Delivery] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                got.append(self.inbox.get_nowait())
+        return got
+
     def until(self, predicate: Callable[[list[Delivery]], bool], timeout: float = WAIT,
               quiet: float = 0.0) -> list[Delivery]:
         """Collect until ``predicate(everything so far)`` holds (then ``quiet`` seconds more
@@ -534,7 +546,11 @@ class Clients:
         return client
 
     def close(self) -> None:
+        """Teardown: a clean DISCONNECT for live clients (fast), a dropped socket otherwise."""
         for client in self.made:
+            if client.live:
+                with contextlib.suppress(Exception):
+                    client.disconnect()
             client.close()
 
 

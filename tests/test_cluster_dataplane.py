@@ -1,0 +1,475 @@
+"""Three real nodes behave, for every client, like one MQTT 3.1.1 broker (issue 5).
+
+Every test here talks to ``python -m mqttring.node`` processes through real clients (paho-mqtt
+and the mosquitto command-line tools) on loopback.  The non-destructive tests share one
+module-scoped 3-node cluster (R=2, 64 shards); each uses fresh topics and client ids.  Where
+placement matters, topics and client ids are chosen from the settled view so that each case
+is covered: the shard owned by the publisher's node, by the subscriber's node, by a third.
+
+Bounds: a settled cluster delivers within ``WAIT`` (5 s); "nothing more arrives" is checked
+over a short quiet period after everything expected arrived.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster_support import (
+    HOST,
+    WAIT,
+    Client,
+    Clients,
+    ConnectRefused,
+    Delivery,
+    MosquittoSub,
+    NodeCluster,
+    ViewInfo,
+    mosquitto_pub,
+    read_counters,
+    start_cluster,
+    unique,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+NODES = ("a", "b", "c")
+QUIET = 0.4  # after the expected deliveries, how long extras are waited for
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    c = start_cluster(Path(tmp_path_factory.mktemp("dataplane")), NODES)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def view(cluster: NodeCluster) -> ViewInfo:
+    """The settled view at the start of the test (the cluster must still be healthy)."""
+    return cluster.settle(NODES, timeout=30)
+
+
+@pytest.fixture
+def clients() -> Iterator[Clients]:
+    made = Clients()
+    yield made
+    made.close()
+
+
+def one_topic_per_owner(view: ViewInfo, prefix: str, suffix: str = "") -> dict[str, str]:
+    """node -> a topic ``prefix/<n>{suffix}`` whose shard that node owns."""
+    out = {}
+    for node in NODES:
+        for n in range(10_000):
+            topic = f"{prefix}/{n}{suffix}"
+            if view.owner_of_topic(topic) == node:
+                out[node] = topic
+                break
+    return out
+
+
+# --------------------------------------------------------------------------- publish
+
+
+@pytest.mark.parametrize("pub_qos", [0, 1, 2])
+def test_publish_on_a_reaches_subscribers_on_b_and_c(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients, pub_qos: int
+) -> None:
+    """Exact and wildcard subscribers on B, C (and A itself) get each message once, at
+    min(publish QoS, subscription QoS) [MQTT-3.8.4-6], RETAIN=0 [MQTT-3.3.1-12]."""
+    prefix = unique("pub")
+    topics = one_topic_per_owner(view, prefix)  # owned by the edge, by B, by C
+    subscribers: list[tuple[Client, int]] = []
+    for node in NODES:
+        for sub_qos in (0, 1, 2):
+            exact = clients.connected(cluster.port(node), name=f"{node}-exact-q{sub_qos}")
+            assert exact.subscribe([(t, sub_qos) for t in topics.values()]) == [sub_qos] * 3
+            wild = clients.connected(cluster.port(node), name=f"{node}-wild-q{sub_qos}")
+            assert wild.subscribe(f"{prefix}/+", sub_qos) == [sub_qos]
+            subscribers += [(exact, sub_qos), (wild, sub_qos)]
+    publisher = clients.connected(cluster.port("a"), name="publisher@a")
+    for owner, topic in topics.items():
+        publisher.publish(topic, f"from-a-owned-by-{owner}", pub_qos)
+
+    expected = collections.Counter(
+        Delivery(topic, f"from-a-owned-by-{owner}".encode(), 0, False)
+        for owner, topic in topics.items()
+    )
+    received = {client.name: client.collect(3) for client, _ in subscribers}
+    time.sleep(QUIET)  # then anything more would be a duplicate
+    for client, sub_qos in subscribers:
+        got = received[client.name] + client.pending()
+        want = collections.Counter(d._replace(qos=min(pub_qos, sub_qos)) for d in expected)
+        assert collections.Counter(got) == want, f"{client.name}: {got}"
+
+
+def test_mosquitto_clients_across_nodes(cluster: NodeCluster, view: ViewInfo) -> None:
+    """mosquitto_pub on A; a live mosquitto_sub on B and C; a persistent mosquitto_sub
+    session subscribed on B (``-c -E``) and resumed on C gets what was published meanwhile."""
+    prefix = unique("mosq")
+    live_topic = f"{prefix}/live"
+    queued_topic = f"{prefix}/queued"
+    # A retained probe tells us when each mosquitto_sub's subscription is in place.
+    mosquitto_pub(cluster.port("a"), live_topic, "probe", qos=1, retain=True)
+    subs = [MosquittoSub(cluster.port(n), [live_topic], qos=1, count=3) for n in ("b", "c")]
+    try:
+        for sub in subs:
+            assert sub.line() == f"{live_topic} 1 1 probe"
+        client_id = unique("mosq-persistent")
+        subscribed = subprocess.run(
+            ["mosquitto_sub", "-h", HOST, "-p", str(cluster.port("b")), "-V", "mqttv311",
+             "-q", "1", "-c", "-i", client_id, "-t", queued_topic, "-E"],
+            capture_output=True, timeout=10)
+        assert subscribed.returncode == 0, subscribed.stderr
+
+        for i in (1, 2):
+            mosquitto_pub(cluster.port("a"), live_topic, f"m{i}", qos=1)
+        for i in range(3):
+            mosquitto_pub(cluster.port("a"), queued_topic, f"q{i}", qos=1)
+        for sub in subs:
+            assert [sub.line(), sub.line()] == [f"{live_topic} 1 0 m1", f"{live_topic} 1 0 m2"]
+        resumed = MosquittoSub(cluster.port("c"), [queued_topic], qos=1, client_id=client_id,
+                               clean=False, count=3)
+        try:
+            assert [resumed.line() for _ in range(3)] == [
+                f"{queued_topic} 1 0 q{i}" for i in range(3)]
+        finally:
+            resumed.close()
+    finally:
+        for sub in subs:
+            sub.close()
+        mosquitto_pub(cluster.port("b"), live_topic, "", qos=1, retain=True)
+
+
+# --------------------------------------------------------------------------- retained
+
+
+def test_retained_across_nodes(cluster: NodeCluster, view: ViewInfo, clients: Clients) -> None:
+    """Set on A, seen by late subscribers on B and C with RETAIN=1 [MQTT-3.3.1-6]; a live
+    subscriber gets RETAIN=0 [MQTT-3.3.1-9]; replaced by the newest; cleared by an empty
+    retained message [MQTT-3.3.1-10/11], from any node."""
+    prefix = unique("ret")
+    topics = one_topic_per_owner(view, prefix)
+    live = clients.connected(cluster.port("c"), name="live@c")
+    live.subscribe(f"{prefix}/+", 1)
+    a = clients.connected(cluster.port("a"), name="pub@a")
+    for owner, topic in topics.items():
+        a.publish(topic, f"old-{owner}", 1, retain=True)
+        a.publish(topic, f"new-{owner}", 1, retain=True)
+    got = live.collect(6) + live.drain(QUIET)
+    assert all(not d.retain for d in got), f"live deliveries must carry RETAIN=0: {got}"
+
+    expected = {Delivery(t, f"new-{o}".encode(), 1, True) for o, t in topics.items()}
+    for node in ("b", "c", "a"):
+        late = clients.connected(cluster.port(node), name=f"late@{node}")
+        late.subscribe([(t, 1) for t in topics.values()])
+        got = late.collect(3) + late.drain(QUIET)
+        assert sorted(got) == sorted(expected), f"late subscriber on {node}: {got}"
+        late0 = clients.connected(cluster.port(node), name=f"late0@{node}")
+        late0.subscribe(f"{prefix}/+", 0)
+        got = late0.collect(3) + late0.drain(QUIET)
+        assert sorted(got) == sorted(d._replace(qos=0) for d in expected), (
+            f"late QoS 0 wildcard subscriber on {node}: {got}")
+
+    # Clear each one from a different node than the one that set it.
+    for i, topic in enumerate(topics.values()):
+        clear_from = clients.connected(cluster.port(NODES[(i + 1) % 3]), name=f"clear{i}")
+        clear_from.publish(topic, b"", 1, retain=True)
+    for node in NODES:
+        late = clients.connected(cluster.port(node), name=f"after-clear@{node}")
+        late.subscribe([(f"{prefix}/+", 1), *((t, 1) for t in topics.values())])
+        assert late.drain(1.0) == [], f"cleared retained messages still served on {node}"
+
+
+def test_wildcard_subscription_gathers_retained_from_many_shards(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    prefix = unique("gather")
+    publishers = [clients.connected(cluster.port(n), name=f"pub@{n}") for n in NODES]
+    expected = set()
+    for i in range(40):
+        topic = f"{prefix}/{i % 5}/{i}"
+        publishers[i % 3].publish(topic, f"v{i}", qos=i % 2, retain=True)
+        expected.add(Delivery(topic, f"v{i}".encode(), i % 2, True))
+    owners = {view.owner_of_topic(d.topic) for d in expected}
+    assert owners == set(NODES), "the topics should spread over every node's shards"
+    filters = {
+        f"{prefix}/#": expected,
+        f"{prefix}/+/+": expected,
+        f"{prefix}/3/+": {d for d in expected if d.topic.split("/")[1] == "3"},
+        f"{prefix}/+": set(),  # one level too short for every topic: nothing
+    }
+    subs = []
+    for node in NODES:
+        for topic_filter, want in filters.items():
+            sub = clients.connected(cluster.port(node), name=f"gather@{node}")
+            sub.subscribe(topic_filter, 1)
+            size = len(want)
+            got = sub.until(lambda g, size=size: len(g) >= size, timeout=WAIT)
+            subs.append((node, topic_filter, want, sub, got))
+    time.sleep(QUIET)
+    for node, topic_filter, want, sub, got in subs:
+        got = got + sub.pending()
+        assert sorted(got) == sorted(want), (
+            f"{topic_filter!r} on {node}: {len(got)} retained of {len(want)}; missing "
+            f"{sorted(want - set(got))[:5]}, extra {sorted(set(got) - want)[:5]}")
+    # Clean up this test's retained messages.
+    for d in expected:
+        publishers[0].publish(d.topic, b"", 1, retain=True)
+
+
+# --------------------------------------------------------------------------- takeover
+
+
+@pytest.mark.parametrize("home", NODES)
+def test_takeover_across_nodes(cluster: NodeCluster, view: ViewInfo, clients: Clients,
+                               home: str) -> None:
+    """The same client id connects on B while connected on A: the server closes A's
+    connection [MQTT-3.1.4-2], its will is published (it did not DISCONNECT), the new
+    connection works and keeps working."""
+    client_id = view.client_homed_at(home, unique("takeover"))
+    will_topic = unique("will")
+    watcher = clients.connected(cluster.port("c"), name="watcher@c")
+    watcher.subscribe(will_topic, 1)
+    first = clients.make(cluster.port("a"), client_id, name="first@a")
+    first.connect(will=(will_topic, b"first-will", 1, False))
+    second = clients.make(cluster.port("b"), client_id, name="second@b")
+    second.connect(will=(will_topic, b"second-will", 1, False))
+
+    assert first.disconnected.wait(WAIT), "A did not close the connection that was taken over"
+    got = watcher.collect(1) + watcher.drain(QUIET)
+    assert got == [Delivery(will_topic, b"first-will", 1, False)], got
+    # The new connection is the live one: a round trip through it works.
+    echo = unique("echo")
+    second.subscribe(echo, 1)
+    second.publish(echo, b"ping", 1)
+    assert second.collect(1) == [Delivery(echo, b"ping", 1, False)]
+    time.sleep(QUIET)
+    assert second.live, "the connection that took over was closed too"
+
+
+@pytest.mark.parametrize("home", NODES)
+def test_concurrent_connects_with_one_id_leave_exactly_one(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients, home: str
+) -> None:
+    for attempt in range(6):
+        client_id = view.client_homed_at(home, unique(f"race{attempt}"))
+        edges = ("a", "b") if attempt % 2 == 0 else ("b", "c")
+        racers = [clients.make(cluster.port(n), client_id, name=f"{client_id}@{n}")
+                  for n in edges]
+        for racer in racers:
+            racer.start_connect()
+        for racer in racers:
+            with contextlib.suppress(ConnectRefused):
+                racer.wait_connack()
+        deadline = time.monotonic() + WAIT
+        while sum(r.live for r in racers) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(QUIET)
+        live = [r for r in racers if r.live]
+        assert len(live) == 1, (
+            f"attempt {attempt} ({client_id}, home {home}, edges {edges}): "
+            f"{[(r.name, r.live) for r in racers]}")
+        echo = unique("echo")
+        live[0].subscribe(echo, 1)
+        live[0].publish(echo, b"ping", 1)
+        assert live[0].collect(1) == [Delivery(echo, b"ping", 1, False)]
+        live[0].disconnect()
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+@pytest.mark.parametrize("home", NODES)
+def test_persistent_session_resumed_on_another_node(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients, home: str
+) -> None:
+    """Subscribe with clean_session=0 on A, disconnect, 20 QoS 1 messages published on C
+    meanwhile, reconnect on B: session present [MQTT-3.2.2-2] and every queued message, in
+    order per topic [MQTT-4.6.0-6], then live traffic through the resumed subscriptions."""
+    prefix = unique("sess")
+    client_id = view.client_homed_at(home, unique("persist"))
+    topics = one_topic_per_owner(view, prefix, "/x")
+    first = clients.make(cluster.port("a"), client_id, clean_session=False, name="sub@a")
+    assert first.connect() is False
+    assert first.subscribe(f"{prefix}/+/x", 1) == [1]
+    first.disconnect()
+
+    publisher = clients.connected(cluster.port("c"), name="pub@c")
+    sent: dict[str, list[bytes]] = {t: [] for t in topics.values()}
+    for i in range(21):
+        topic = list(topics.values())[i % 3]
+        publisher.publish(topic, f"m{i}", 1)
+        sent[topic].append(f"m{i}".encode())
+
+    second = clients.make(cluster.port("b"), client_id, clean_session=False, name="sub@b")
+    assert second.connect() is True, "session present must be 1 on the other node"
+    got = second.collect(21, timeout=WAIT) + second.drain(QUIET)
+    assert all(d.qos == 1 and not d.retain for d in got), got
+    for topic, payloads in sent.items():
+        assert [d.payload for d in got if d.topic == topic] == payloads, (
+            f"queued messages for {topic} (owner {view.owner_of_topic(topic)}) lost, "
+            f"duplicated or reordered")
+    publisher.publish(topics["a"], b"live", 1)
+    assert second.collect(1) == [Delivery(topics["a"], b"live", 1, False)]
+    second.disconnect()
+    # And back on A: still the same session, nothing left over.
+    third = clients.make(cluster.port("a"), client_id, clean_session=False, name="sub@a2")
+    assert third.connect() is True
+    assert third.drain(QUIET) == []
+
+
+def test_clean_session_discards_the_stored_one_across_nodes(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    """A clean_session=1 CONNECT on another node discards the persistent session
+    [MQTT-3.1.2-6]: nothing queued is delivered, and a later persistent CONNECT starts new."""
+    client_id = view.client_homed_at("c", unique("discard"))
+    topic = unique("discard-topic")
+    first = clients.make(cluster.port("a"), client_id, clean_session=False)
+    first.connect()
+    first.subscribe(topic, 1)
+    first.disconnect()
+    clients.connected(cluster.port("a")).publish(topic, b"queued", 1)
+    clean = clients.make(cluster.port("b"), client_id, clean_session=True)
+    assert clean.connect() is False
+    assert clean.drain(QUIET) == []
+    clean.disconnect()
+    again = clients.make(cluster.port("c"), client_id, clean_session=False)
+    assert again.connect() is False
+    clients.connected(cluster.port("a")).publish(topic, b"after", 1)
+    assert again.drain(QUIET) == [], "the discarded subscription still delivers"
+
+
+# --------------------------------------------------------------------------- overlaps
+
+
+def test_overlapping_subscriptions_deliver_once_per_client(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    """Several matching filters of one client: one delivery at the highest granted QoS
+    [MQTT-3.3.5-1]; clients on every node, and two clients sharing filters on one node."""
+    prefix = unique("overlap")
+    filters = [(f"{prefix}/#", 0), (f"{prefix}/+/z", 1), (f"{prefix}/y/z", 2),
+               (f"{prefix}/y/+", 1)]
+    subscribers = []
+    for node in NODES:
+        for k in range(2):
+            c = clients.connected(cluster.port(node), name=f"overlap{k}@{node}")
+            assert c.subscribe(filters) == [0, 1, 2, 1]
+            subscribers.append(c)
+    persistent_id = view.client_homed_at("b", unique("overlap-p"))
+    persistent = clients.make(cluster.port("c"), persistent_id, clean_session=False)
+    persistent.connect()
+    persistent.subscribe(filters)
+    subscribers.append(persistent)
+    publisher = clients.connected(cluster.port("a"))
+    publisher.publish(f"{prefix}/y/z", b"all-four", 2)
+    publisher.publish(f"{prefix}/q/z", b"two", 2)
+    publisher.publish(f"{prefix}/q", b"one", 2)
+    received = [c.collect(3) for c in subscribers]
+    time.sleep(QUIET)
+    for c, got in zip(subscribers, received, strict=True):
+        got = got + c.pending()
+        assert sorted(got) == sorted([
+            Delivery(f"{prefix}/y/z", b"all-four", 2, False),
+            Delivery(f"{prefix}/q/z", b"two", 1, False),
+            Delivery(f"{prefix}/q", b"one", 0, False),
+        ]), f"{c.name}: {got}"
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def test_each_publish_costs_at_most_two_inter_node_messages(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    """Subscribers on exactly one node (B), publishes from another (A) to 200 topics over
+    every shard owner: per publish, forwarded_to_owner on the edge plus deliveries_to_nodes on
+    the owner is at most 2, and exactly [owner != A] + [owner != B] (one hop to the owner,
+    one to B, none to C)."""
+    prefix = unique("cost")
+    exact_topics = [f"{prefix}/e/{i}" for i in range(100)]
+    wild_topics = [f"{prefix}/w/{i}" for i in range(100)]
+    exact_sub = clients.connected(cluster.port("b"), name="exact@b")
+    for i in range(0, 100, 50):
+        exact_sub.subscribe([(t, 1) for t in exact_topics[i:i + 50]])
+    wild_sub = clients.connected(cluster.port("b"), name="wild@b")
+    wild_sub.subscribe(f"{prefix}/w/+", 1)
+    wild_sub2 = clients.connected(cluster.port("b"), name="wild2@b")  # same route, 2 clients
+    wild_sub2.subscribe(f"{prefix}/w/#", 0)
+    publisher = clients.connected(cluster.port("a"), name="pub@a")
+    time.sleep(0.3)  # let earlier tests' traffic finish before the baseline
+
+    before = {n: read_counters(cluster.port(n)) for n in NODES}
+    topics = exact_topics + wild_topics
+    for i, topic in enumerate(topics):
+        publisher.publish(topic, f"p{i}", qos=i % 2)
+    exact_sub.collect(100, timeout=10)
+    wild_sub.collect(100, timeout=10)
+    wild_sub2.collect(100, timeout=10)
+    after = {n: read_counters(cluster.port(n)) for n in NODES}
+    delta = {n: {k: after[n][k] - before[n][k] for k in after[n]} for n in NODES}
+
+    owners = collections.Counter(view.owner_of_topic(t) for t in topics)
+    assert set(owners) == set(NODES), f"topics should cover every owner: {owners}"
+    expected = sum(int(view.owner_of_topic(t) != "a") + int(view.owner_of_topic(t) != "b")
+                   for t in topics)
+    inter_node = sum(delta[n]["forwarded_to_owner"] + delta[n]["deliveries_to_nodes"]
+                     for n in NODES)
+    detail = f"owners {dict(owners)}, counter deltas {delta}"
+    assert delta["a"]["messages_received"] >= len(topics), detail
+    assert delta["a"]["forwarded_to_owner"] == len(topics) - owners["a"], detail
+    assert delta["b"]["forwarded_to_owner"] == 0 and delta["c"]["forwarded_to_owner"] == 0, (
+        detail)
+    assert inter_node <= 2 * len(topics), detail
+    assert inter_node == expected, detail
+
+
+# --------------------------------------------------------------------------- node loss
+
+
+def test_will_of_client_on_killed_node_is_published(tmp_path: Path) -> None:
+    """kill -9 of the node a client is connected to: its will is published to subscribers
+    on the other nodes, whatever node is the client's home (the dead node included)."""
+    cluster = start_cluster(tmp_path / "wills", NODES)
+    made = Clients()
+    try:
+        view = cluster.view("a")
+        prefix = unique("kwill")
+        watchers = [made.connected(cluster.port(n), name=f"watcher@{n}") for n in ("b", "c")]
+        for w in watchers:
+            w.subscribe(f"{prefix}/#", 1)
+        expected = set()
+        for home in NODES:
+            client_id = view.client_homed_at(home, unique("doomed"))
+            topic = f"{prefix}/{home}"
+            made.make(cluster.port("a"), client_id, name=client_id).connect(
+                will=(topic, f"will-{home}".encode(), 1, home == "c"))
+            expected.add(Delivery(topic, f"will-{home}".encode(), 1, False))
+        # A client with a will that disconnects cleanly: its will must NOT be published.
+        polite = made.make(cluster.port("a"), view.client_homed_at("b", unique("polite")))
+        polite.connect(will=(f"{prefix}/polite", b"never", 1, False))
+        polite.disconnect()
+
+        cluster.kill("a")
+        for w in watchers:
+            got = w.until(lambda g: len(g) >= 3, timeout=10, quiet=1.0)
+            assert sorted(got) == sorted(expected), (
+                f"{w.name}: wills after kill -9 of a: {sorted(got)}; expected "
+                f"{sorted(expected)} (homes a, b, c)\n{cluster.logs_of_interest(('b', 'c'))}")
+        late = made.connected(cluster.port("b"), name="late@b")
+        late.subscribe(f"{prefix}/c", 1)
+        assert late.collect(1) == [Delivery(f"{prefix}/c", b"will-c", 1, True)], (
+            "a retained will must be stored like any retained message")
+    finally:
+        made.close()
+        cluster.close()
+
