@@ -1,0 +1,354 @@
+"""Snapshot → Parquet: one file per shard per table, fixed schemas, and a checksummed manifest.
+
+Theory of operation
+-------------------
+Input is either one node snapshot (a directory holding MANIFEST.json, ``docs/storage.md``)
+or a *snapshot set*: a directory of node snapshots as ``mqttring snapshot --all`` writes it
+(``<dir>/<node id>/`` each, plus SNAPSHOT-SET.json with the shard owners at snapshot time).
+Every snapshot is opened with ``open_snapshot``, which verifies each file's size and SHA-256
+before a single row is read, so a corrupt or half-copied snapshot is refused, never half
+exported.
+
+In a cluster each shard is held by R replicas, so R snapshots may contain it.  Exactly one
+copy is exported per shard (otherwise every count downstream would be multiplied by R): the
+copy of the node that *owned* the shard in the view recorded by SNAPSHOT-SET.json, or, when
+no view was recorded (snapshots gathered by hand), the node whose snapshot has the most
+rows of that shard (the least lagging replica), ties broken by node id.  All tables of one
+shard come from the same node, so a shard's sessions and queued messages agree.
+
+Row files are in key order and keys start with the shard id, so a node's database is
+streamed once and cut into per-shard Parquet files as the shard changes; memory is bounded
+by one row group (``ROW_GROUP`` rows).  After writing, the rows of every (table, shard) are
+compared with the snapshot manifest's ``shard_rows``: equal, or the export fails.  The output
+is built under a temporary name and renamed into place after EXPORT.json is written last, so
+``out`` is either a complete export or absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mqttring.analytics import ExportError
+from mqttring.analytics.progress import ProgressBar
+from mqttring.analytics.schemas import (
+    EXPORT_SCHEMA_VERSION,
+    TABLES,
+    decode_row,
+    schema_description,
+)
+from mqttring.lsm import Snapshot, StoreError, decode_value, open_snapshot
+from mqttring.lsm.snapshot import MANIFEST_NAME
+
+EXPORT_FORMAT = "mqttring-parquet-export"
+EXPORT_FORMAT_VERSION = 1
+EXPORT_MANIFEST = "EXPORT.json"
+SNAPSHOT_SET = "SNAPSHOT-SET.json"
+SNAPSHOT_SET_FORMAT = "mqttring-snapshot-set"
+#: Rows per Parquet row group: large enough for fast scans, small enough to bound memory.
+ROW_GROUP = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """One validated node snapshot and the node id its rows are attributed to."""
+
+    node_id: str
+    snapshot: Snapshot
+
+
+@dataclass(slots=True)
+class ExportResult:
+    """What ``export_snapshot`` wrote (also recorded in EXPORT.json)."""
+
+    out: Path
+    rows: dict[str, int]
+    files: int
+    seconds: float
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+
+def load_snapshots(path: Path) -> tuple[list[NodeSnapshot], list[str | None] | None]:
+    """Open one snapshot or a snapshot set; returns the snapshots and the shard owners.
+
+    Raises ExportError (with the StoreError's words) for anything missing or corrupt.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportError(f"snapshot {path} does not exist or is not a directory")
+    try:
+        if (path / MANIFEST_NAME).exists():
+            snap = open_snapshot(path)
+            return [NodeSnapshot(snap.manifest.node_id or path.name, snap)], None
+        owners: list[str | None] | None = None
+        set_file = path / SNAPSHOT_SET
+        if set_file.exists():
+            try:
+                raw = json.loads(set_file.read_text())
+                if raw.get("format") != SNAPSHOT_SET_FORMAT:
+                    raise ValueError(f"format is {raw.get('format')!r}")
+                owners = [None if o is None else str(o) for o in raw["owners"]]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ExportError(f"snapshot set {path}: unreadable {SNAPSHOT_SET}: "
+                                  f"{exc}") from None
+        subdirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not subdirs:
+            raise ExportError(f"{path} is not a snapshot: no {MANIFEST_NAME} and no node "
+                              f"snapshot directories in it")
+        nodes = []
+        for sub in subdirs:
+            snap = open_snapshot(sub)
+            nodes.append(NodeSnapshot(snap.manifest.node_id or sub.name, snap))
+    except StoreError as exc:
+        raise ExportError(str(exc)) from None
+    ids = [n.node_id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise ExportError(f"snapshot set {path} holds two snapshots of the same node: {ids}")
+    return nodes, owners
+
+
+def _holds(node: NodeSnapshot, shard: int) -> bool:
+    shards = node.snapshot.manifest.shards
+    return shards is None or shard in shards
+
+
+def choose_shard_sources(nodes: list[NodeSnapshot],
+                         owners: list[str | None] | None) -> dict[int, str]:
+    """Shard id -> the node whose copy is exported (see the module docstring for the rule)."""
+    dbs = [db for db, _schema, _dec in TABLES.values()]
+    rows: dict[int, dict[str, int]] = {}
+    for node in nodes:
+        for db in dbs:
+            entry = node.snapshot.manifest.databases.get(db)
+            if entry is None:
+                continue
+            for shard, n in entry.shard_rows.items():
+                per_node = rows.setdefault(shard, {})
+                per_node[node.node_id] = per_node.get(node.node_id, 0) + n
+    by_id = {n.node_id: n for n in nodes}
+    chosen: dict[int, str] = {}
+    for shard, per_node in rows.items():
+        owner = owners[shard] if owners is not None and shard < len(owners) else None
+        if owner is not None and owner in by_id and _holds(by_id[owner], shard):
+            chosen[shard] = owner
+        else:
+            chosen[shard] = min(per_node, key=lambda n: (-per_node[n], n))
+    return chosen
+
+
+class _ShardFile:
+    """Rows of one (table, shard) buffered into row groups of one Parquet file."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.rows = 0
+        self._buf: list[tuple] = []
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+
+    def add(self, row: tuple) -> None:
+        self._buf.append(row)
+        if len(self._buf) >= ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        columns = list(zip(*self._buf, strict=True))
+        try:
+            arrays = [pa.array(col, type=f.type) for col, f in zip(columns, self.schema,
+                                                                    strict=True)]
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise ExportError(f"{self.path.parent.name}: a row does not fit the documented "
+                              f"schema ({exc})") from None
+        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self.rows += len(self._buf)
+        self._buf = []
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _selected_rows(node: NodeSnapshot, db: str,
+                   shards: set[int]) -> Iterator[tuple[int, bytes, Any]]:
+    """(shard, key, value) of ``db`` in key order, only for ``shards``."""
+    for key, blob in node.snapshot.raw_rows(db):
+        shard = (key[0] << 8) | key[1] if len(key) >= 2 else -1
+        if shard in shards:
+            try:
+                value = decode_value(blob)
+            except StoreError as exc:
+                raise ExportError(f"{db}: row with key {key.hex()}: {exc}") from None
+            yield shard, key, value
+
+
+def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str],
+                  tmp: Path, progress: ProgressBar) -> list[dict[str, Any]]:
+    db, schema, _decoder = TABLES[table]
+    (tmp / table).mkdir()
+    files: list[dict[str, Any]] = []
+    for node in nodes:
+        mine = {s for s, n in sources.items() if n == node.node_id}
+        expected = node.snapshot.manifest.databases[db].shard_rows
+        current: _ShardFile | None = None
+        current_shard = -1
+
+        def finish(f: _ShardFile, shard: int, node: NodeSnapshot = node,
+                   expected: dict[int, int] = expected) -> None:
+            f.close()
+            if f.rows != expected.get(shard, 0):
+                raise ExportError(f"{table}: shard {shard} of {node.node_id}: wrote {f.rows} "
+                                  f"rows, the snapshot manifest says {expected.get(shard, 0)}")
+            files.append({"path": f"{table}/{f.path.name}", "shard": shard,
+                          "node_id": node.node_id, "rows": f.rows,
+                          "bytes": f.path.stat().st_size, "sha256": _sha256(f.path)})
+
+        for shard, key, value in _selected_rows(node, db, mine):
+            if shard != current_shard:
+                if current is not None:
+                    finish(current, current_shard)
+                current_shard = shard
+                current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
+            assert current is not None
+            current.add(decode_row(table, node.node_id, key, value))
+            progress.advance(1)
+        if current is not None:
+            finish(current, current_shard)
+    files.sort(key=lambda f: f["shard"])
+    return files
+
+
+def export_snapshot(snapshot: Path, out: Path, *, progress: bool = True,
+                    tables: tuple[str, ...] = tuple(TABLES)) -> ExportResult:
+    """Export a snapshot (or snapshot set) to Parquet under ``out``; see the module docstring.
+
+    ``out`` must not exist (or be an empty directory): exports never overwrite or mix.
+    Raises ExportError for bad input.
+    """
+    started = time.perf_counter()
+    nodes, owners = load_snapshots(Path(snapshot))
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"export destination {out} exists and is not an empty directory")
+    sources = choose_shard_sources(nodes, owners)
+    total = 0
+    for table in tables:
+        db = TABLES[table][0]
+        for node in nodes:
+            shard_rows = node.snapshot.manifest.databases[db].shard_rows
+            total += sum(n for s, n in shard_rows.items() if sources.get(s) == node.node_id)
+    bar = ProgressBar(total, "export", enabled=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        table_entries: dict[str, Any] = {}
+        for table in tables:
+            files = _export_table(table, nodes, sources, tmp, bar)
+            table_entries[table] = {
+                "rows": sum(f["rows"] for f in files),
+                "schema": schema_description(TABLES[table][1]),
+                "files": files,
+            }
+        bar.finish()
+        created = time.time()
+        manifest = {
+            "format": EXPORT_FORMAT,
+            "format_version": EXPORT_FORMAT_VERSION,
+            "schema_version": EXPORT_SCHEMA_VERSION,
+            "created_at": created,
+            "created_at_iso": datetime.fromtimestamp(created, UTC).isoformat(),
+            "snapshots": [
+                {"node_id": n.node_id, "path": str(n.snapshot.path.resolve()),
+                 "sequence": n.snapshot.manifest.sequence,
+                 "created_at": n.snapshot.manifest.created_at,
+                 "shards": (None if n.snapshot.manifest.shards is None
+                            else list(n.snapshot.manifest.shards)),
+                 "exported_shards": sorted(s for s, src in sources.items()
+                                           if src == n.node_id)}
+                for n in nodes
+            ],
+            "tables": table_entries,
+        }
+        with open(tmp / EXPORT_MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if out.exists():
+            out.rmdir()  # checked empty above
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    rows = {t: e["rows"] for t, e in table_entries.items()}
+    return ExportResult(out, rows, sum(len(e["files"]) for e in table_entries.values()),
+                        time.perf_counter() - started, manifest)
+
+
+def read_export_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:
+    """Read and check EXPORT.json of a local export; with ``verify``, every file's SHA-256.
+
+    Raises ExportError naming the problem (what the Spark job shows for a bad ``--input``).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ExportError(f"export {path} does not exist or is not a directory")
+    try:
+        manifest = json.loads((path / EXPORT_MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ExportError(f"{path} is neither an export ({EXPORT_MANIFEST}) nor a snapshot "
+                          f"({MANIFEST_NAME})") from None
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"export {path}: unreadable {EXPORT_MANIFEST}: {exc}") from None
+    check_export_manifest(manifest, str(path))
+    if verify:
+        for table, entry in manifest["tables"].items():
+            for f in entry["files"]:
+                file = path / f["path"]
+                if not file.is_file():
+                    raise ExportError(f"export {path}: {f['path']} is missing")
+                if file.stat().st_size != f["bytes"] or _sha256(file) != f["sha256"]:
+                    raise ExportError(f"export {path}: {f['path']} of {table} is corrupt "
+                                      f"(size or sha256 differs from {EXPORT_MANIFEST})")
+    return manifest
+
+
+def check_export_manifest(manifest: Any, where: str) -> None:
+    """Format, versions and the fields readers rely on; ExportError otherwise."""
+    if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
+        raise ExportError(f"{where}: {EXPORT_MANIFEST} is not an {EXPORT_FORMAT} manifest")
+    if manifest.get("format_version") != EXPORT_FORMAT_VERSION:
+        raise ExportError(f"{where}: export format version {manifest.get('format_version')!r} "
+                          f"is not {EXPORT_FORMAT_VERSION}, which this code reads")
+    if manifest.get("schema_version") != EXPORT_SCHEMA_VERSION:
+        raise ExportError(f"{where}: export schema version {manifest.get('schema_version')!r} "
+                          f"is not {EXPORT_SCHEMA_VERSION}, which this code reads")
+    tables = manifest.get("tables")
+    if not isinstance(tables, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("files"), list) for e in tables.values()):
+        raise ExportError(f"{where}: {EXPORT_MANIFEST} has no valid 'tables'")

@@ -1,0 +1,115 @@
+"""``mqttring spark topic-stats``: the PySpark job as an operator command.
+
+Input checks happen before the JVM starts (a missing or corrupt snapshot or export is
+reported in a second, as one line, not after Spark's start-up and a Java stack trace).  A
+local ``--input`` may be a snapshot (or snapshot set) instead of an export: it is exported
+to ``<out>/export`` first, which keeps "snapshot, then stats" one command for a single
+machine.  Remote inputs (``hdfs://``, ``s3a://``...) must already be exports; Spark reads
+them and its errors are reduced to their first line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mqttring.analytics import ExportError
+
+
+def _error(message: str) -> int:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return 1
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> Path:
+    return Path(path.removeprefix("file://"))
+
+
+def prepare_input(input_path: str, out: str, progress: bool) -> str:
+    """Validate ``--input`` (export or snapshot) and return the export path Spark reads."""
+    from mqttring.analytics.export import (
+        EXPORT_MANIFEST,
+        export_snapshot,
+        read_export_manifest,
+    )
+
+    if not _is_local(input_path):
+        return input_path
+    local = _local(input_path)
+    if not local.is_dir():
+        raise ExportError(f"input {local} does not exist or is not a directory")
+    if (local / EXPORT_MANIFEST).exists():
+        read_export_manifest(local, verify=True)
+        return str(local.resolve())
+    if _is_local(out):
+        dest = _local(out) / "export"
+        export_snapshot(local, dest, progress=progress)
+        return str(dest.resolve())
+    raise ExportError(f"{input_path} is a snapshot and --out is not local: run `mqttring "
+                      f"export` first and put the export where the executors can read it")
+
+
+def cmd_topic_stats(args: argparse.Namespace) -> int:
+    if args.depth < 1:
+        return _error(f"--depth must be >= 1, got {args.depth}")
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return _error("this command needs PySpark: pip install 'mqttring[spark]'")
+    if _is_local(args.out):
+        out = _local(args.out)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            return _error(f"--out {out} exists and is not empty; results are never mixed")
+    try:
+        export_path = prepare_input(args.input, args.out, progress=not args.no_progress)
+    except ExportError as exc:
+        return _error(str(exc))
+    except OSError as exc:
+        return _error(f"{type(exc).__name__}: {exc}")
+
+    from mqttring.spark.jobs import OUTPUTS, build_session, format_summary, run_topic_stats
+
+    out_uri = str(_local(args.out).resolve()) if _is_local(args.out) else args.out
+    try:
+        spark = build_session(args.master, shuffle_partitions=args.shuffle_partitions)
+    except Exception as exc:  # JVM missing, bad master URL: Py4J/Spark raise many types
+        return _error(f"cannot start Spark (--master {args.master}): "
+                      f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
+    try:
+        stats = run_topic_stats(spark, export_path, out_uri, depth=args.depth)
+        print(format_summary(stats, top=args.top))
+        print(f"\nwritten: {', '.join(f'{out_uri}/{n}' for n in OUTPUTS)}")
+    except ExportError as exc:
+        return _error(str(exc))
+    except Exception as exc:  # a Spark job failure: its first line is what matters
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        return _error(f"Spark job failed: {type(exc).__name__}: {first}")
+    finally:
+        spark.stop()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    spark = subparsers.add_parser("spark", help="PySpark analytics over exports (mqttring[spark])")
+    jobs = spark.add_subparsers(dest="job", required=True)
+    ts = jobs.add_parser(
+        "topic-stats",
+        help="per topic / prefix traffic, per client backlog, retained inventory")
+    ts.add_argument("--input", required=True, metavar="DIR",
+                    help="an export (`mqttring export --out`), or a local snapshot")
+    ts.add_argument("--out", required=True, metavar="DIR", help="new directory for the results")
+    ts.add_argument("--master", default="local[*]",
+                    help="Spark master URL (local[*], spark://host:7077, yarn, k8s://...)")
+    ts.add_argument("--depth", type=int, default=1, help="topic levels per prefix (default 1)")
+    ts.add_argument("--top", type=int, default=10, help="rows per section of the printed table")
+    ts.add_argument("--shuffle-partitions", type=int, default=None,
+                    help="spark.sql.shuffle.partitions (default: Spark's 200)")
+    ts.add_argument("--no-progress", action="store_true",
+                    help="no progress bar when a snapshot is exported first")
+    ts.set_defaults(func=cmd_topic_stats)
