@@ -137,3 +137,27 @@ def test_will_published_on_protocol_violation(raw, paho, uid, violation):
     assert c.wait_closed(5), "the broker must close a connection that violates the protocol"
     m = watcher.get()
     assert m.payload == b"violated"
+
+
+def test_will_of_persistent_client_and_session_kept(raw, paho, uid):
+    """The will is tied to the network connection, the session to the client id: a
+    CleanSession=0 client that dies has its will published [MQTT-3.1.2-8] and its session
+    kept [MQTT-3.1.2-4], so it comes back with session-present=1 and its queued message."""
+    from mqtt_client import PUBLISH
+
+    will_topic, topic, cid = uid("will"), uid("t"), uid("persist")
+    watcher = paho(uid("watch"))
+    watcher.connect()
+    watcher.subscribe(will_topic, 1)
+    c = raw()
+    ack = c.connect(cid, clean_session=False, will=(will_topic, b"lost", 1, False))
+    assert ack.return_code == 0
+    assert c.subscribe([(topic, 1)]) == [1]
+    c.close()
+    assert watcher.get().payload == b"lost"
+    watcher.publish(topic, b"while-away", qos=1)
+    c2 = raw()
+    ack2 = c2.connect(cid, clean_session=False)
+    assert (ack2.return_code, ack2.session_present) == (0, True)
+    p = c2.expect(PUBLISH)
+    assert (p.topic, p.payload) == (topic, b"while-away")
