@@ -6,7 +6,9 @@ keeps serving.  A bug in our own code raises ordinary Python exceptions, which t
 
 Every message starts with the conformance statement it violates, e.g.
 ``MalformedPacket("MQTT-3.3.2-2", "topic name must not contain wildcards: 'a/+'")`` prints as
-``[MQTT-3.3.2-2] topic name must not contain wildcards: 'a/+'``.
+``[MQTT-3.3.2-2] topic name must not contain wildcards: 'a/+'``.  Where the specification
+states a rule without a numbered statement, the rule id is its section (``MQTT-2.2.3`` for
+the remaining length encoding, ``MQTT-2.2.1`` for reserved packet types).
 """
 
 from __future__ import annotations

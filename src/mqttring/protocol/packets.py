@@ -1,9 +1,11 @@
 """Typed MQTT 3.1.1 control packets as small immutable values.
 
 Packets are plain data: the codec (``codec.py``) turns bytes into these and back, and the
-session machine reasons about them.  Validation that depends only on the packet itself
-(QoS range, packet id 0, wildcard in a PUBLISH topic) happens in ``__post_init__`` so that an
-invalid packet cannot exist, whichever side built it.
+session machine reasons about them.  Validation that depends only on numbers in the packet
+(QoS range, packet id 0, return codes, flag combinations) happens in ``__post_init__`` so an
+invalid packet cannot exist, whichever side built it.  Topic names and filters are checked
+by the codec (``topics.validate_*``) in both directions instead: doing it here too would
+cost a second pass over every topic on the hot path.
 """
 
 from __future__ import annotations
@@ -195,6 +197,18 @@ class Disconnect:
 
 
 Packet = (
-    Connect | ConnAck | Publish | PubAck | PubRec | PubRel | PubComp | Subscribe | SubAck
-    | Unsubscribe | UnsubAck | PingReq | PingResp | Disconnect
+    Connect
+    | ConnAck
+    | Publish
+    | PubAck
+    | PubRec
+    | PubRel
+    | PubComp
+    | Subscribe
+    | SubAck
+    | Unsubscribe
+    | UnsubAck
+    | PingReq
+    | PingResp
+    | Disconnect
 )
