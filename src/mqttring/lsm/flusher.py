@@ -298,17 +298,34 @@ class Flusher:
             self._sync()
 
     def _commit(self, batches: list[Batch]) -> None:
-        """Write ``batches`` in one transaction, growing the map until it fits."""
-        handles = self._handles
+        """Write ``batches`` in one transaction, growing the map until it fits.
+
+        The transaction is atomic, so only each key's last op matters: ops are collapsed to
+        the final state per key, then written per database in key order, puts with one
+        ``putmulti`` call.  Fewer, sorted LMDB calls matter beyond speed: py-lmdb releases
+        the GIL around every call, and each reacquisition can wait a whole switch interval
+        behind a busy event loop, so a put-per-op loop starves the flusher under load."""
+        final: dict[str, dict[bytes, bytes | None]] = {}
+        for batch in batches:
+            for db, key, blob in batch.ops:
+                table = final.get(db)
+                if table is None:
+                    table = final[db] = {}
+                table[key] = blob
+        plan = []
+        for db, table in final.items():
+            puts = sorted((k, b) for k, b in table.items() if b is not None)
+            deletes = sorted(k for k, b in table.items() if b is None)
+            plan.append((self._handles[db], puts, deletes))
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    for batch in batches:
-                        for db, key, blob in batch.ops:
-                            if blob is None:
-                                txn.delete(key, db=handles[db])
-                            else:
-                                txn.put(key, blob, db=handles[db])
+                    for handle, puts, deletes in plan:
+                        if puts:
+                            with txn.cursor(db=handle) as cursor:
+                                cursor.putmulti(puts)
+                        for key in deletes:
+                            txn.delete(key, db=handle)
                     txn.put(SEQUENCE_KEY, batches[-1].seq.to_bytes(8, "big"),
                             db=self._internal)
                 break
