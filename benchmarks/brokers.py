@@ -248,12 +248,28 @@ def attach_target(spec: str) -> BrokerHandle:
 
 
 def listening_pid(port: int) -> int | None:
-    import psutil
+    """Pid of the local process listening on ``port``, read from /proc, or None.
 
-    with contextlib.suppress(psutil.Error, OSError):
-        for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-                return int(c.pid)
+    Not ``psutil.net_connections``: importing pysyncobj (which mqttring does) replaces
+    ``socket.inet_ntop`` with a broken shim, and psutil's address decoding then raises.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(entry.name)
     return None
 
 
