@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqttring.protocol.codec import PacketDecoder
-from mqttring.protocol.packets import PubRel, Publish
+from mqttring.protocol.packets import Publish, PubRel
 from mqttring.protocol.session import Message, OutState, Session, SessionLimits
 
 
@@ -102,7 +102,7 @@ def test_changes_coalesce_and_clean_sessions_mark_nothing():
     s.deliver(Message("t", b"2", 1), 1)
     pid = packets(out)[0].packet_id
     s.on_puback(pid)
-    dirty, qos2 = s.take_changes()
+    dirty, _qos2 = s.take_changes()
     assert dirty[1] is None, "message 1 was acked: its record goes"
     assert dirty[2].state == OutState.AWAIT_PUBACK
     assert not s.has_changes()
