@@ -65,9 +65,13 @@ class ClientHandler:
 
     def wake(self) -> None:
         """Output is pending: make sure a writer task is draining it."""
-        if not self._writing and self._nursery is not None:
-            self._writing = True
+        if self._writing or self._nursery is None:
+            return
+        try:
             self._nursery.start_soon(self._writer)
+        except RuntimeError:
+            return  # the connection is shutting down; there is nobody left to write to
+        self._writing = True
 
     def kick(self) -> None:
         """Close this connection now (takeover, slow consumer, shutdown)."""
@@ -90,8 +94,11 @@ class ClientHandler:
                     if self.conn.pending_output:
                         self.wake()
             timed_out = nursery.cancel_scope.cancelled_caught and not self.conn.closed
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            log.debug("connection %s: %s", self.transport.peer, exc)
+        except Exception:
+            # A bug of ours while serving this client: close this connection, say so loudly,
+            # and keep the node serving everyone else.
+            core.metrics.internal_errors += 1
+            log.exception("internal error on connection %s; closing it", self.transport.peer)
         finally:
             self._nursery = None
             if timed_out:
@@ -152,5 +159,10 @@ class ClientHandler:
                     return
                 metrics.bytes_sent += len(data)
                 await transport.send(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            # The peer went away: end the connection (the reader may be waiting for bytes
+            # that will never come); its will is published as for any unclean close.
+            log.debug("connection %s: write failed: %s", transport.peer, exc)
+            self.kick()
         finally:
             self._writing = False

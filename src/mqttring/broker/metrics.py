@@ -26,6 +26,8 @@ class BrokerMetrics:
     messages_dropped: int = 0
     #: Connections closed because the peer broke the protocol.
     protocol_errors: int = 0
+    #: Connections closed because of an error in mqttring itself (logged with a traceback).
+    internal_errors: int = 0
     #: Cluster: publishes forwarded to a shard owner on another node.
     forwarded_to_owner: int = 0
     #: Cluster: delivery messages sent to other nodes that hold subscribers.

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import trio
-from trio_websocket import WebSocketRequest, serve_websocket
+from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
 from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
@@ -235,7 +235,11 @@ class MqttRingBroker:
     async def _on_websocket(self, request: WebSocketRequest) -> None:
         assert self.core is not None
         subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
-        ws = await request.accept(subprotocol=subprotocol)
+        try:
+            ws = await request.accept(subprotocol=subprotocol)
+        except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
+            log.debug("websocket handshake failed: %s", exc)
+            return
         await ClientHandler(self.core, WebSocketTransport(ws)).run()
 
     async def __aenter__(self) -> Self:
