@@ -56,6 +56,10 @@ def prepare_input(input_path: str, out: str, progress: bool) -> str:
 
 
 def cmd_topic_stats(args: argparse.Namespace) -> int:
+    if args.shuffle_partitions is None and args.master.startswith("local"):
+        # Spark's default of 200 shuffle partitions costs seconds of task overhead per stage
+        # on one machine for results that are one row per topic.
+        args.shuffle_partitions = 16
     if args.depth < 1:
         return _error(f"--depth must be >= 1, got {args.depth}")
     try:
@@ -73,11 +77,16 @@ def cmd_topic_stats(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _error(f"{type(exc).__name__}: {exc}")
 
+    from pyspark.sql import SparkSession
+
     from mqttring.spark.jobs import OUTPUTS, build_session, format_summary, run_topic_stats
 
     out_uri = str(_local(args.out).resolve()) if _is_local(args.out) else args.out
+    # Called from a program that already runs a session (a notebook, the tests): use it and
+    # leave it running; --master and --shuffle-partitions then do not apply.
+    active = SparkSession.getActiveSession()
     try:
-        spark = build_session(args.master, shuffle_partitions=args.shuffle_partitions)
+        spark = active or build_session(args.master, shuffle_partitions=args.shuffle_partitions)
     except Exception as exc:  # JVM missing, bad master URL: Py4J/Spark raise many types
         return _error(f"cannot start Spark (--master {args.master}): "
                       f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
@@ -91,7 +100,8 @@ def cmd_topic_stats(args: argparse.Namespace) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         return _error(f"Spark job failed: {type(exc).__name__}: {first}")
     finally:
-        spark.stop()
+        if active is None:
+            spark.stop()
     return 0
 
 
@@ -109,7 +119,8 @@ def register(subparsers: Any) -> None:
     ts.add_argument("--depth", type=int, default=1, help="topic levels per prefix (default 1)")
     ts.add_argument("--top", type=int, default=10, help="rows per section of the printed table")
     ts.add_argument("--shuffle-partitions", type=int, default=None,
-                    help="spark.sql.shuffle.partitions (default: Spark's 200)")
+                    help="spark.sql.shuffle.partitions (default: 16 with a local master, "
+                         "else Spark's own default)")
     ts.add_argument("--no-progress", action="store_true",
                     help="no progress bar when a snapshot is exported first")
     ts.set_defaults(func=cmd_topic_stats)
