@@ -1,0 +1,248 @@
+"""Model-based: a real 3-node cluster delivers exactly what one broker delivers (issue 5).
+
+Hypothesis generates short programs over a few clients, topics and filters: connect (client
+i on node j, clean or persistent), subscribe, unsubscribe, publish (QoS 0/1, retained or
+not), disconnect, and reconnect elsewhere.  Each program runs in lockstep on
+
+* the cluster: three ``python -m mqttring.node`` processes (module-scoped, 64 shards, R=2),
+  client i's connection going to node j; and
+* the reference: one in-process single-node ``MqttRingBroker`` (every node j is it).
+
+After each step, once the reference is quiet, the cluster must reach the same multiset of
+deliveries per client, (topic, payload, QoS, RETAIN), within a bound; CONNACK session-present
+and SUBACK codes must match too.  Client ids and topics are fresh per example, so examples
+share the two brokers without seeing each other.
+
+Shrinking is off (each example costs seconds on real processes); a failure prints the full
+program and the step where the two diverged, which is short enough to read.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
+
+from cluster_support import Client, Clients, Delivery, NodeCluster, start_cluster, unique
+from mqttring import BrokerConfig, MqttRingBroker
+
+pytestmark = pytest.mark.timeout(400)
+
+NODES = ("a", "b", "c")
+N_CLIENTS = 3
+TOPICS = ("a", "b", "a/x", "b/x")
+FILTERS = ("a", "b", "+", "#", "+/x", "a/x", "a/#")
+REF_QUIET = 0.15  # the reference is quiet when nothing arrives for this long
+MATCH_BOUND = 4.0  # the cluster must match the reference within this
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    c = start_cluster(Path(tmp_path_factory.mktemp("model-cluster")), NODES)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    broker = MqttRingBroker(BrokerConfig(
+        node_id="reference", mqtt="127.0.0.1:0",
+        data_dir=Path(tmp_path_factory.mktemp("model-reference")), sys_interval=0))
+    ports = broker.start()
+    assert ports.mqtt
+    yield ports.mqtt
+    broker.stop()
+
+
+# --------------------------------------------------------------------------- programs
+
+# An operation is (kind, client, x, y, flag); what x, y and flag mean depends on the kind:
+#   connect: node x % 3, clean_session flag      subscribe: filter x, QoS y
+#   unsubscribe: filter x                        publish: topic x, QoS y % 2, RETAIN flag
+#   disconnect                                   reconnect: node x % 3 (same clean flag)
+# Kinds are weighted towards what produces deliveries (sampled_from draws uniformly).
+KINDS = ("publish", "publish", "publish", "publish", "subscribe", "subscribe", "reconnect",
+         "disconnect", "unsubscribe", "connect")
+operation = st.tuples(st.sampled_from(KINDS), st.integers(0, N_CLIENTS - 1),
+                      st.integers(0, len(FILTERS) - 1), st.integers(0, 2), st.booleans())
+# Every client connects first (clean or persistent, anywhere); two subscribe to a random
+# filter and the last one to '#' (so that every publish is delivered somewhere).
+head = st.tuples(*(st.tuples(st.just("connect"), st.just(i), st.integers(0, 2),
+                             st.just(0), st.booleans()) for i in range(N_CLIENTS)),
+                 *(st.tuples(st.just("subscribe"), st.just(i), st.integers(0, len(FILTERS) - 1),
+                             st.integers(0, 2), st.just(False)) for i in range(N_CLIENTS - 1)),
+                 st.tuples(st.just("subscribe"), st.just(N_CLIENTS - 1),
+                           st.just(FILTERS.index("#")), st.integers(0, 2), st.just(False)))
+programs = head.flatmap(lambda h: st.lists(operation, min_size=4, max_size=6).map(
+    lambda tail: [*h, *tail]))
+
+
+# --------------------------------------------------------------------------- worlds
+
+
+@dataclass
+class World:
+    """One broker (the cluster or the reference) seen by the program's clients."""
+
+    name: str
+    ports: dict[int, int]  # node index -> MQTT port
+    clients: Clients
+    inboxes: dict[int, queue.Queue[Delivery]] = field(default_factory=dict)
+    live: dict[int, Client] = field(default_factory=dict)
+    delivered: dict[int, list[Delivery]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for i in range(N_CLIENTS):
+            self.inboxes[i] = queue.Queue()
+            self.delivered[i] = []
+
+    def connect(self, i: int, client_id: str, node: int, clean: bool) -> bool:
+        client = self.clients.make(self.ports[node], client_id, clean, self.inboxes[i],
+                                   name=f"{self.name}:{client_id}@{NODES[node]}")
+        present = client.connect()
+        self.live[i] = client
+        return present
+
+    def disconnect(self, i: int) -> None:
+        self.live.pop(i).disconnect()
+
+    def pump(self) -> None:
+        for i, inbox in self.inboxes.items():
+            with_suppress_empty(inbox, self.delivered[i])
+
+    def counters(self) -> dict[int, collections.Counter[Delivery]]:
+        self.pump()
+        return {i: collections.Counter(d) for i, d in self.delivered.items()}
+
+
+def with_suppress_empty(inbox: queue.Queue[Delivery], out: list[Delivery]) -> None:
+    while True:
+        try:
+            out.append(inbox.get_nowait())
+        except queue.Empty:
+            return
+
+
+def wait_quiet(world: World, quiet: float = REF_QUIET, bound: float = 3.0) -> None:
+    """Until no delivery arrived for ``quiet`` seconds (at most ``bound``)."""
+    deadline = time.monotonic() + bound
+    before = sum(len(d) for d in world.delivered.values())
+    last_change = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.03)
+        world.pump()
+        now = sum(len(d) for d in world.delivered.values())
+        if now != before:
+            before, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change >= quiet:
+            return
+
+
+def describe(program: list[Any], upto: int, ids: list[str]) -> str:
+    lines = []
+    for n, op in enumerate(program):
+        mark = ">>" if n == upto else "  "
+        lines.append(f"{mark} {n:2d} {op}")
+    return f"clients {ids}\n" + "\n".join(lines)
+
+
+def diff(ref: dict[int, collections.Counter[Delivery]],
+         got: dict[int, collections.Counter[Delivery]]) -> str:
+    out = []
+    for i in ref:
+        missing, extra = ref[i] - got[i], got[i] - ref[i]
+        if missing or extra:
+            out.append(f"client {i}: cluster is missing {sorted(missing.elements())}, "
+                       f"has extra {sorted(extra.elements())}")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- the property
+
+
+@settings(max_examples=35, deadline=None, derandomize=False,
+          phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(program=programs)
+def test_cluster_delivers_like_one_broker(cluster: NodeCluster, reference: int,
+                                          program: list[Any]) -> None:
+    prefix = unique("model")
+    ids = [f"{prefix}-c{i}" for i in range(N_CLIENTS)]
+    made = Clients()
+    worlds = [
+        World("reference", {n: reference for n in range(len(NODES))}, made),
+        World("cluster", {n: cluster.port(node) for n, node in enumerate(NODES)}, made),
+    ]
+    ref, clu = worlds
+    clean_flag: dict[int, bool] = {}
+    try:
+        for step, op in enumerate(program):
+            kind, i, x, y, flag = op
+            connected = i in ref.live
+            where = describe(program, step, ids)
+            if kind == "connect" or kind == "reconnect":
+                if kind == "connect":
+                    if connected:
+                        continue
+                    clean = flag
+                else:
+                    if i not in clean_flag:
+                        continue
+                    clean = clean_flag[i]
+                    if connected:
+                        for w in worlds:
+                            w.disconnect(i)
+                clean_flag[i] = clean
+                presents = [w.connect(i, ids[i], x % len(NODES), clean) for w in worlds]
+                assert presents[0] == presents[1], (
+                    f"session present: reference {presents[0]}, cluster {presents[1]}\n{where}")
+            elif not connected:
+                continue
+            elif kind == "subscribe":
+                topic_filter = f"{prefix}/{FILTERS[x]}"
+                codes = [w.live[i].subscribe(topic_filter, y) for w in worlds]
+                assert codes[0] == codes[1], f"SUBACK {codes}\n{where}"
+            elif kind == "unsubscribe":
+                for w in worlds:
+                    w.live[i].unsubscribe(f"{prefix}/{FILTERS[x]}")
+            elif kind == "publish":
+                topic = f"{prefix}/{TOPICS[x % len(TOPICS)]}"
+                for w in worlds:
+                    w.live[i].publish(topic, f"s{step}", y % 2, retain=flag)
+            elif kind == "disconnect":
+                for w in worlds:
+                    w.disconnect(i)
+            # Quiescence: the reference settles, then the cluster must reach the same state.
+            wait_quiet(ref)
+            want = ref.counters()
+            deadline = time.monotonic() + MATCH_BOUND
+            while clu.counters() != want and time.monotonic() < deadline:
+                time.sleep(0.03)
+            got = clu.counters()
+            assert got == want, (
+                f"after step {step}, deliveries differ:\n{diff(want, got)}\n{where}\n"
+                f"{cluster.logs_of_interest(limit=5)}")
+        event(f"deliveries: {min(sum(c.total() for c in want.values()) // 4 * 4, 16)}+")
+        # Anything late (duplicates, stragglers) shows up now.
+        time.sleep(0.3)
+        wait_quiet(ref)
+        want, got = ref.counters(), clu.counters()
+        assert got == want, (
+            f"at the end, deliveries differ:\n{diff(want, got)}\n"
+            f"{describe(program, len(program), ids)}")
+    finally:
+        for w in worlds:
+            for i in list(w.live):
+                try:
+                    w.disconnect(i)
+                except Exception:
+                    w.live.pop(i, None)
+        made.close()
