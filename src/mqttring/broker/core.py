@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import Router
 from mqttring.broker.session_store import SessionStore
-from mqttring.broker.sessions import LocalSessions, SessionManager
+from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
@@ -158,7 +158,12 @@ class BrokerCore:
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
             return []
         handler.client_id = client_id
-        session, present = await self.manager.open(handler, client_id, packet)
+        try:
+            session, present = await self.manager.open(handler, client_id, packet)
+        except SessionUnavailable as exc:
+            log.info("refusing %r: %s", client_id, exc)
+            conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
+            return []
         if conn.closed:
             return []  # taken over while we were asking
         handler.session = session

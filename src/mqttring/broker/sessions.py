@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttring.broker")
 
 
+class SessionUnavailable(Exception):
+    """The node that must decide on this client id cannot be reached now (CONNACK 3)."""
+
+
 class SessionManager(Protocol):
     async def open(
         self, handler: ClientHandler, client_id: str, packet: Connect

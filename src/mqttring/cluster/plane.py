@@ -264,6 +264,8 @@ class DataPlane:
             "sopen": task(sessions.on_sopen),
             "sclose": lambda node, msg: self.spawn(sessions.on_sclose(msg)),
             "skick": lambda node, msg: sessions.on_skick(msg),
+            "wreg": lambda node, msg: sessions.on_wreg(msg),
+            "wdel": lambda node, msg: sessions.on_wdel(msg),
             "sbytes": lambda node, msg: sessions.on_sbytes(msg),
             "sack": task(sessions.on_sack, with_node=False),
             "q2": task(sessions.on_q2),

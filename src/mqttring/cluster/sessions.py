@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from mqttring.broker.sessions import LocalSessions
+from mqttring.broker.sessions import LocalSessions, SessionUnavailable
 from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
@@ -170,6 +170,12 @@ class ClusterSessions(LocalSessions):
         self.view = view
         self.spawn = spawn
         self.registrations: dict[str, Registration] = {}
+        #: Registrations of client shards this node replicates but does not own: the will
+        #: keeper's copy, so a will outlives the home (and an edge that was the home).
+        self.replica_registrations: dict[str, Registration] = {}
+        #: Every local connection by token, from the first moment of its CONNECT: a takeover
+        #: may arrive while the connection is still waiting for its home's answer.
+        self.by_token: dict[str, ClientHandler] = {}
         self.proxies: dict[str, SessionProxy] = {}
         self.remote: dict[tuple[str, str], RemoteSession] = {}
         self._locks: dict[str, trio.Lock] = {}
@@ -185,6 +191,7 @@ class ClusterSessions(LocalSessions):
                    packet: Connect) -> tuple[Session, bool]:
         token = f"{self.node_id}:{next(self._tokens)}"
         handler.token = token
+        self.by_token[token] = handler
         home = self.home(client_id)
         if home is None or home == self.node_id:
             await self.register(client_id, self.node_id, token, packet.will, packet.clean_session)
@@ -197,9 +204,10 @@ class ClusterSessions(LocalSessions):
             answer = await self.links.request(home, ["sopen", 0, client_id, self.node_id, token,
                                                      packet.clean_session,
                                                      will_to_wire(packet.will)])
-        except (PeerUnavailable, RemoteError):
+        except (PeerUnavailable, RemoteError) as exc:
             self.remote.pop((client_id, token), None)
-            raise
+            self.by_token.pop(token, None)
+            raise SessionUnavailable(f"home {home} of {client_id!r}: {exc}") from exc
         if stand_in is None:
             return await self.bind(client_id, True)
         stand_in.subscriptions = {f: int(q) for f, q in answer["subs"]}
@@ -211,6 +219,7 @@ class ClusterSessions(LocalSessions):
         return session, present
 
     async def close(self, handler: ClientHandler) -> None:
+        self.by_token.pop(handler.token, None)
         session = handler.session
         assert session is not None
         owed_will = not handler.clean_disconnect and not self.core.shutting_down
@@ -251,11 +260,16 @@ class ClusterSessions(LocalSessions):
             self.core.wake(client_id)
 
     def on_skick(self, message: list[Any]) -> None:
-        _, client_id, token = message
-        handler = self.core.clients.get(client_id)
-        if handler is not None and handler.token == token:
-            handler.will = None  # the home already published it
-            handler.kick()
+        _, _client_id, token = message
+        self._kick_token(token)
+
+    def _kick_token(self, token: str) -> None:
+        handler = self.by_token.pop(token, None)
+        if handler is not None:
+            if handler.client_id is not None:
+                self.remote.pop((handler.client_id, token), None)
+            handler.will = None  # the home publishes it
+            handler.kick()  # also when it is still waiting for its CONNACK
 
     # -- home side --------------------------------------------------------------------------
 
@@ -265,29 +279,50 @@ class ClusterSessions(LocalSessions):
         async with lock:
             previous = self.registrations.get(client_id)
             self.registrations[client_id] = Registration(node, token, will, clean)
+            self._replicate(client_id, ["wreg", client_id, node, token, will_to_wire(will),
+                                        clean])
             if previous is not None and previous.token != token:
                 log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node)
                 self._detach_proxy(client_id, previous.token)
                 if previous.node == self.node_id:
-                    old = self.core.clients.get(client_id)
-                    if old is not None and old.token == previous.token:
-                        old.will = None
-                        await self.core.connection_lost(old)
-                        old.kick()
+                    old = self.by_token.get(previous.token)
+                    if old is not None:
+                        self._kick_token(previous.token)  # closes it, even mid-CONNECT
+                        if old.session is not None:
+                            await self.core.connection_lost(old)
                 else:
                     self.links.send(previous.node, ["skick", client_id, previous.token])
                 await self._publish_will(previous.will)
-        if not self._locks[client_id].statistics().tasks_waiting:
-            self._locks.pop(client_id, None)
+        if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
+            del self._locks[client_id]
 
     async def unregister(self, client_id: str, token: str, publish_will: bool) -> None:
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
             return  # a connection that was already replaced
         del self.registrations[client_id]
+        self._replicate(client_id, ["wdel", client_id, token])
         self._detach_proxy(client_id, token)
         if publish_will:
             await self._publish_will(current.will)
+
+    def _replicate(self, client_id: str, message: list[Any]) -> None:
+        view = self.view()
+        for node in view.replicas(view.shard_for_client(client_id))[1:]:
+            if node != self.node_id:
+                self.links.send(node, message)
+
+    def on_wreg(self, message: list[Any]) -> None:
+        _, client_id, node, token, raw_will, clean = message
+        self.replica_registrations[client_id] = Registration(
+            node, token, will_from_wire(raw_will), bool(clean)
+        )
+
+    def on_wdel(self, message: list[Any]) -> None:
+        _, client_id, token = message
+        current = self.replica_registrations.get(client_id)
+        if current is not None and current.token == token:
+            del self.replica_registrations[client_id]
 
     async def _publish_will(self, will: Will | None) -> None:
         if will is not None and not self.core.shutting_down:
@@ -332,6 +367,9 @@ class ClusterSessions(LocalSessions):
                 await self.core.session_store.save_changes([session], Durability.LAZY)
         except (PeerUnavailable, RemoteError, OSError) as exc:
             self.links.reply(node, req, False, str(exc))
+        except Exception:
+            self.links.reply(node, req, False, "internal error")  # never leave it waiting
+            raise
 
     def on_sclose(self, message: list[Any]) -> Callable[[], Any]:
         _, client_id, token, publish_will = message
@@ -399,6 +437,27 @@ class ClusterSessions(LocalSessions):
 
     async def on_view(self, old: ClusterView, new: ClusterView) -> None:
         """Wills of clients whose edge died; clients whose home moved reconnect."""
+        me = self.node_id
+        for client_id in list(self.replica_registrations):
+            shard = new.shard_for_client(client_id)
+            if new.owner(shard) == me:
+                # Promoted: the copy becomes the registration (the lock, the will).
+                self.registrations.setdefault(client_id,
+                                              self.replica_registrations.pop(client_id))
+            elif me not in new.replicas(shard):
+                del self.replica_registrations[client_id]
+        for client_id in [c for c in self.registrations if self.home(c, new) != me]:
+            reg = self.registrations.pop(client_id)
+            if self.home(client_id, new) is not None and me in new.replicas(
+                new.shard_for_client(client_id)
+            ):
+                self.replica_registrations[client_id] = reg  # demoted to replica
+        for client_id, reg in self.registrations.items():
+            shard = new.shard_for_client(client_id)
+            fresh = set(new.replicas(shard)[1:]) - set(old.replicas(shard) if old.epoch else ())
+            for node in fresh - {me}:  # a new replica gets the will keeper's copy too
+                self.links.send(node, ["wreg", client_id, reg.node, reg.token,
+                                       will_to_wire(reg.will), reg.clean])
         gone = {n for n in old.members if n not in new.live_members()}
         for client_id, reg in list(self.registrations.items()):
             if reg.node in gone:
