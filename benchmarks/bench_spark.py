@@ -12,7 +12,8 @@ Usage: python benchmarks/bench_spark.py [--quick] [--rows N] [--messages N]
 4. Archive overhead on QoS 0 publish throughput: an in-process broker (with a store), one
    raw-socket publisher sending M QoS 0 PUBLISH packets in large writes then a PINGREQ (the
    PINGRESP comes after every earlier packet was routed), with ``archive = []`` and with
-   ``archive = ["#"]`` (every message archived); best of 3 alternating rounds each.
+   ``archive = ["#"]`` (every message archived), and with a filter no message matches
+   (``["nomatch/#"]``: the cost of the lookup alone); best of 3 alternating rounds each.
 
 Writes benchmarks/results/spark.json (spark_quick.json with --quick).
 """
@@ -131,14 +132,15 @@ def publish_round(port: int, messages: int) -> float:
 
 
 def archive_overhead(root: Path, messages: int, rounds: int = 3) -> dict:
-    results: dict[str, list[float]] = {"off": [], "on": []}
+    filters = {"off": (), "miss": ("nomatch/#",), "on": ("#",)}
+    results: dict[str, list[float]] = {mode: [] for mode in filters}
     appended = 0
     for r in range(rounds):
-        for mode in ("off", "on"):
+        for mode in filters:
             data = root / f"pub-{mode}-{r}"
             broker = MqttRingBroker(BrokerConfig(
                 node_id=f"bench-{mode}", mqtt="127.0.0.1:0", data_dir=data, sys_interval=0,
-                archive=("#",) if mode == "on" else ()))
+                archive=filters[mode]))
             ports = broker.start()
             try:
                 assert ports.mqtt
@@ -153,11 +155,13 @@ def archive_overhead(root: Path, messages: int, rounds: int = 3) -> dict:
             results[mode].append(messages / seconds)
             print(f"  publish round {r} archive {mode}: {messages / seconds:,.0f} msg/s",
                   flush=True)
-    off, on = max(results["off"]), max(results["on"])
+    off, miss, on = (max(results[m]) for m in ("off", "miss", "on"))
     return {"messages_per_round": messages, "rounds": rounds,
             "qos0_msgs_per_s_archive_off": round(off), "qos0_msgs_per_s_archive_on": round(on),
+            "qos0_msgs_per_s_archive_filter_not_matching": round(miss),
             "all_rounds_off": [round(x) for x in results["off"]],
             "all_rounds_on": [round(x) for x in results["on"]],
+            "all_rounds_miss": [round(x) for x in results["miss"]],
             "median_off": round(statistics.median(results["off"])),
             "median_on": round(statistics.median(results["on"])),
             "overhead_pct_best": round(100 * (1 - on / off), 1),

@@ -26,7 +26,7 @@ def _error(message: str) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from mqttring.analytics.snapshot import take_snapshots
+    from mqttring.analytics.snapshot import SNAPSHOT_SET, take_snapshots
 
     secret = args.secret or os.environ.get(SECRET_ENV)
     if not secret:
@@ -41,6 +41,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         return _error(f"{args.node}: the node refused: {exc}")
     except (OSError, trio.TooSlowError, KeyError, RuntimeError) as exc:
         return _error(f"{args.node}: {type(exc).__name__}: {exc}")
+    if args.all and not (out / SNAPSHOT_SET).exists():
+        print(f"note: {out} is not visible here, so {SNAPSHOT_SET} (the shard owners) was not "
+              f"written; the export will keep the fullest copy of each shard instead",
+              file=sys.stderr)
     for r in replies:
         rows = {db: e["rows"] for db, e in r.manifest["databases"].items()}
         summary = ", ".join(f"{db} {n}" for db, n in rows.items() if n)

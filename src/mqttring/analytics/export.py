@@ -49,14 +49,13 @@ from mqttring.analytics.schemas import (
     decode_row,
     schema_description,
 )
+from mqttring.analytics.snapshot import SNAPSHOT_SET, SNAPSHOT_SET_FORMAT
 from mqttring.lsm import Snapshot, StoreError, decode_value, open_snapshot
 from mqttring.lsm.snapshot import MANIFEST_NAME
 
 EXPORT_FORMAT = "mqttring-parquet-export"
 EXPORT_FORMAT_VERSION = 1
 EXPORT_MANIFEST = "EXPORT.json"
-SNAPSHOT_SET = "SNAPSHOT-SET.json"
-SNAPSHOT_SET_FORMAT = "mqttring-snapshot-set"
 #: Rows per Parquet row group: large enough for fast scans, small enough to bound memory.
 ROW_GROUP = 65_536
 
@@ -214,7 +213,10 @@ def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str]
     files: list[dict[str, Any]] = []
     for node in nodes:
         mine = {s for s, n in sources.items() if n == node.node_id}
-        expected = node.snapshot.manifest.databases[db].shard_rows
+        entry = node.snapshot.manifest.databases.get(db)
+        if entry is None:  # a manifest may omit a database: no rows of it, nothing to export
+            continue
+        expected = entry.shard_rows
         current: _ShardFile | None = None
         current_shard = -1
 
@@ -260,7 +262,8 @@ def export_snapshot(snapshot: Path, out: Path, *, progress: bool = True,
     for table in tables:
         db = TABLES[table][0]
         for node in nodes:
-            shard_rows = node.snapshot.manifest.databases[db].shard_rows
+            entry = node.snapshot.manifest.databases.get(db)
+            shard_rows = entry.shard_rows if entry is not None else {}
             total += sum(n for s, n in shard_rows.items() if sources.get(s) == node.node_id)
     bar = ProgressBar(total, "export", enabled=progress)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,7 @@ ARCHIVE = pa.schema([
 OUT_STATES = {0: "queued", 1: "await_puback", 2: "await_pubrec", 3: "await_pubcomp"}
 
 
-def _client_id(table: str, key: bytes) -> tuple[str, int]:
+def _client_id(key: bytes) -> tuple[str, int]:
     """Length-prefixed client id after the shard; returns it and where it ends."""
     (n,) = _LEN.unpack_from(key, 2)
     end = 4 + n
@@ -103,7 +103,7 @@ def retained_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
 
 
 def session_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
-    client_id, end = _client_id("sessions", key)
+    client_id, end = _client_id(key)
     if end != len(key):
         raise ValueError("trailing bytes after the client id")
     subs = [{"filter": str(f), "qos": int(q)} for f, q in value["subs"]]
@@ -111,7 +111,7 @@ def session_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
 
 
 def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
-    client_id, end = _client_id("queues", key)
+    client_id, end = _client_id(key)
     if len(key) != end + _SEQ.size:
         raise ValueError("queue key is not client id + 8-byte sequence")
     (seq,) = _SEQ.unpack_from(key, end)

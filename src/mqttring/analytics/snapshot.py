@@ -24,10 +24,12 @@ from typing import Any
 
 import trio
 
-from mqttring.analytics.export import SNAPSHOT_SET, SNAPSHOT_SET_FORMAT
 from mqttring.raft.rpc import call_once, derive_key
 from mqttring.raft.service import RPC_KEY_PURPOSE
 
+#: Written by ``--all`` next to the node snapshots; read by the export (owners per shard).
+SNAPSHOT_SET = "SNAPSHOT-SET.json"
+SNAPSHOT_SET_FORMAT = "mqttring-snapshot-set"
 #: Caller name in the RPC handshake (shows up in the node's logs).
 CALLER = "cli"
 
