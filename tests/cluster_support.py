@@ -120,6 +120,7 @@ class NodeCluster(LocalCluster):
         super().__init__(root, secret, num_shards=num_shards, replication=replication,
                          heartbeat=heartbeat, grace=grace, entry="node")
         self.sys_interval = sys_interval
+        self.log_level = "info"
         self.ports: dict[str, int] = {}
 
     # LocalCluster.start with ``sys_interval`` in the TOML and a log level for diagnosis.
@@ -145,7 +146,7 @@ class NodeCluster(LocalCluster):
                "--data-dir", str(proc.data_dir), "--ready-file", str(proc.ready_file),
                "--num-shards", str(self.num_shards), "--replication", str(self.replication),
                "--mqtt", f"{HOST}:0", "--config", str(toml),
-               "--cluster-secret", secret or self.secret, "--log-level", "info"]
+               "--cluster-secret", secret or self.secret, "--log-level", self.log_level]
         if join:
             cmd += ["--join", join]
         with proc.log_file.open("ab") as log:
