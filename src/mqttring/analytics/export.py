@@ -26,6 +26,7 @@ is built under a temporary name and renamed into place after EXPORT.json is writ
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -184,6 +185,12 @@ class _ShardFile:
         self._flush()
         self._writer.close()
 
+    def abandon(self) -> None:
+        """Close the file after a failure (its directory is about to be removed)."""
+        # The export already failed with a better error than a close can give.
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -230,17 +237,24 @@ def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str]
                           "node_id": node.node_id, "rows": f.rows,
                           "bytes": f.path.stat().st_size, "sha256": _sha256(f.path)})
 
-        for shard, key, value in _selected_rows(node, db, mine):
-            if shard != current_shard:
-                if current is not None:
-                    finish(current, current_shard)
-                current_shard = shard
-                current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
-            assert current is not None
-            current.add(decode_row(table, node.node_id, key, value))
-            progress.advance(1)
-        if current is not None:
-            finish(current, current_shard)
+        try:
+            for shard, key, value in _selected_rows(node, db, mine):
+                if shard != current_shard:
+                    if current is not None:
+                        finished, current = current, None
+                        finish(finished, current_shard)
+                    current_shard = shard
+                    current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
+                assert current is not None
+                current.add(decode_row(table, node.node_id, key, value))
+                progress.advance(1)
+            if current is not None:
+                finished, current = current, None
+                finish(finished, current_shard)
+        except BaseException:
+            if current is not None:
+                current.abandon()
+            raise
     files.sort(key=lambda f: f["shard"])
     return files
 
