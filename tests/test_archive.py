@@ -34,8 +34,9 @@ async def test_only_matching_topics_are_archived_in_time_order_per_shard(store):
     archive = make(store, lambda: now[0])
     for i in range(20):
         now[0] += 10
-        await archive.append(Message(f"sensors/{i % 3}", b"%d" % i, 1))
-        await archive.append(Message(f"other/{i}", b"no", 0))
+        archive.append(Message(f"sensors/{i % 3}", b"%d" % i, 1))
+        archive.append(Message(f"other/{i}", b"no", 0))
+    await archive.flush()
     rows = await store.scan("archive")
     assert len(rows) == 20
     assert {r[1][0] for r in rows} == {"sensors/0", "sensors/1", "sensors/2"}
@@ -49,7 +50,8 @@ async def test_expiry_by_age_keeps_the_young(store):
     archive = make(store, lambda: now[0], max_age=5.0)
     for i in range(10):
         now[0] = i * 1_000_000_000  # one message per second
-        await archive.append(Message("sensors/a", b"%d" % i, 0))
+        archive.append(Message("sensors/a", b"%d" % i, 0))
+    await archive.flush()
     now[0] = 10 * 1_000_000_000
     removed = await archive.expire(list(range(SHARDS)))
     left = [v[1] for _, v in await store.scan("archive")]
@@ -62,7 +64,8 @@ async def test_expiry_by_size_drops_the_oldest_first(store):
     archive = make(store, lambda: now[0], filters=("#",), max_bytes=10 * 11)
     for i in range(30):
         now[0] += 1
-        await archive.append(Message(f"t/{i % 4}", b"x" * 8, 0))  # 3 + 8 = 11 bytes each
+        archive.append(Message(f"t/{i % 4}", b"x" * 8, 0))  # 3 + 8 = 11 bytes each
+    await archive.flush()
     await archive.expire(list(range(SHARDS)))
     rows = await store.scan("archive")
     assert archive.bytes <= 110
@@ -74,3 +77,13 @@ async def test_expiry_by_size_drops_the_oldest_first(store):
 def test_bad_filter_is_refused_at_start(store):
     with pytest.raises(InvalidTopic):
         make(store, lambda: 0, filters=("a/#/b",))
+
+
+async def test_a_writer_that_falls_behind_drops_and_counts_never_blocks(store):
+    archive = make(store, lambda: 1, filters=("#",))
+    archive.max_pending = 5
+    for i in range(8):
+        archive.append(Message("t", b"%d" % i, 0))
+    assert archive.dropped == 3
+    await archive.flush()
+    assert [v[1] for _, v in await store.scan("archive")] == [b"%d" % i for i in range(5)]

@@ -32,7 +32,8 @@ def register_admin(rpc: RpcServer, broker: MqttRingBroker) -> None:
         if broker.archive is not None:
             result["archive"] = {"appended": broker.archive.appended,
                                  "bytes": broker.archive.bytes,
-                                 "expired": broker.archive.expired}
+                                 "expired": broker.archive.expired,
+                                 "dropped": broker.archive.dropped}
         return result
 
     async def snapshot(body: dict[str, Any], peer: Peer) -> dict[str, Any]:

@@ -5,10 +5,17 @@ matching topic is appended at its shard's owner, so each message is archived onc
 many nodes it crosses.  Keys are ``shard | time (ns, 8 bytes) | sequence (4 bytes)``: one
 shard's archive is one time-ordered range scan, which is what the Spark export reads.
 
-Writes use the *lazy* durability class: the publish path never waits for an fsync for the
-archive (a process kill loses nothing already written; a power loss may lose the last
-``lazy_sync_ms``).  Retention is enforced in the background by age and by total size,
-oldest first; the size is tracked incrementally (one scan at start-up).
+The publish path does not write: ``append`` only queues the row (no await, no allocation
+beyond the row), and a writer task stores everything queued since its last write as one
+batch with the *lazy* durability class.  So a burst of publishes costs one store write, not
+one each (archiving every message once cost 84% of QoS 0 throughput that way).  A process
+kill loses what was queued but not yet handed to the store (milliseconds of traffic) and
+a power loss the last ``lazy_sync_ms``; if the writer falls ``max_pending`` rows behind,
+new rows are dropped and counted rather than slowing publishers down: the archive is for
+analytics, never on the delivery path.
+
+Retention is enforced in the background by age and by total size, oldest first; the size
+is tracked incrementally (one scan at start-up).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ log = logging.getLogger("mqttring.archive")
 
 _DB = "archive"
 _STAMP = struct.Struct(">QI")
+#: Topics whose archive decision is cached (cleared when full).
+_TOPIC_CACHE_SIZE = 100_000
 #: Rows per delete batch during expiry, so one pass never holds the store for long.
 _EXPIRY_BATCH = 5000
 
@@ -52,6 +61,7 @@ class TelemetryArchive:
         max_age: float,
         max_bytes: int,
         clock: Callable[[], int] = time.time_ns,
+        max_pending: int = 100_000,
     ) -> None:
         self._filters: TopicTrie[str, int] = TopicTrie()
         for topic_filter in filters:
@@ -64,9 +74,14 @@ class TelemetryArchive:
         self.max_bytes = max_bytes
         self._clock = clock
         self._seq = itertools.count()
+        self._pending: list[tuple[int, Op]] = []
+        self._topic_cache: dict[str, int] = {}
+        self._wakeup = trio.Event()
+        self.max_pending = max_pending
         self.bytes = 0
         self.appended = 0
         self.expired = 0
+        self.dropped = 0
 
     @property
     def enabled(self) -> bool:
@@ -75,17 +90,48 @@ class TelemetryArchive:
     def matches(self, topic: str) -> bool:
         return bool(self._filters.match(topic))
 
-    async def append(self, message: Message) -> None:
-        """Archive one message if its topic matches; never waits for a disk sync."""
-        if not self._filters.match(message.topic):
+    def _route(self, topic: str) -> int:
+        """Shard of an archived topic, or -1 if not archived; cached, since telemetry
+        topics repeat (the cache is cleared when full and rebuilt from the traffic)."""
+        shard = self._topic_cache.get(topic)
+        if shard is None:
+            shard = self._shard_for_topic(topic) if self._filters.match(topic) else -1
+            if len(self._topic_cache) >= _TOPIC_CACHE_SIZE:
+                self._topic_cache.clear()
+            self._topic_cache[topic] = shard
+        return shard
+
+    def append(self, message: Message) -> None:
+        """Queue one message for the archive if its topic matches (never waits)."""
+        shard = self._route(message.topic)
+        if shard < 0:
+            return
+        if len(self._pending) >= self.max_pending:
+            self.dropped += 1
             return
         now = self._clock()
-        shard = self._shard_for_topic(message.topic)
         value = [message.topic, message.payload, message.qos, message.retain, now]
-        op = Put(_DB, archive_key(shard, now, next(self._seq)), value)
+        self._pending.append((shard, Put(_DB, archive_key(shard, now, next(self._seq)), value)))
         self.bytes += len(message.payload) + len(message.topic)
         self.appended += 1
-        await self._writer.write([(shard, [op])], Durability.LAZY)
+        self._wakeup.set()
+
+    async def flush(self) -> None:
+        """Store everything queued so far, one batch per shard, in one write."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        by_shard: dict[int, list[Op]] = {}
+        for shard, op in pending:
+            by_shard.setdefault(shard, []).append(op)
+        await self._writer.write(list(by_shard.items()), Durability.LAZY)
+
+    async def run_writer(self) -> None:
+        """Runs until cancelled: store queued rows as soon as there are any."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            await self.flush()
 
     # -- retention --------------------------------------------------------------------------
 

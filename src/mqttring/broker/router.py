@@ -86,7 +86,7 @@ class LocalRouter:
         if message.retain:
             await self._retained.update(message, persist=not message.topic.startswith("$SYS/"))
         if self.archive is not None:
-            await self.archive.append(message)
+            self.archive.append(message)
         to_persist = self.deliver_local(message)
         if to_persist:
             await self._session_store.save_changes(to_persist, Durability.DURABLE)

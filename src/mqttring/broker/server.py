@@ -194,6 +194,7 @@ class MqttRingBroker:
         archive = TelemetryArchive(config.archive, store, writer, shard_for_topic,
                                    config.archive_max_age, config.archive_max_bytes)
         self.router.archive = archive  # type: ignore[union-attr]
+        nursery.start_soon(archive.run_writer)
         nursery.start_soon(archive.run_expiry, config.archive_expiry_interval, owned)
         return archive
 
@@ -201,6 +202,8 @@ class MqttRingBroker:
         core, store = self.core, self.store
         if store is None:
             return
+        if self.archive is not None:
+            await self.archive.flush()  # rows queued after the writer's last batch
         if core is not None:
             dirty = [s for s in core.sessions.values() if s.persistent and s.has_changes()]
             if dirty:

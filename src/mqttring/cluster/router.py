@@ -133,7 +133,7 @@ class ClusterRouter:
                 message, persist=not message.topic.startswith("$SYS/")
             )
         if self.archive is not None:
-            await self.archive.append(message)
+            self.archive.append(message)
         by_node = self.resolve(self.routes.nodes_for(message.topic), view)
         acked: list[tuple[str, list[int]]] = []
         local_shards: list[int] | None = None
@@ -215,7 +215,7 @@ class ClusterRouter:
         if req == 0 and qos == 0 and not retain and owner == self.node_id:
             # The hot path: QoS 0, handled inline so that arrival order is kept.
             if self.archive is not None:
-                self.spawn(self.archive.append, message)
+                self.archive.append(message)
             for target, shards in self.resolve(self.routes.nodes_for(topic), view).items():
                 if target == self.node_id:
                     self.local.deliver_local(message)
