@@ -20,14 +20,6 @@ Writes benchmarks/results/spark.json (spark_quick.json with --quick).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as a file, this directory is sys.path[0], and benchmarks/profile.py would shadow the
-# standard library's ``profile`` (which pyspark imports through cProfile).
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
 import argparse
 import json
 import os
@@ -36,8 +28,10 @@ import shutil
 import socket
 import statistics
 import struct
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from mqttring import BrokerConfig, MqttRingBroker
 from mqttring.analytics.export import export_snapshot

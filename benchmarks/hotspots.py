@@ -1,4 +1,4 @@
-"""``python -m benchmarks.profile``: py-spy profile of mqttring under one scenario's load.
+"""``python -m benchmarks.hotspots``: py-spy profile of mqttring under one scenario's load.
 
 Why a script and not a recipe: the profile that explains a missed target must be taken
 under the same load the target was measured with, and reproducible by whoever optimises
@@ -86,7 +86,7 @@ def hot_spots(raw: Path, top: int) -> tuple[list[tuple[str, float]], list[tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.hotspots", description=__doc__)
     ap.add_argument("scenario", nargs="?", default="fanin_qos0", choices=sorted(SCENARIOS))
     ap.add_argument("--duration", type=int, default=10, help="seconds per py-spy recording")
     ap.add_argument("--out", default=str(RESULTS / "profile-fanin.svg"))
