@@ -24,6 +24,7 @@ from cluster_support import (
     Clients,
     Delivery,
     NodeCluster,
+    ViewInfo,
     connect_with_retry,
     unique,
 )
@@ -161,6 +162,15 @@ def test_kill9_during_qos1_stream_loses_no_acknowledged_message(
 # --------------------------------------------------------------------------- leader
 
 
+def topic_where(view: ViewInfo, prefix: str, owner: str, replica: str) -> str:
+    for n in range(10_000):
+        topic = f"{prefix}/{n}"
+        replicas = view.replicas_of_topic(topic)
+        if replicas[0] == owner and replica in replicas:
+            return topic
+    raise AssertionError(f"no topic owned by {owner} with a replica on {replica}")
+
+
 def test_raft_leader_killed_during_traffic(
     make_cluster: Callable[..., NodeCluster], clients: Clients
 ) -> None:
@@ -173,16 +183,27 @@ def test_raft_leader_killed_during_traffic(
     assert leader in NODES
     s1, s2 = [n for n in NODES if n != leader]
     prefix = unique("leader")
-    own1 = view.topic_owned_by(s1, prefix)
-    own2 = view.topic_owned_by(s2, prefix)
+    # Survivor-owned topics whose shard the leader also holds (R=2: two thirds of them), so
+    # a subscription must register its route on the dead leader's replica too; and client
+    # ids whose shard lives on the survivors only, so that connecting does not need it.
+    own1 = topic_where(view, prefix, owner=s1, replica=leader)
+    own2 = topic_where(view, prefix, owner=s2, replica=leader)
     dead_owned = view.topic_owned_by(leader, prefix)
 
-    steady = clients.connected(cluster.port(s2), view.client_homed_at(s2, unique("steady")),
+    def survivor_id(home: str, name: str) -> str:
+        for n in range(10_000):
+            client_id = f"{name}-{n}"
+            if view.replicas_of_client(client_id) in ([s1, s2], [s2, s1]) and (
+                    view.home_of(client_id) == home):
+                return client_id
+        raise AssertionError(f"no client id homed at {home} without {leader}")
+
+    steady = clients.connected(cluster.port(s2), survivor_id(s2, unique("steady")),
                                name=f"steady@{s2}")
     steady.subscribe(f"{prefix}/#", 1)
-    pub1 = clients.connected(cluster.port(s1), view.client_homed_at(s1, unique("pub1")),
+    pub1 = clients.connected(cluster.port(s1), survivor_id(s1, unique("pub1")),
                              name=f"pub@{s1}")
-    pub2 = clients.connected(cluster.port(s2), view.client_homed_at(s1, unique("pub2")),
+    pub2 = clients.connected(cluster.port(s2), survivor_id(s1, unique("pub2")),
                              name=f"pub@{s2}")
     for i in range(20):
         pub1.publish(own1 if i % 2 else own2, f"before{i}", 1)
@@ -200,10 +221,8 @@ def test_raft_leader_killed_during_traffic(
         return result
 
     # During the election: new connections, subscriptions (exact and wildcard) and
-    # publishes, QoS 0 and 1.  (Client ids homed at survivors: a CONNECT must ask the id's
-    # home, and the dead node's homes only move once it is marked down - node loss, not the
-    # election.)
-    exact = clients.make(cluster.port(s1), view.client_homed_at(s2, unique("exact")),
+    # publishes, QoS 0 and 1.
+    exact = clients.make(cluster.port(s1), survivor_id(s2, unique("exact")),
                          name=f"exact@{s1}")
     timed("connect", exact.connect)
     assert timed("exact subscribe", lambda: exact.subscribe(own2, 1)) == [1]
@@ -211,7 +230,7 @@ def test_raft_leader_killed_during_traffic(
     timed("QoS 0 publish", lambda: pub1.publish(own2, b"during-3", 0))
     assert sorted(exact.collect(2)) == [Delivery(own2, b"during-1", 1, False),
                                         Delivery(own2, b"during-3", 0, False)]
-    wild = clients.make(cluster.port(s2), view.client_homed_at(s1, unique("wild")),
+    wild = clients.make(cluster.port(s2), survivor_id(s1, unique("wild")),
                         name=f"wild@{s2}")
     timed("connect", wild.connect)
     assert timed("wildcard subscribe", lambda: wild.subscribe(f"{prefix}/+", 1)) == [1]
@@ -219,7 +238,7 @@ def test_raft_leader_killed_during_traffic(
     assert wild.collect(1) == [Delivery(own1, b"during-2", 1, False)]
     # Again while the election is under way (pysyncobj elects after 0.4-0.8 s).
     time.sleep(max(0.0, killed + 0.6 - time.monotonic()))
-    later = clients.make(cluster.port(s2), view.client_homed_at(s2, unique("later")),
+    later = clients.make(cluster.port(s2), survivor_id(s2, unique("later")),
                          name=f"later@{s2}")
     timed("connect", later.connect)
     assert timed("exact subscribe", lambda: later.subscribe(own1, 1)) == [1]
