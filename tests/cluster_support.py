@@ -587,6 +587,7 @@ COUNTERS = {
     "$SYS/broker/cluster/deliveries_to_nodes": "deliveries_to_nodes",
     "$SYS/broker/messages/received": "messages_received",
     "$SYS/broker/messages/sent": "messages_sent",
+    "$SYS/broker/clients/connected": "clients_connected",
 }
 
 

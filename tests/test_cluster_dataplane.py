@@ -457,9 +457,15 @@ def test_will_of_client_on_killed_node_is_published(tmp_path: Path) -> None:
                 will=(topic, f"will-{home}".encode(), 1, home == "c"))
             expected.add(Delivery(topic, f"will-{home}".encode(), 1, False))
         # A client with a will that disconnects cleanly: its will must NOT be published.
+        # (paho closes its socket right after sending DISCONNECT, so wait until node a has
+        # processed it - a's connected-clients count drops back - before killing a.)
+        baseline = read_counters(cluster.port("a"))["clients_connected"]
         polite = made.make(cluster.port("a"), view.client_homed_at("b", unique("polite")))
         polite.connect(will=(f"{prefix}/polite", b"never", 1, False))
         polite.disconnect()
+        deadline = time.monotonic() + 5
+        while read_counters(cluster.port("a"))["clients_connected"] > baseline:
+            assert time.monotonic() < deadline, "a never processed the DISCONNECT"
 
         cluster.kill("a")
         for w in watchers:
