@@ -30,6 +30,7 @@ sender retries it (see ``ClusterRouter``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections import deque
@@ -80,6 +81,9 @@ class Link:
         self.wakeup = trio.Event()
         self.room = trio.Event()
         self.connected = False
+        #: True from a failed or broken connection until the next successful one: requests
+        #: then fail at once instead of waiting for an answer that cannot come.
+        self.down = False
         self.closed = False
         self.sent_messages = 0
         self.sent_frames = 0
@@ -114,21 +118,38 @@ class Link:
                 except Exception as exc:  # refused, unreachable, handshake failed: retry
                     log.debug("link %s -> %s: connect failed: %s", self.owner.node_id,
                               self.node_id, exc)
+                    self.down = True
                     self.owner.link_broken(self)
                     await trio.sleep(delay)
                     delay = min(delay * 2, RECONNECT_MAX)
                     continue
                 delay = RECONNECT_MIN
-                self.connected = True
+                self.connected, self.down = True, False
                 try:
-                    await self._drain(stream)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._watch, stream, nursery.cancel_scope)
+                        await self._drain(stream)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id, exc)
                 finally:
                     self.connected = False
+                    self.down = True
                     with trio.CancelScope(shield=True):
                         await trio.aclose_forcefully(stream.stream)
                 self.owner.link_broken(self)
+
+    async def _watch(self, stream: FramedStream, scope: trio.CancelScope) -> None:
+        """The peer never writes on our link: end of stream means it died or restarted.
+
+        Without this a dead peer would only be noticed at the next failed write, and a
+        request to it (a route registration a SUBACK waits for) would hang until the
+        failure detector changed the view.
+        """
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            while await stream.stream.receive_some(4096):
+                pass
+        log.info("link %s -> %s: peer closed the connection", self.owner.node_id, self.node_id)
+        scope.cancel()
 
     async def _drain(self, stream: FramedStream) -> None:
         queue = self.queue
@@ -228,6 +249,9 @@ class Links:
 
     async def request(self, node_id: str, message: Message, timeout: float = 10.0) -> Any:
         """Send ``message`` with a request id in slot 1 and wait for the peer's answer."""
+        link = self._links.get(node_id)
+        if link is None or link.down:
+            raise PeerUnavailable(f"{node_id}: no working link")
         req = next(self._ids)
         message[1] = req
         pending = _Pending(node_id)
