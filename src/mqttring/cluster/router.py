@@ -46,6 +46,8 @@ from mqttring.raft.view import ClusterView
 log = logging.getLogger("mqttring.cluster.router")
 
 MAX_HOPS = 4
+#: Topics whose routing answer is cached (cleared when full, a new epoch, a route change).
+ROUTE_CACHE_SIZE = 50_000
 FORWARD_ATTEMPTS = 20
 FORWARD_TIMEOUT = 10.0
 
@@ -81,15 +83,31 @@ class ClusterRouter:
         #: Local subscriptions per (filter, route target); a route is registered while > 0.
         self.local_filters: dict[tuple[str, str], int] = {}
         self._view_changed = trio.Event()
+        #: topic -> (owner, nodes with their session shards): valid for one (epoch, routes
+        #: version); spares the hash, the wildcard trie walk and the resolution per message.
+        self._route_cache: dict[str, tuple[str | None, dict[str, list[int]]]] = {}
+        self._cache_key: tuple[int, int] = (-1, -1)
         #: Set by the server when ``config.archive`` lists topic filters (owner side only).
         self.archive: TelemetryArchive | None = None
+
+    def route(self, topic: str, view: ClusterView) -> tuple[str | None, dict[str, list[int]]]:
+        """(owner of the topic's shard, {target node: session shards}) under ``view``."""
+        key = (view.epoch, self.routes.version)
+        cache = self._route_cache
+        if key != self._cache_key or len(cache) >= ROUTE_CACHE_SIZE:
+            cache.clear()
+            self._cache_key = key
+        hit = cache.get(topic)
+        if hit is None:
+            owner = view.owner(view.shard_for_topic(topic))
+            hit = cache[topic] = (owner, self.resolve(self.routes.nodes_for(topic), view))
+        return hit
 
     # -- publish: edge side -----------------------------------------------------------------
 
     async def publish(self, message: Message) -> None:
         view = self.view()
-        shard = view.shard_for_topic(message.topic)
-        owner = view.owner(shard)
+        owner = self.route(message.topic, view)[0]
         if owner is None or owner == self.node_id:
             await self.accept(message, view)
             return
@@ -134,7 +152,10 @@ class ClusterRouter:
             )
         if self.archive is not None:
             self.archive.append(message)
-        by_node = self.resolve(self.routes.nodes_for(message.topic), view)
+        by_node = self.route(message.topic, view)[1]
+        if message.qos == 0:
+            self._fan_out_qos0(message, by_node)
+            return
         acked: list[tuple[str, list[int]]] = []
         local_shards: list[int] | None = None
         for node, shards in by_node.items():
@@ -151,6 +172,22 @@ class ClusterRouter:
                 nursery.start_soon(self._deliver_here, message, local_shards)
             for node, shards in acked:
                 nursery.start_soon(self._deliver_acked, node, shards, message)
+
+    def _fan_out_qos0(self, message: Message, by_node: dict[str, list[int]]) -> None:
+        """QoS 0 needs no acknowledgement: deliver and send without waiting or yielding.
+
+        Not yielding matters beyond this message: a reader that handles a whole chunk of
+        publishes without a checkpoint lets each link writer send them as one frame.
+        """
+        for node, shards in by_node.items():
+            if node == self.node_id:
+                if shards and not all(self.holds(s) for s in shards):
+                    self.spawn(self._deliver_here, message, shards)  # sessions still loading
+                else:
+                    self.local.deliver_local(message)
+            else:
+                self.metrics.deliveries_to_nodes += 1
+                self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, shards])
 
     def resolve(self, targets: set[str], view: ClusterView) -> dict[str, list[int]]:
         """Route targets to nodes: ``s:N`` (persistent sessions of shard N) means N's owner.
@@ -211,17 +248,12 @@ class ClusterRouter:
         _, req, topic, payload, qos, retain, _origin, _epoch, hops = msg
         message = Message(topic, payload, qos, retain)
         view = self.view()
-        owner = view.owner(view.shard_for_topic(topic))
+        owner, targets = self.route(topic, view)
         if req == 0 and qos == 0 and not retain and owner == self.node_id:
             # The hot path: QoS 0, handled inline so that arrival order is kept.
             if self.archive is not None:
                 self.archive.append(message)
-            for target, shards in self.resolve(self.routes.nodes_for(topic), view).items():
-                if target == self.node_id:
-                    self.local.deliver_local(message)
-                else:
-                    self.metrics.deliveries_to_nodes += 1
-                    self.links.send(target, ["dlv", 0, topic, payload, 0, shards])
+            self._fan_out_qos0(message, targets)
             return
         self.spawn(self._pub_task, node, req, message, hops)
 
@@ -244,7 +276,7 @@ class ClusterRouter:
 
     def on_dlv(self, node: str, msg: list[Any]) -> None:
         _, req, topic, payload, qos, shards = msg
-        if not all(self.holds(s) for s in shards):
+        if shards and not all(self.holds(s) for s in shards):
             # Sessions of a shard we do not hold (yet): the sender re-resolves its owner.
             self.links.reply(node, req, False, "not the session shard's owner")
             return

@@ -67,14 +67,18 @@ class RouteTable:
     def __init__(self) -> None:
         self.exact: dict[str, set[str]] = {}
         self.wildcard: TopicTrie[str, int] = TopicTrie()
+        #: Bumped by every change, so callers can cache answers per topic.
+        self.version = 0
 
     def add(self, topic_filter: str, node: str) -> None:
+        self.version += 1
         if has_wildcard(topic_filter):
             self.wildcard.add(topic_filter, node, 1)
         else:
             self.exact.setdefault(topic_filter, set()).add(node)
 
     def remove(self, topic_filter: str, node: str) -> None:
+        self.version += 1
         if has_wildcard(topic_filter):
             self.wildcard.remove(topic_filter, node)
             return
@@ -95,6 +99,7 @@ class RouteTable:
         """Forget exact routes of topics whose shard this node no longer holds."""
         for topic in [t for t in self.exact if view.shard_for_topic(t) not in keep]:
             del self.exact[topic]
+        self.version += 1
 
     def nodes_for(self, topic: str) -> set[str]:
         """Route targets (node ids, or ``s:N`` for the persistent sessions of shard N)."""
