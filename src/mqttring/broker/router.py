@@ -38,6 +38,9 @@ from mqttring.lsm import Durability
 from mqttring.protocol.session import Message, Session
 from mqttring.protocol.topics import TopicTrie
 
+#: Topics whose subscriber set is cached (cleared when full or when subscriptions change).
+MATCH_CACHE_SIZE = 50_000
+
 
 class Router(Protocol):
     #: The telemetry archive the owner side appends to (None when not configured).
@@ -81,6 +84,7 @@ class LocalRouter:
         self.subscriptions: TopicTrie[str, int] = TopicTrie()
         #: Set by the server when ``config.archive`` lists topic filters.
         self.archive: TelemetryArchive | None = None
+        self._match_cache: dict[str, dict[str, int]] = {}
 
     async def publish(self, message: Message) -> None:
         if message.retain:
@@ -99,16 +103,9 @@ class LocalRouter:
 
     def deliver_local(self, message: Message) -> list[Session]:
         """Hand ``message`` to every matching local session; returns those needing a write."""
-        matches = self.subscriptions.match(message.topic)
-        if not matches:
+        targets = self._targets(message.topic)
+        if not targets:
             return []
-        if len(matches) == 1:
-            targets = dict(matches)
-        else:
-            targets = {}
-            for cid, granted in matches:
-                if targets.get(cid, -1) < granted:
-                    targets[cid] = granted
         pub_qos = message.qos
         sessions = self._sessions
         wake = self._wake
@@ -132,19 +129,37 @@ class LocalRouter:
         self._metrics.messages_sent += sent
         return to_persist
 
+    def _targets(self, topic: str) -> dict[str, int]:
+        """client id -> best granted QoS for a topic, cached until subscriptions change
+        (telemetry topics repeat; the trie walk is a third of a delivery's cost)."""
+        cache = self._match_cache
+        targets = cache.get(topic)
+        if targets is None:
+            targets = {}
+            for cid, granted in self.subscriptions.match(topic):
+                if targets.get(cid, -1) < granted:
+                    targets[cid] = granted
+            if len(cache) >= MATCH_CACHE_SIZE:
+                cache.clear()
+            cache[topic] = targets
+        return targets
+
     async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         self.add_subscription(session, topic_filter, qos)
 
     def add_subscription(self, session: Session, topic_filter: str, qos: int) -> None:
+        self._match_cache.clear()
         session.subscriptions[topic_filter] = qos
         self.subscriptions.remove(topic_filter, session.client_id)
         self.subscriptions.add(topic_filter, session.client_id, qos)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
+        self._match_cache.clear()
         if session.subscriptions.pop(topic_filter, None) is not None:
             self.subscriptions.remove(topic_filter, session.client_id)
 
     def forget(self, session: Session) -> None:
+        self._match_cache.clear()
         for topic_filter in session.subscriptions:
             self.subscriptions.remove(topic_filter, session.client_id)
 
@@ -153,6 +168,7 @@ class LocalRouter:
 
     def restore(self, sessions: Sequence[Session]) -> None:
         """Re-register the subscriptions of sessions read back from the store."""
+        self._match_cache.clear()
         for session in sessions:
             for topic_filter, qos in session.subscriptions.items():
                 self.subscriptions.add(topic_filter, session.client_id, qos)

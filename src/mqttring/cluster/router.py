@@ -331,8 +331,8 @@ class ClusterRouter:
 
     def forget(self, session: Session) -> None:
         target = self.route_target(session)
+        self.local.forget(session)
         for topic_filter in list(session.subscriptions):
-            self.local.subscriptions.remove(topic_filter, session.client_id)
             self._release((topic_filter, target))
 
     def _release(self, key: tuple[str, str]) -> None:
@@ -376,10 +376,10 @@ class ClusterRouter:
             log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
 
     def restore(self, sessions: list[Session]) -> None:
+        self.local.restore(sessions)
         for session in sessions:
             target = self.route_target(session)
-            for topic_filter, qos in session.subscriptions.items():
-                self.local.subscriptions.add(topic_filter, session.client_id, qos)
+            for topic_filter in session.subscriptions:
                 key = (topic_filter, target)
                 count = self.local_filters.get(key, 0)
                 self.local_filters[key] = count + 1
