@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from benchmarks import wire
 from benchmarks.brokers import BrokerHandle, _spawn, free_port, wait_listening
 from benchmarks.loadgen import ProtocolFailure, open_conn, read_frame, subscribe
@@ -116,9 +118,26 @@ def start_nodes(
         time.sleep(0.05)  # the file may be being written
         info = json.loads(ready.read_text())
         h.port, h.pid = int(info["mqtt"]), int(info.get("pid", h.pid))
+        h.extra["cluster"], h.extra["secret"] = cl, secret
         if not wait_listening(h, 10):
             raise ProtocolFailure(f"node{i} wrote its ready file but does not accept connections")
     return nodes
+
+
+def wait_settled(node: BrokerHandle, timeout: float = 60.0) -> float:
+    """Wait until no shard is catching up any more (joins copy shards for a while after
+    formation); measuring before that would bill the copy to the idle cluster."""
+    from mqttring.raft.rpc import call_once, derive_key
+    from mqttring.raft.service import RPC_KEY_PURPOSE
+
+    key = derive_key(str(node.extra["secret"]), RPC_KEY_PURPOSE)
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        status = trio.run(call_once, str(node.extra["cluster"]), key, "bench", "status", {}, 5.0)
+        if not any(catching for _, catching in status["view"]["shards"]):
+            return time.monotonic() - start
+        time.sleep(0.2)
+    raise ProtocolFailure(f"cluster still catching up after {timeout:.0f} s")
 
 
 def read_counters(node: BrokerHandle, timeout: float = 3.0) -> dict[str, int]:
@@ -236,6 +255,7 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
     try:
         try:
             nodes = start_nodes(3, secrets.token_hex(8))
+            settle_s = wait_settled(nodes[0])
             probe_s = probe_cross_node(nodes, f"bench/{run_id}/probe", p.setup_timeout + 15)
         except (ProtocolFailure, OSError, ValueError) as exc:
             return {"status": "failed", "error": f"cluster set-up: {exc}"}
@@ -266,6 +286,7 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         "probe_s": round(probe_s, 2),
         "counters_delta": delta,
         "publishes_counted": publishes,
+        "settle_s": round(settle_s, 2),
         "idle_cluster_cores": round(idle_cpu["broker_s"] / idle_cpu["elapsed_s"], 3),
         "cluster_load": load,
         "single_node_load": single,
