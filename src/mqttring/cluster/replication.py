@@ -108,23 +108,19 @@ class ShardReplicator:
 
     # -- the replica side -----------------------------------------------------------------
 
-    def on_repl(self, node: str, message: list[Any]) -> Callable[[], Any]:
-        """Returns the task to run for an inbound ``repl`` message."""
+    async def on_repl(self, node: str, message: list[Any]) -> None:
+        """Apply a batch the owner replicated to us, then acknowledge it if asked to."""
         _, req, shard_ops, durable = message
-
-        async def apply() -> None:
-            ops: list[Op] = []
-            for shard, raw in shard_ops:
-                decoded = decode_ops(raw)
-                touched = self._touched.get(shard)
-                if touched is not None:
-                    touched.update((op.db, op.key) for op in decoded)
-                ops.extend(decoded)
-            await self.store.write(ops, Durability.DURABLE if durable else Durability.LAZY)
-            self.on_applied(ops)
-            self.links.reply(node, req, True)
-
-        return apply
+        ops: list[Op] = []
+        for shard, raw in shard_ops:
+            decoded = decode_ops(raw)
+            touched = self._touched.get(shard)
+            if touched is not None:
+                touched.update((op.db, op.key) for op in decoded)
+            ops.extend(decoded)
+        await self.store.write(ops, Durability.DURABLE if durable else Durability.LAZY)
+        self.on_applied(ops)
+        self.links.reply(node, req, True)
 
     async def serve_catch_up(self, node: str, message: list[Any]) -> None:
         """Answer ``["cu", req, shard, db, after]`` with the next chunk of rows."""

@@ -371,9 +371,9 @@ class ClusterSessions(LocalSessions):
             self.links.reply(node, req, False, "internal error")  # never leave it waiting
             raise
 
-    def on_sclose(self, message: list[Any]) -> Callable[[], Any]:
+    async def on_sclose(self, message: list[Any]) -> None:
         _, client_id, token, publish_will = message
-        return lambda: self.unregister(client_id, token, bool(publish_will))
+        await self.unregister(client_id, token, bool(publish_will))
 
     def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
         proxy = self.proxies.get(client_id)
