@@ -93,9 +93,7 @@ class BrokerCore:
         stored = await self.session_store.load_all()
         restored = []
         for record in stored:
-            session = Session(record.client_id, False, self.session_limits)
-            session.subscriptions = dict(record.subscriptions)
-            session.restore(record.outbound, record.inbound_qos2)
+            session = record.to_session(self.session_limits)
             self.sessions[record.client_id] = session
             restored.append(session)
         restore = getattr(self.router, "restore", None)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
-from mqttring.lsm import Delete, Durability, LsmStore, Put, key_shard, shard_key
+from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message
 from mqttring.protocol.topics import TopicIndex
 from mqttring.ring.hashing import shard_of
@@ -69,9 +69,6 @@ class RetainedStore:
     def topic_of_key(key: bytes) -> str:
         return key[2:].decode("utf-8")
 
-    @staticmethod
-    def shard_of_key(key: bytes) -> int:
-        return key_shard(key)
 
     async def update(self, message: Message, *, persist: bool = True) -> None:
         """Set, replace or (empty payload, [MQTT-3.3.1-10]) clear the topic's retained message.

@@ -150,8 +150,7 @@ class LocalRouter:
     def add_subscription(self, session: Session, topic_filter: str, qos: int) -> None:
         self._match_cache.clear()
         session.subscriptions[topic_filter] = qos
-        self.subscriptions.remove(topic_filter, session.client_id)
-        self.subscriptions.add(topic_filter, session.client_id, qos)
+        self.subscriptions.add(topic_filter, session.client_id, qos)  # replaces a re-subscribe
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
         self._match_cache.clear()

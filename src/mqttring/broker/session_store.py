@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
-from mqttring.protocol.session import Message, Outbound, OutState, Session
+from mqttring.protocol.session import Message, Outbound, OutState, Session, SessionLimits
 from mqttring.ring.hashing import shard_of
 
 _SEQ = struct.Struct(">Q")
@@ -44,6 +44,13 @@ class StoredSession:
     subscriptions: dict[str, int]
     outbound: list[Outbound]
     inbound_qos2: set[int]
+
+    def to_session(self, limits: SessionLimits) -> Session:
+        """The offline persistent session this record describes."""
+        session = Session(self.client_id, False, limits)
+        session.subscriptions = dict(self.subscriptions)
+        session.restore(self.outbound, self.inbound_qos2)
+        return session
 
 
 class SessionStore:
@@ -138,10 +145,6 @@ class SessionStore:
     async def load_all(self) -> list[StoredSession]:
         """Every stored session with its messages in sequence order (node start-up)."""
         return await self.load(b"")
-
-    async def load_shard(self, shard: int) -> list[StoredSession]:
-        """The sessions of one shard (a node that became its owner)."""
-        return await self.load(shard_key(shard))
 
     async def load(self, prefix: bytes) -> list[StoredSession]:
         if self._store is None:

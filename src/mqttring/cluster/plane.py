@@ -165,9 +165,7 @@ class DataPlane:
         for record in stored:
             if record.client_id in self.core.sessions:
                 continue
-            session = Session(record.client_id, False, self.core.session_limits)
-            session.subscriptions = dict(record.subscriptions)
-            session.restore(record.outbound, record.inbound_qos2)
+            session = record.to_session(self.core.session_limits)
             self.core.sessions[record.client_id] = session
             loaded.append(session)
         self.router.restore(loaded)

@@ -97,7 +97,7 @@ class RemoteSession(Session):
         self.output = None
 
     def deliver(self, message: Message, qos: int, retain: bool = False,
-                now: float = 0.0) -> Any:
+                now: float = 0.0) -> None:
         raise RuntimeError("messages for a remote session are routed to its home")
 
     def _send(self, message: list[Any]) -> None:
@@ -195,7 +195,7 @@ class ClusterSessions(LocalSessions):
         home = self.home(client_id)
         if home is None or home == self.node_id:
             await self.register(client_id, self.node_id, token, packet.will, packet.clean_session)
-            return await self.bind_local(client_id, packet.clean_session, token)
+            return await self.bind(client_id, packet.clean_session)
         stand_in = None
         if not packet.clean_session:
             stand_in = RemoteSession(client_id, home, token, self.links, {}, ())
@@ -213,10 +213,6 @@ class ClusterSessions(LocalSessions):
         stand_in.subscriptions = {f: int(q) for f, q in answer["subs"]}
         stand_in.inbound_qos2 = set(answer["qos2"])
         return stand_in, bool(answer["present"])
-
-    async def bind_local(self, client_id: str, clean: bool, token: str) -> tuple[Session, bool]:
-        session, present = await self.bind(client_id, clean)
-        return session, present
 
     async def close(self, handler: ClientHandler) -> None:
         self.by_token.pop(handler.token, None)

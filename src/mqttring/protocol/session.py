@@ -122,14 +122,6 @@ class Outbound:
     expires_at: float = 0.0
 
 
-class Overflow(IntEnum):
-    """What ``deliver`` did with a message."""
-
-    SENT = 0
-    QUEUED = 1
-    DROPPED = 2
-
-
 @dataclass(slots=True)
 class SessionLimits:
     max_inflight: int = 32
@@ -177,7 +169,7 @@ class Session:
 
     def deliver(
         self, message: Message, qos: int, retain: bool = False, now: float = 0.0
-    ) -> Overflow:
+    ) -> None:
         """Hand over a message to be delivered at ``qos`` (already min'd with the grant).
 
         ``now`` (any monotonic-ish clock the caller also passes to ``expire``) only matters
@@ -188,11 +180,11 @@ class Session:
             if out is not None:
                 if len(out) > self.limits.max_output:
                     self.dropped += 1
-                    return Overflow.DROPPED
+                    return
                 out += message.encode_qos0(retain)
-                return Overflow.SENT
+                return
             if self.clean_session:
-                return Overflow.DROPPED
+                return
         entry = Outbound(self.next_seq, message, qos, retain)
         if self.limits.message_ttl > 0:
             entry.expires_at = now + self.limits.message_ttl
@@ -203,8 +195,6 @@ class Session:
             self._dirty[entry.seq] = entry
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
             self._pump(out)
-            return Overflow.SENT
-        return Overflow.QUEUED
 
     def expire(self, now: float) -> int:
         """Drop queued (not inflight) messages past their deadline; returns how many."""
