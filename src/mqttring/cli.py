@@ -18,7 +18,9 @@ SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mqttring", description="mqttring: a distributed MQTT 3.1.1 broker.")
+    parser = argparse.ArgumentParser(
+        prog="mqttring", description="mqttring: a distributed MQTT 3.1.1 broker."
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)
