@@ -219,7 +219,16 @@ def _load(
     topic: str,
     tag: str,
     meter_on: BrokerHandle,
+    spread: int = 0,
 ) -> dict[str, Any]:
+    """Two publishers on ``pub_node``, one subscriber per ``sub_nodes`` entry.
+
+    ``spread=0``: every message on ``topic``.  ``spread=N``: publishers cycle over N topics
+    ``topic/<i>`` and subscribers take ``topic/#``, so consecutive messages differ in topic
+    (nothing can be grouped by topic) and their shards are owned all over the cluster.
+    """
+    topics = [f"{topic}/{i}" for i in range(spread)] if spread else [topic]
+    sub_filter = f"{topic}/#" if spread else topic
     subs = [
         WorkerSpec(
             role="sub",
@@ -227,7 +236,7 @@ def _load(
             host=n.host,
             port=n.port,
             client_prefix=f"{tag}-s{i}",
-            filters=[[topic]],
+            filters=[[sub_filter]],
             payload_size=p.payload,
         )
         for i, n in enumerate(sub_nodes)
@@ -238,12 +247,21 @@ def _load(
         host=pub_node.host,
         port=pub_node.port,
         client_prefix=f"{tag}-p",
-        topics=[topic],
+        topics=topics,
         payload_size=p.payload,
         batch=32,
         window=2000,
     )
     return stream(meter_on, p, [pub, pub], subs, len(sub_nodes), 0)
+
+
+#: Topics the second cluster load cycles over (see ``_load``'s ``spread``).
+SPREAD_TOPICS = 1000
+
+
+def _cpu_per_delivery(load: dict[str, Any]) -> float:
+    delivered = max(1, load["deliveries_per_s"] * load["cpu"]["elapsed_s"])
+    return float(load["cpu"]["broker_s"]) / delivered
 
 
 def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
@@ -252,6 +270,7 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         return {"status": "not available", "reason": reason}
     topic = f"bench/{run_id}/cluster"
     nodes: list[BrokerHandle] = []
+    loads: dict[str, dict[str, Any]] = {}
     try:
         try:
             nodes = start_nodes(3, secrets.token_hex(8))
@@ -267,17 +286,32 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         time.sleep(1.0)
         idle_cpu = CpuMeter.diff(a, idle_meter.snap())
         before = counters(nodes)
-        load = _load(p, nodes[0], nodes[1:], topic, f"bench-{run_id}-cl", whole)
+        loads["cluster"] = _load(p, nodes[0], nodes[1:], topic, f"bench-{run_id}-cl", whole)
         time.sleep(1.2)  # $SYS values are refreshed every 0.5 s
         after = counters(nodes)
-        single = _load(p, broker, [broker, broker], f"{topic}-single", f"bench-{run_id}-sn", broker)
+        loads["single node"] = _load(
+            p, broker, [broker, broker], f"{topic}-single", f"bench-{run_id}-sn", broker
+        )
+        # The same with every consecutive message on another topic (owners all over the
+        # cluster): the per-message cost that batching by topic cannot hide.
+        before_spread = after
+        loads["cluster, spread"] = _load(
+            p, nodes[0], nodes[1:], f"{topic}-spread", f"bench-{run_id}-cx", whole,
+            spread=SPREAD_TOPICS,
+        )
+        time.sleep(1.2)
+        after_spread = counters(nodes)
+        loads["single node, spread"] = _load(
+            p, broker, [broker, broker], f"{topic}-single-spread", f"bench-{run_id}-sx", broker,
+            spread=SPREAD_TOPICS,
+        )
     except (ProtocolFailure, OSError) as exc:
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
     finally:
         for n in nodes:
             n.stop()
     delta = {c: after[c] - before[c] for c in COUNTERS}
-    inter = delta["cluster/forwarded_to_owner"] + delta["cluster/deliveries_to_nodes"]
+    delta_spread = {c: after_spread[c] - before_spread[c] for c in COUNTERS}
     publishes = delta["messages/received"]
     out: dict[str, Any] = {
         "status": "ok",
@@ -285,34 +319,50 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
         "nodes_with_subscribers": 2,
         "probe_s": round(probe_s, 2),
         "counters_delta": delta,
+        "counters_delta_spread": delta_spread,
         "publishes_counted": publishes,
         "settle_s": round(settle_s, 2),
         "idle_cluster_cores": round(idle_cpu["broker_s"] / idle_cpu["elapsed_s"], 3),
-        "cluster_load": load,
-        "single_node_load": single,
+        "cluster_load": loads["cluster"],
+        "single_node_load": loads["single node"],
+        "spread_topics": SPREAD_TOPICS,
+        "cluster_load_spread": loads["cluster, spread"],
+        "single_node_load_spread": loads["single node, spread"],
     }
-    for name, r in (("cluster", load), ("single node", single)):
+    for name, r in loads.items():
         if r.get("status") != "ok":
             out.update(status="failed", error=f"{name} load: {r.get('error')}")
             return out
-    if publishes <= 0:
+    if publishes <= 0 or delta_spread["messages/received"] <= 0:
         out.update(status="failed", error="nodes counted no publishes from clients")
         return out
-    out["internode_per_publish"] = round(inter / publishes, 3)
-    cpu_c = load["cpu"]["broker_s"] / max(1, load["deliveries_per_s"] * load["cpu"]["elapsed_s"])
-    cpu_s = single["cpu"]["broker_s"] / max(
-        1, single["deliveries_per_s"] * single["cpu"]["elapsed_s"]
-    )
+
+    def inter(d: dict[str, int]) -> float:
+        hops = d["cluster/forwarded_to_owner"] + d["cluster/deliveries_to_nodes"]
+        return round(hops / d["messages/received"], 3)
+
+    out["internode_per_publish"] = inter(delta)
+    out["internode_per_publish_spread"] = inter(delta_spread)
+    cpu_c = _cpu_per_delivery(loads["cluster"])
+    cpu_s = _cpu_per_delivery(loads["single node"])
     out["cpu_us_per_delivery_cluster"] = round(cpu_c * 1e6, 2)
     out["cpu_us_per_delivery_single"] = round(cpu_s * 1e6, 2)
     out["cpu_ratio_vs_single"] = round(cpu_c / cpu_s, 2) if cpu_s else None
+    spread_c = _cpu_per_delivery(loads["cluster, spread"])
+    spread_s = _cpu_per_delivery(loads["single node, spread"])
+    out["cpu_us_per_delivery_cluster_spread"] = round(spread_c * 1e6, 2)
+    out["cpu_us_per_delivery_single_spread"] = round(spread_s * 1e6, 2)
+    out["cpu_ratio_vs_single_spread"] = round(spread_c / spread_s, 2) if spread_s else None
     # Diagnostic only (the target uses the ratio above): the same figure with the idle
     # cluster's background CPU taken out, to tell per-message cost from background chatter.
+    load = loads["cluster"]
     busy = load["cpu"]["broker_s"] - out["idle_cluster_cores"] * load["cpu"]["elapsed_s"]
     delivered = max(1, load["deliveries_per_s"] * load["cpu"]["elapsed_s"])
     out["cpu_us_per_delivery_cluster_minus_idle"] = round(max(0.0, busy) / delivered * 1e6, 2)
     out["deliveries_per_s"] = load["deliveries_per_s"]
-    out["single_deliveries_per_s"] = single["deliveries_per_s"]
-    if load.get("lost") or single.get("lost"):
-        out["note"] = f"QoS 0 loss: cluster {load.get('lost')}, single {single.get('lost')}"
+    out["single_deliveries_per_s"] = loads["single node"]["deliveries_per_s"]
+    out["deliveries_per_s_spread"] = loads["cluster, spread"]["deliveries_per_s"]
+    lost = {name: r.get("lost") for name, r in loads.items() if r.get("lost")}
+    if lost:
+        out["note"] = f"QoS 0 loss: {lost}"
     return out

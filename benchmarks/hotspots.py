@@ -98,7 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         choices=(1, 2, 3),
         help="cluster scenario: which node to profile (1 has the publishers)",
     )
+    ap.add_argument(
+        "--single",
+        action="store_true",
+        help="cluster scenario: profile the single node it is compared with, same load",
+    )
+    ap.add_argument(
+        "--spread",
+        action="store_true",
+        help=f"cluster scenario: publish over {cluster.SPREAD_TOPICS:,} topics, not one",
+    )
     args = ap.parse_args(argv)
+    spread = cluster.SPREAD_TOPICS if args.spread else 0
     spy = py_spy()
     if spy is None:
         print("py-spy not installed: .venv/bin/pip install py-spy", file=sys.stderr)
@@ -110,15 +121,24 @@ def main(argv: list[str] | None = None) -> int:
     raw = svg.with_suffix(".txt")
     handles: list[BrokerHandle] = []
     try:
-        if args.scenario == "cluster":
+        if args.scenario == "cluster" and args.single:
+            target = start_mqttring()
+            handles = [target]
+
+            def load() -> dict[str, Any]:
+                return cluster._load(p, target, [target, target], "bench/prof/sn", "prof", target,
+                                     spread=spread)
+        elif args.scenario == "cluster":
             # Profile one node of a 3-node cluster under the cluster scenario's load.
             handles = cluster.start_nodes(3, secrets.token_hex(8))
+            cluster.wait_settled(handles[0])  # a shard copy in progress is not the hot path
             cluster.probe_cross_node(handles, "bench/prof/probe", 30)
             whole = BrokerHandle("cluster", extra={"pids": [h.pid for h in handles]})
             target = handles[args.node - 1]
 
             def load() -> dict[str, Any]:
-                return cluster._load(p, handles[0], handles[1:], "bench/prof/cl", "prof", whole)
+                return cluster._load(p, handles[0], handles[1:], "bench/prof/cl", "prof", whole,
+                                     spread=spread)
         else:
             target = start_mqttring()
             handles = [target]

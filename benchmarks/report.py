@@ -29,6 +29,10 @@ METRICS: list[tuple[str, str, str, str, bool]] = [
     ("retained", "publish_s", "retained: store all (QoS 1)", "s", False),
     ("cluster", "internode_per_publish", "cluster: inter-node msgs per publish", "msgs", False),
     ("cluster", "cpu_ratio_vs_single", "cluster: CPU/delivery vs single node", "x", False),
+    ("cluster", "internode_per_publish_spread",
+     "cluster, 1,000 topics: inter-node msgs per publish", "msgs", False),
+    ("cluster", "cpu_ratio_vs_single_spread",
+     "cluster, 1,000 topics: CPU/delivery vs single node", "x", False),
 ]
 
 NOISY_OTHER_CORES = 0.25
@@ -118,6 +122,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for key, name in (
         ("internode_per_publish", "cluster inter-node msgs/publish <= 1 + N_sub"),
         ("cpu_ratio_vs_single", "cluster CPU/delivery <= 2x single node"),
+        ("internode_per_publish_spread",
+         "cluster inter-node msgs/publish <= 1 + N_sub, 1,000 topics"),
+        ("cpu_ratio_vs_single_spread", "cluster CPU/delivery <= 2x single node, 1,000 topics"),
     ):
         if cl.get("status") == "ok":
             limit = 1 + cl.get("nodes_with_subscribers", 0) if key.startswith("inter") else 2.0

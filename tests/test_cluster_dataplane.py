@@ -353,6 +353,37 @@ def test_clean_session_discards_the_stored_one_across_nodes(
 # --------------------------------------------------------------------------- overlaps
 
 
+def test_qos0_burst_keeps_per_topic_order_across_owners(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    """A QoS 0 burst from A, interleaved over topics owned by A, B and C, reaches
+    subscribers on B and C complete and in publish order per topic [MQTT-4.6.0-6].
+
+    On A's link to B this mixes first hops (owner B) and deliveries (owner A) in one packed
+    batch; owner C's topic goes A -> C -> B.  A persistent subscriber on B adds deliveries
+    that travel as their own messages between the packed ones."""
+    prefix = unique("burst")
+    topics = list(one_topic_per_owner(view, prefix).values())
+    subscribers = [clients.connected(cluster.port(node), name=f"burst@{node}")
+                   for node in ("b", "c")]
+    persistent = clients.make(cluster.port("b"), view.client_homed_at("b", unique("burst-p")),
+                              clean_session=False)
+    persistent.connect()
+    subscribers.append(persistent)
+    for sub in subscribers:
+        assert sub.subscribe(f"{prefix}/#", 0) == [0]
+    publisher = clients.connected(cluster.port("a"), name="burst-pub@a")
+    per_topic = 300
+    for i in range(per_topic):
+        for topic in topics:
+            publisher.publish_nowait(topic, f"{i}")
+    for sub in subscribers:
+        got = sub.collect(per_topic * len(topics), timeout=20)
+        for topic in topics:
+            sequence = [int(d.payload) for d in got if d.topic == topic]
+            assert sequence == list(range(per_topic)), f"{sub.name} on {topic}: {sequence}"
+
+
 def test_overlapping_subscriptions_deliver_once_per_client(
     cluster: NodeCluster, view: ViewInfo, clients: Clients
 ) -> None:

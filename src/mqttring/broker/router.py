@@ -27,7 +27,7 @@ The hot path does one trie walk, one dict per publish and one bytes append per s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from mqttring.broker.archive import TelemetryArchive
@@ -128,6 +128,46 @@ class LocalRouter:
                 to_persist.append(session)
         self._metrics.messages_sent += sent
         return to_persist
+
+    def deliver_frames(
+        self,
+        topic: str,
+        frames: bytes | bytearray | memoryview,
+        count: int,
+        unpack: Callable[[bytes | bytearray | memoryview], Iterable[Message]],
+    ) -> None:
+        """Deliver ``count`` QoS 0 messages on one topic, already encoded back to back.
+
+        What a cluster link carries (``mqttring.cluster.wire``): every online subscriber
+        gets the run with one append, whatever its granted QoS (a QoS 0 message is
+        delivered at QoS 0).  Only an offline persistent session needs ``Message`` objects
+        (``unpack(frames)`` builds them, at most once); QoS 0 is never written to the store.
+        """
+        targets = self._targets(topic)
+        if not targets:
+            return
+        sessions = self._sessions
+        wake = self._wake
+        sent = dropped = 0
+        pending: list[Message] | None = None
+        for cid in targets:
+            session = sessions.get(cid)
+            if session is None:
+                continue
+            before = session.dropped
+            if session.deliver_encoded(frames, count):
+                sent += count
+                wake(cid)
+            elif not session.clean_session:
+                if pending is None:
+                    pending = list(unpack(frames))
+                now = self._clock()
+                for message in pending:
+                    session.deliver(message, 0, False, now)
+            dropped += session.dropped - before
+        self._metrics.messages_sent += sent
+        if dropped:
+            self._metrics.messages_dropped += dropped
 
     def _targets(self, topic: str) -> dict[str, int]:
         """client id -> best granted QoS for a topic, cached until subscriptions change

@@ -8,14 +8,17 @@ so a peer without the cluster secret is refused and logged there) switched into 
 ``data.link`` stream kind.  Messages travel one way on it: A's messages to B go on A's link
 to B, B's replies on B's link to A.  That keeps each link a plain FIFO with one writer task.
 
-Batching: ``send`` appends a message (a small list, see ``mqttring.cluster.wire``) to the
-link's queue and wakes its writer, which sends everything queued as one frame; under load
-one write carries many messages, when idle a lone message leaves at once (no timer).
+Batching: ``send`` appends a message (a small list) to the link's queue and wakes its
+writer, which sends everything queued as one frame; under load one write carries many
+messages, when idle a lone message leaves at once (no timer).  Plain QoS 0 publishes are
+packed even tighter: ``send_frames`` appends an encoded PUBLISH to the packed batch at the
+queue's tail (see ``mqttring.cluster.wire``), so a burst of them is one link message.
 
-Back-pressure: a queue holds at most ``max_queued`` messages.  ``send`` of a message that may
-be lost (QoS 0 traffic) drops it when the queue is full and counts the drop; ``send_wait``
-(acknowledged traffic, control messages) waits for room instead, which slows exactly the
-publishers that feed a slow peer.
+Back-pressure: a queue holds at most ``max_queued`` messages (each packed PUBLISH counts).
+``send`` of a message that may be lost (QoS 0 traffic) drops it when the queue is full and
+counts the drop; ``send_wait`` (acknowledged traffic, control messages) waits for room
+instead, which slows exactly the publishers that feed a slow peer.  A frame never exceeds
+``max_frame`` (sized from the broker's packet limit): the writer splits a batch that would.
 
 Requests: ``request(node, msg)`` puts a fresh request id in ``msg[1]``, sends it and waits
 for the matching ``ack`` from that node.  When the peer leaves the view, or its link breaks,
@@ -37,9 +40,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import trio
 
-from mqttring.raft.rpc import FramedStream, Peer, ProtocolError, RpcClient
+from mqttring.cluster import wire
+from mqttring.cluster.wire import BATCH, MAX_BATCH_BYTES
+from mqttring.raft.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
 
 log = logging.getLogger("mqttring.cluster.links")
 
@@ -48,6 +54,13 @@ MAX_QUEUED = 50_000
 MAX_BATCH = 2_000
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
+#: Room in a frame around one maximal client payload (topic, framing, other messages).
+FRAME_HEADROOM = 1024 * 1024
+
+
+def frame_limit(max_packet_size: int) -> int:
+    """The link frame size that carries any PUBLISH the broker accepts from clients."""
+    return max(MAX_FRAME, max_packet_size + FRAME_HEADROOM)
 
 Message = list[Any]
 #: Called for every inbound message, in order; it must not block: anything that waits
@@ -78,6 +91,8 @@ class Link:
         self.node_id = node_id
         self.address = address
         self.queue: deque[Message] = deque()
+        #: Messages queued, counting each PUBLISH in a packed batch: the back-pressure bound.
+        self.queued = 0
         self.wakeup = trio.Event()
         self.room = trio.Event()
         self.connected = False
@@ -91,19 +106,38 @@ class Link:
         self.cancel_scope = trio.CancelScope()
 
     def push(self, message: Message) -> bool:
-        if len(self.queue) >= self.owner.max_queued:
+        if self.queued >= self.owner.max_queued:
             self.dropped += 1
             return False
         self.queue.append(message)
+        self.queued += 1
+        self.wakeup.set()
+        return True
+
+    def push_frames(self, section: int, topic: str, frames: bytes | memoryview,
+                    count: int) -> bool:
+        """Append ``count`` encoded QoS 0 PUBLISHes of ``topic`` to the packed batch at the
+        tail (a new batch if the tail is another message or full)."""
+        if self.queued >= self.owner.max_queued:
+            self.dropped += count
+            return False
+        queue = self.queue
+        last = queue[-1] if queue else None
+        if last is not None and last[0] == BATCH and len(last[1]) < MAX_BATCH_BYTES:
+            wire.append(last, section, topic, frames, count)
+        else:
+            queue.append(wire.new_batch(section, topic, frames, count))
+        self.queued += count
         self.wakeup.set()
         return True
 
     async def push_wait(self, message: Message) -> None:
-        while len(self.queue) >= self.owner.max_queued:
+        while self.queued >= self.owner.max_queued:
             if self.closed:
                 raise PeerUnavailable(self.node_id)
             await self.room.wait()
         self.queue.append(message)
+        self.queued += 1
         self.wakeup.set()
 
     async def run(self) -> None:
@@ -158,28 +192,62 @@ class Link:
                 self.wakeup = trio.Event()
                 if not queue:
                     await self.wakeup.wait()
-            n = min(len(queue), MAX_BATCH)
-            batch = [queue.popleft() for _ in range(n)]
-            if len(queue) < self.owner.max_queued:
+            batch = [queue.popleft() for _ in range(min(len(queue), MAX_BATCH))]
+            payload = self._pack(batch)
+            if payload is None:
+                continue
+            # Packed batches count their PUBLISHes; the one at the tail of this frame is
+            # closed now, so nothing is appended to it while it is being sent.
+            n = sum(m[2] if m[0] == BATCH else 1 for m in batch)
+            self.queued -= n
+            if self.queued < self.owner.max_queued:
                 self.room.set()
                 self.room = trio.Event()
             try:
-                await stream.send({"b": batch})
+                await stream.send_packed(payload)
             except BaseException:
                 queue.extendleft(reversed(batch))  # not sent: keep them for the next connection
+                self.queued += n
                 raise
             self.sent_messages += n
             self.sent_frames += 1
+
+    def _pack(self, batch: list[Message]) -> bytes | None:
+        """``batch`` packed into one frame the peer accepts, or None if there is nothing left.
+
+        Too big a frame (many large payloads) gives back its second half to the queue and
+        packs the first; a single message too big for any frame (a payload beyond the
+        cluster's frame limit) is dropped and counted rather than breaking the link for
+        everything behind it.
+        """
+        limit = self.owner.max_frame
+        while True:
+            payload: bytes = msgpack.packb({"b": batch}, use_bin_type=True)
+            if len(payload) <= limit:
+                return payload
+            if len(batch) == 1:
+                dropped = batch.pop()
+                n = dropped[2] if dropped[0] == BATCH else 1
+                self.queued -= n
+                self.dropped += n
+                log.warning("link %s -> %s: dropped a %r message of %d bytes (frame limit %d)",
+                            self.owner.node_id, self.node_id, dropped[0], len(payload), limit)
+                return None
+            half = len(batch) // 2
+            self.queue.extendleft(reversed(batch[half:]))
+            del batch[half:]
 
 
 class Links:
     """All outbound links of this node and the dispatch of inbound ones."""
 
     def __init__(self, node_id: str, key: bytes, handler: MessageHandler,
-                 max_queued: int = MAX_QUEUED) -> None:
+                 max_queued: int = MAX_QUEUED, max_frame: int = MAX_FRAME) -> None:
         self.node_id = node_id
         self.key = key
         self.max_queued = max_queued
+        #: Frame size limit both ways; nodes of one cluster must agree (same limits).
+        self.max_frame = max_frame
         self._handler = handler
         self._links: dict[str, Link] = {}
         self._pending: dict[int, _Pending] = {}
@@ -228,7 +296,7 @@ class Links:
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {
-            node: {"queued": len(link.queue), "sent": link.sent_messages,
+            node: {"queued": link.queued, "sent": link.sent_messages,
                    "frames": link.sent_frames, "dropped": link.dropped,
                    "connected": int(link.connected)}
             for node, link in self._links.items()
@@ -240,6 +308,12 @@ class Links:
         """Queue a message that may be dropped under back-pressure; False if it was."""
         link = self._links.get(node_id)
         return link.push(message) if link is not None else False
+
+    def send_frames(self, node_id: str, section: int, topic: str, frames: bytes | memoryview,
+                    count: int = 1) -> bool:
+        """Queue encoded QoS 0 PUBLISHes in a packed batch (may be dropped like ``send``)."""
+        link = self._links.get(node_id)
+        return link.push_frames(section, topic, frames, count) if link is not None else False
 
     async def send_wait(self, node_id: str, message: Message) -> None:
         link = self._links.get(node_id)
@@ -275,6 +349,7 @@ class Links:
             link = self._links.get(node_id)
             if link is not None:
                 link.queue.append(["ack", req, ok, body])
+                link.queued += 1
                 link.wakeup.set()
 
     # -- receiving ------------------------------------------------------------------------
@@ -283,20 +358,22 @@ class Links:
         """RPC stream handler for ``data.link``: dispatch every message of every frame."""
         node = peer.node_id
         handler = self._handler
+        stream.max_frame = self.max_frame
         while True:
             frame = await stream.receive()
             batch = frame.get("b")
             if not isinstance(batch, list):
                 raise ProtocolError("data.link frame without a batch")
-            self.received_messages += len(batch)
             for message in batch:
                 if not isinstance(message, list) or not message:
                     raise ProtocolError("data.link message is not a list")
                 try:
-                    if message[0] == "ack":
+                    kind = message[0]
+                    if kind == "ack":
                         self._on_ack(message)
                     else:
                         handler(node, message)
+                    self.received_messages += message[2] if kind == BATCH else 1
                 except (ValueError, TypeError, KeyError, IndexError) as exc:
                     # An authenticated peer sent something we cannot read (a version skew or
                     # a bug): close its link, keep the node running.

@@ -30,10 +30,11 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
-from mqttring.cluster.links import STREAM_KIND, Links
+from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter
 from mqttring.cluster.sessions import ClusterSessions, RemoteSession
+from mqttring.cluster.wire import BATCH
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
@@ -59,7 +60,8 @@ class DataPlane:
         self.core = core
         self.metadata = MetadataService(config)
         key = derive_key(cluster_secret(config), RPC_KEY_PURPOSE)
-        self.links = Links(self.node_id, key, self._on_message)
+        self.links = Links(self.node_id, key, self._on_message,
+                           max_frame=frame_limit(config.limits.max_packet_size))
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
         self.replicator = ShardReplicator(self.node_id, store, self.links, self.current_view,
@@ -253,6 +255,7 @@ class DataPlane:
         return {
             "pub": router.on_pub,
             "dlv": router.on_dlv,
+            BATCH: router.on_batch,
             "radd": router.on_route,
             "rdel": router.on_route,
             "rreset": rreset,

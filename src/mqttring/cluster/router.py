@@ -29,7 +29,7 @@ publishes will look for it, so a client's SUBACK means what it says on every nod
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -40,10 +40,14 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
 from mqttring.cluster.routes import RouteTable, route_shard
+from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.router")
+
+#: Rebuilds the ``Message`` objects of encoded QoS 0 frames (see ``LocalRouter.deliver_frames``).
+Unpack = Callable[[memoryview | bytes], Iterable[Message]]
 
 MAX_HOPS = 4
 #: Topics whose routing answer is cached (cleared when full, a new epoch, a route change).
@@ -107,13 +111,17 @@ class ClusterRouter:
 
     async def publish(self, message: Message) -> None:
         view = self.view()
-        owner = self.route(message.topic, view)[0]
+        owner, targets = self.route(message.topic, view)
+        plain = message.qos == 0 and not message.retain
         if owner is None or owner == self.node_id:
-            await self.accept(message, view)
+            if plain and self.archive is None:
+                self._fan_out_qos0(message, targets)  # what ``accept`` does, without awaiting
+            else:
+                await self.accept(message, view)
             return
         self.metrics.forwarded_to_owner += 1
-        if message.qos == 0 and not message.retain:
-            self.links.send(owner, self._pub(message, 0, 1, view))
+        if plain:
+            self.links.send_frames(owner, ROUTE, message.topic, message.encode_qos0(False))
             return
         await self.forward(message, 1)
 
@@ -179,14 +187,30 @@ class ClusterRouter:
         Not yielding matters beyond this message: a reader that handles a whole chunk of
         publishes without a checkpoint lets each link writer send them as one frame.
         """
+        self._fan_out_run(message.topic, message.encode_qos0(False), 1, by_node,
+                          lambda _frames: (message,))
+
+    def _fan_out_run(self, topic: str, frames: bytes | memoryview, count: int,
+                     by_node: dict[str, list[int]], unpack: Unpack) -> None:
+        """``count`` encoded QoS 0 PUBLISHes of one topic to every node with routes.
+
+        A node with clean sessions only gets the bytes as they are, appended to its packed
+        batch; sessions of a shard (persistent, or one still loading here) need each
+        ``Message`` (``unpack(frames)``) for its own path.
+        """
         for node, shards in by_node.items():
             if node == self.node_id:
                 if shards and not all(self.holds(s) for s in shards):
-                    self.spawn(self._deliver_here, message, shards)  # sessions still loading
+                    for message in unpack(frames):  # sessions still loading
+                        self.spawn(self._deliver_here, message, shards)
                 else:
-                    self.local.deliver_local(message)
-            else:
-                self.metrics.deliveries_to_nodes += 1
+                    self.local.deliver_frames(topic, frames, count, unpack)
+                continue
+            self.metrics.deliveries_to_nodes += count
+            if not shards:
+                self.links.send_frames(node, DELIVER, topic, frames, count)
+                continue
+            for message in unpack(frames):
                 self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, shards])
 
     def resolve(self, targets: set[str], view: ClusterView) -> dict[str, list[int]]:
@@ -256,6 +280,31 @@ class ClusterRouter:
             self._fan_out_qos0(message, targets)
             return
         self.spawn(self._pub_task, node, req, message, hops)
+
+    def on_batch(self, node: str, msg: list[Any]) -> None:
+        """A packed QoS 0 batch (``mqttring.cluster.wire``), one run of frames at a time.
+
+        ROUTE runs come from an edge (first hop): ``on_pub``'s hot path, with one route
+        lookup and one fan-out per run.  DELIVER runs are for this node's clean sessions.
+        """
+        blob = msg[1]
+        view = self.view()
+        archive = self.archive
+        frames = memoryview(blob)
+        deliver = self.local.deliver_frames
+        for section, topic, start, stop, count in runs(blob, msg[3]):
+            if section == DELIVER:
+                deliver(topic, frames[start:stop], count, unpack)
+                continue
+            owner, targets = self.route(topic, view)
+            if owner is not None and owner != self.node_id:
+                for message in unpack(frames[start:stop]):  # view changed in flight: re-send
+                    self.spawn(self._pub_task, node, 0, message, 1)
+                continue
+            if archive is not None:
+                for message in unpack(frames[start:stop]):
+                    archive.append(message)
+            self._fan_out_run(topic, frames[start:stop], count, targets, unpack)
 
     async def _pub_task(self, node: str, req: int, message: Message, hops: int) -> None:
         try:

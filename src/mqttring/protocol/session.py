@@ -47,11 +47,13 @@ from mqttring.protocol.packets import PubRel
 class Message:
     """An application message as routers pass it around.
 
-    Not frozen on purpose: it caches its UTF-8 topic and its QoS 0 encoding, so a fan-out to
+    Not frozen on purpose: it caches its UTF-8 topic and its QoS 0 encodings, so a fan-out to
     many subscribers encodes the topic once and a QoS 0 PUBLISH once (pre-encoded fan-out).
+    The two encodings are two slots, not a dict: a message is built for every publish, and
+    a dict per message was a measurable share of a cluster hop.
     """
 
-    __slots__ = ("_qos0", "_topic_bytes", "payload", "qos", "retain", "topic")
+    __slots__ = ("_qos0", "_qos0_retained", "_topic_bytes", "payload", "qos", "retain", "topic")
 
     def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
         self.topic = topic
@@ -59,7 +61,22 @@ class Message:
         self.qos = qos
         self.retain = retain
         self._topic_bytes: bytes | None = None
-        self._qos0: dict[bool, bytes] = {}
+        self._qos0: bytes | None = None
+        self._qos0_retained: bytes | None = None
+
+    @classmethod
+    def from_qos0_frame(
+        cls, topic: str, topic_bytes: bytes, payload: bytes, frame: bytes
+    ) -> Message:
+        """A QoS 0, non-retained message that arrived already encoded (a cluster link).
+
+        ``frame`` must be the QoS 0 PUBLISH of exactly this topic and payload with RETAIN=0:
+        it is what every QoS 0 subscriber is sent, byte for byte, with no re-encoding.
+        """
+        message = cls(topic, payload)
+        message._topic_bytes = topic_bytes
+        message._qos0 = frame
+        return message
 
     @property
     def topic_bytes(self) -> bytes:
@@ -70,10 +87,17 @@ class Message:
 
     def encode_qos0(self, retain: bool) -> bytes:
         """The QoS 0 PUBLISH, encoded at most once per retain flag."""
-        data = self._qos0.get(retain)
+        if retain:
+            data = self._qos0_retained
+            if data is None:
+                data = self._qos0_retained = encode_publish(
+                    self.topic_bytes, self.payload, 0, True, False, None
+                )
+            return data
+        data = self._qos0
         if data is None:
-            data = self._qos0[retain] = encode_publish(
-                self.topic_bytes, self.payload, 0, retain, False, None
+            data = self._qos0 = encode_publish(
+                self.topic_bytes, self.payload, 0, False, False, None
             )
         return data
 
@@ -195,6 +219,23 @@ class Session:
             self._dirty[entry.seq] = entry
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
             self._pump(out)
+
+    def deliver_encoded(self, frames: bytes | bytearray | memoryview, count: int) -> bool:
+        """Hand over ``count`` QoS 0 PUBLISHes already encoded back to back (RETAIN=0).
+
+        Only an online session can take them as bytes; False means it is offline and the
+        caller must ``deliver`` them one ``Message`` at a time (queued or discarded as the
+        session's rules say).  The output limit is checked once for the whole run, so it
+        may be exceeded by at most one run, as it may by one large PUBLISH.
+        """
+        out = self.output
+        if out is None:
+            return False
+        if len(out) > self.limits.max_output:
+            self.dropped += count
+        else:
+            out += frames
+        return True
 
     def expire(self, now: float) -> int:
         """Drop queued (not inflight) messages past their deadline; returns how many."""

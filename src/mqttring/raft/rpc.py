@@ -91,9 +91,15 @@ class FramedStream:
         self.stream = stream
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
+        #: Largest frame ``receive`` accepts; a stream handler carrying client payloads
+        #: (the data links) raises it to fit the broker's packet size limit.
+        self.max_frame = MAX_FRAME
 
     async def send(self, message: dict[str, Any]) -> None:
-        payload = msgpack.packb(message, use_bin_type=True)
+        await self.send_packed(msgpack.packb(message, use_bin_type=True))
+
+    async def send_packed(self, payload: bytes) -> None:
+        """Send a map the caller already packed (and could check the size of)."""
         async with self._send_lock:
             await self.stream.send_all(_LEN.pack(len(payload)) + payload)
 
@@ -107,8 +113,8 @@ class FramedStream:
     async def receive(self) -> dict[str, Any]:
         await self._fill(4)
         (size,) = _LEN.unpack_from(self._buffer)
-        if size > MAX_FRAME:
-            raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
+        if size > self.max_frame:
+            raise ProtocolError(f"frame of {size} bytes exceeds {self.max_frame}")
         await self._fill(4 + size)
         payload = bytes(self._buffer[4 : 4 + size])
         del self._buffer[: 4 + size]

@@ -1,0 +1,130 @@
+"""Packed QoS 0 batches: the form plain QoS 0 traffic takes on a cluster link.
+
+Why not one msgpack list per message like every other link message: QoS 0 publishes are
+most of the traffic and need nothing but topic and payload, and the PUBLISH a subscriber is
+sent is the same bytes on every node.  So the edge sends the owner, and the owner sends each
+subscribing node, the encoded MQTT PUBLISH itself (QoS 0, RETAIN 0), appended to the packed
+batch at the tail of the link's queue: one link message carries a whole burst::
+
+    ["q0", blob, count, index]
+    blob:  the PUBLISH frames back to back
+    index: [section, topic, frames, bytes, section, topic, frames, bytes, ...]
+
+The index describes *runs*: consecutive frames of one topic and one section.  The sender
+builds it as it appends (it knows each frame's topic), so the receiver never parses a frame
+on the hot path: a run is routed once and appended to each subscriber's output in one piece,
+byte for byte as it arrived, and msgpack decodes the index at C speed.
+
+Sections say what a run is for:
+
+* ``ROUTE`` (0): edge -> owner of the topic's shard, first hop (a ``pub`` with hops=1);
+* ``DELIVER`` (1): owner -> a node with routes to clean sessions only (a ``dlv`` without
+  shards).
+
+Both share one batch so that traffic of both kinds to one peer stays in one piece and in
+order.  Any other QoS, RETAIN, or a delivery that must check session shards travels as its
+own message as before.
+
+The batch comes from an authenticated peer, which built it from packets its own decoder
+checked, so the index is trusted as the fields of any other link message are; ``runs``
+still checks its shape and that it covers the blob exactly with PUBLISH frames, so a bug or
+version skew closes the link (``ValueError`` -> ``ProtocolError`` in
+``Links.serve_stream``) instead of delivering garbled bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from mqttring.protocol.session import Message
+
+#: The link message kind of a packed batch.
+BATCH = "q0"
+#: Sections.
+ROUTE = 0
+DELIVER = 1
+#: A batch that grows past this many bytes is closed and a new one started, so one link
+#: message (and the frame carrying it) stays well under ``rpc.MAX_FRAME``.
+MAX_BATCH_BYTES = 256 * 1024
+
+#: One run of a batch: (section, topic, start, stop, count) where ``blob[start:stop]``
+#: holds ``count`` consecutive PUBLISH frames of that topic in that section.
+Run = tuple[int, str, int, int, int]
+
+
+def new_batch(section: int, topic: str, frames: bytes | memoryview, count: int) -> list[Any]:
+    """The link message for a first run; ``append`` adds to it while it is queued."""
+    return [BATCH, bytearray(frames), count, [section, topic, count, len(frames)]]
+
+
+def append(batch: list[Any], section: int, topic: str, frames: bytes | memoryview,
+           count: int) -> None:
+    batch[1] += frames
+    batch[2] += count
+    index = batch[3]
+    if index[-3] == topic and index[-4] == section:
+        index[-2] += count
+        index[-1] += len(frames)
+    else:
+        index += (section, topic, count, len(frames))
+
+
+def runs(blob: Any, index: Any) -> Iterator[Run]:
+    """The runs of a received batch, checked against the blob as described above."""
+    if not isinstance(blob, bytes) or not isinstance(index, list) or len(index) % 4:
+        raise ValueError("QoS 0 batch without a blob and a run index")
+    pos, end = 0, len(blob)
+    for i in range(0, len(index), 4):
+        section, topic, count, size = index[i : i + 4]
+        stop = pos + size
+        if (section != ROUTE and section != DELIVER) or type(topic) is not str \
+                or type(count) is not int or count < 1 or type(size) is not int \
+                or size < 4 or stop > end or blob[pos] != 0x30:
+            raise ValueError(f"QoS 0 batch has a bad run at {i // 4}")
+        yield section, topic, pos, stop, count
+        pos = stop
+    if pos != end:
+        raise ValueError("QoS 0 batch index does not cover its blob")
+
+
+def unpack(frames: bytes | bytearray | memoryview) -> Iterator[Message]:
+    """One ``Message`` per frame of a run, for the paths that need them one by one (an
+    archive, an offline persistent session, a view change in flight)."""
+    blob = bytes(frames)
+    pos, end = 0, len(blob)
+    while pos < end:
+        index, frame_end = _frame_bounds(blob, pos, end)
+        topic_end = index + 2 + ((blob[index] << 8) | blob[index + 1])
+        if topic_end > frame_end or topic_end == index + 2:
+            raise ValueError("QoS 0 batch frame has a bad topic length")
+        topic_bytes = blob[index + 2 : topic_end]
+        yield Message.from_qos0_frame(
+            topic_bytes.decode("utf-8"), topic_bytes, blob[topic_end:frame_end],
+            blob[pos:frame_end],
+        )
+        pos = frame_end
+
+
+def _frame_bounds(blob: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(start of the variable header, end) of the QoS 0 PUBLISH frame at ``pos``."""
+    if blob[pos] != 0x30:
+        raise ValueError(f"QoS 0 batch holds a frame of type {blob[pos]:#04x}")
+    length, shift, index = 0, 0, pos + 1
+    while True:  # remaining length, at most 4 bytes
+        if index >= end or shift > 21:
+            raise ValueError("QoS 0 batch has a bad remaining length")
+        byte = blob[index]
+        index += 1
+        length |= (byte & 0x7F) << shift
+        if byte < 128:
+            break
+        shift += 7
+    stop = index + length
+    if length < 2 or stop > end:
+        raise ValueError("QoS 0 batch frame is truncated")
+    return index, stop
+
+
+__all__ = ["BATCH", "DELIVER", "MAX_BATCH_BYTES", "ROUTE", "Run", "append", "new_batch",
+           "runs", "unpack"]
