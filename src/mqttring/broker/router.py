@@ -27,7 +27,8 @@ The hot path does one trie walk, one dict per publish and one bytes append per s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from mqttring.broker.archive import TelemetryArchive
@@ -168,6 +169,22 @@ class LocalRouter:
         self._metrics.messages_sent += sent
         if dropped:
             self._metrics.messages_dropped += dropped
+
+    @contextmanager
+    def wakes_deferred(self) -> Iterator[None]:
+        """Wake each client once when the block ends, not once per delivery in it.
+
+        For a caller that delivers a batch of messages without yielding (a cluster link
+        batch): a subscriber of many of them is told once that output is pending.
+        """
+        wake, pending = self._wake, set()
+        self._wake = pending.add
+        try:
+            yield
+        finally:
+            self._wake = wake
+            for cid in pending:
+                wake(cid)
 
     def _targets(self, topic: str) -> dict[str, int]:
         """client id -> best granted QoS for a topic, cached until subscriptions change

@@ -292,19 +292,20 @@ class ClusterRouter:
         archive = self.archive
         frames = memoryview(blob)
         deliver = self.local.deliver_frames
-        for section, topic, start, stop, count in runs(blob, msg[3]):
-            if section == DELIVER:
-                deliver(topic, frames[start:stop], count, unpack)
-                continue
-            owner, targets = self.route(topic, view)
-            if owner is not None and owner != self.node_id:
-                for message in unpack(frames[start:stop]):  # view changed in flight: re-send
-                    self.spawn(self._pub_task, node, 0, message, 1)
-                continue
-            if archive is not None:
-                for message in unpack(frames[start:stop]):
-                    archive.append(message)
-            self._fan_out_run(topic, frames[start:stop], count, targets, unpack)
+        with self.local.wakes_deferred():
+            for section, topic, start, stop, count in runs(blob, msg[3]):
+                if section == DELIVER:
+                    deliver(topic, frames[start:stop], count, unpack)
+                    continue
+                owner, targets = self.route(topic, view)
+                if owner is not None and owner != self.node_id:
+                    for message in unpack(frames[start:stop]):  # view changed in flight: re-send
+                        self.spawn(self._pub_task, node, 0, message, 1)
+                    continue
+                if archive is not None:
+                    for message in unpack(frames[start:stop]):
+                        archive.append(message)
+                self._fan_out_run(topic, frames[start:stop], count, targets, unpack)
 
     async def _pub_task(self, node: str, req: int, message: Message, hops: int) -> None:
         try:
