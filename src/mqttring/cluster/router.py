@@ -96,12 +96,16 @@ class ClusterRouter:
 
     def route(self, topic: str, view: ClusterView) -> tuple[str | None, dict[str, list[int]]]:
         """(owner of the topic's shard, {target node: session shards}) under ``view``."""
-        key = (view.epoch, self.routes.version)
         cache = self._route_cache
+        hit = cache.get(topic)
+        if hit is not None and view.epoch == self._cache_key[0] \
+                and self.routes.version == self._cache_key[1]:
+            return hit
+        key = (view.epoch, self.routes.version)
         if key != self._cache_key or len(cache) >= ROUTE_CACHE_SIZE:
             cache.clear()
             self._cache_key = key
-        hit = cache.get(topic)
+            hit = None
         if hit is None:
             owner = view.owner(view.shard_for_topic(topic))
             hit = cache[topic] = (owner, self.resolve(self.routes.nodes_for(topic), view))
