@@ -77,3 +77,33 @@ async def test_embedded_async_with(tmp_path):
     with trio.fail_after(20):
         async with MqttRingBroker(config) as broker:
             await _mqtt_round_trip(broker.ports.mqtt, "emb2")
+
+
+def test_documented_sample_config_is_valid(tmp_path):
+    """The TOML sample in docs/configuration.md loads as it is (no drift from the code)."""
+    from pathlib import Path
+
+    from mqttring.config import BrokerConfig
+
+    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    sample = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "node.toml"
+    path.write_text(sample)
+    config = BrokerConfig.from_toml(path)
+    assert config.node_id == "edge-1" and config.gc_full_every == 100
+
+
+def test_node_tunes_the_collector_of_its_own_process():
+    import gc
+
+    from mqttring.config import BrokerConfig, ConfigError
+    from mqttring.node import tune_gc
+
+    saved = gc.get_threshold()
+    try:
+        tune_gc(BrokerConfig(gc_full_every=37))
+        assert gc.get_threshold() == (saved[0], saved[1], 37)
+    finally:
+        gc.set_threshold(*saved)
+    with pytest.raises(ConfigError, match="gc_full_every"):
+        BrokerConfig(gc_full_every=0)

@@ -106,6 +106,13 @@ class BrokerConfig:
     node_weight: int = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.
     leave_timeout: float = 30.0
+    #: ``python -m mqttring.node`` only (an embedding process owns its own GC): a full
+    #: garbage collection at most once per this many middle-generation ones (CPython: 10).
+    #: Every full collection walks every connection's objects; see ``docs/operations.md``.
+    gc_full_every: int = 100
+    #: ``python -m mqttring.node`` only: move what start-up allocated out of the collector's
+    #: reach once the node listens (it lives as long as the process anyway).
+    gc_freeze: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mqtt", "ws", "cluster", "raft", "join", "admin"):
@@ -120,6 +127,8 @@ class BrokerConfig:
             raise ConfigError("num_shards must be >= 1")
         if self.replication < 1:
             raise ConfigError("replication must be >= 1")
+        if self.gc_full_every < 1:
+            raise ConfigError("gc_full_every must be >= 1")
         if self.heartbeat_interval <= 0 or self.failure_grace <= self.heartbeat_interval:
             raise ConfigError("need 0 < heartbeat_interval < failure_grace")
         if self.node_weight < 1:
