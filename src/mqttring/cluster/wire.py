@@ -75,13 +75,13 @@ def runs(blob: Any, index: Any) -> Iterator[Run]:
     if not isinstance(blob, bytes) or not isinstance(index, list) or len(index) % 4:
         raise ValueError("QoS 0 batch without a blob and a run index")
     pos, end = 0, len(blob)
-    for i in range(0, len(index), 4):
-        section, topic, count, size = index[i : i + 4]
+    entries = iter(index)
+    for section, topic, count, size in zip(entries, entries, entries, entries, strict=True):
         stop = pos + size
         if (section != ROUTE and section != DELIVER) or type(topic) is not str \
                 or type(count) is not int or count < 1 or type(size) is not int \
                 or size < 4 or stop > end or blob[pos] != 0x30:
-            raise ValueError(f"QoS 0 batch has a bad run at {i // 4}")
+            raise ValueError(f"QoS 0 batch has a bad run at byte {pos}")
         yield section, topic, pos, stop, count
         pos = stop
     if pos != end:
