@@ -109,10 +109,14 @@ class Link:
         if self.queued >= self.owner.max_queued:
             self.dropped += 1
             return False
+        self.append(message)
+        return True
+
+    def append(self, message: Message) -> None:
+        """Queue one message whatever the bound (callers decide about back-pressure)."""
         self.queue.append(message)
         self.queued += 1
         self.wakeup.set()
-        return True
 
     def push_frames(self, section: int, topic: str, frames: bytes | memoryview,
                     count: int) -> bool:
@@ -136,9 +140,7 @@ class Link:
             if self.closed:
                 raise PeerUnavailable(self.node_id)
             await self.room.wait()
-        self.queue.append(message)
-        self.queued += 1
-        self.wakeup.set()
+        self.append(message)
 
     async def run(self) -> None:
         with self.cancel_scope:
@@ -348,9 +350,7 @@ class Links:
         if req:
             link = self._links.get(node_id)
             if link is not None:
-                link.queue.append(["ack", req, ok, body])
-                link.queued += 1
-                link.wakeup.set()
+                link.append(["ack", req, ok, body])  # never dropped: a requester waits for it
 
     # -- receiving ------------------------------------------------------------------------
 

@@ -97,18 +97,16 @@ class ClusterRouter:
     def route(self, topic: str, view: ClusterView) -> tuple[str | None, dict[str, list[int]]]:
         """(owner of the topic's shard, {target node: session shards}) under ``view``."""
         cache = self._route_cache
-        hit = cache.get(topic)
-        if hit is not None and view.epoch == self._cache_key[0] \
-                and self.routes.version == self._cache_key[1]:
-            return hit
-        key = (view.epoch, self.routes.version)
-        if key != self._cache_key or len(cache) >= ROUTE_CACHE_SIZE:
+        epoch, version = self._cache_key
+        if view.epoch != epoch or self.routes.version != version or len(cache) >= ROUTE_CACHE_SIZE:
             cache.clear()
-            self._cache_key = key
-            hit = None
-        if hit is None:
-            owner = view.owner(view.shard_for_topic(topic))
-            hit = cache[topic] = (owner, self.resolve(self.routes.nodes_for(topic), view))
+            self._cache_key = (view.epoch, self.routes.version)
+        else:
+            hit = cache.get(topic)
+            if hit is not None:
+                return hit
+        owner = view.owner(view.shard_for_topic(topic))
+        hit = cache[topic] = (owner, self.resolve(self.routes.nodes_for(topic), view))
         return hit
 
     # -- publish: edge side -----------------------------------------------------------------
@@ -118,8 +116,8 @@ class ClusterRouter:
         owner, targets = self.route(message.topic, view)
         plain = message.qos == 0 and not message.retain
         if owner is None or owner == self.node_id:
-            if plain and self.archive is None:
-                self._fan_out_qos0(message, targets)  # what ``accept`` does, without awaiting
+            if plain:
+                self._accept_plain(message, targets)
             else:
                 await self.accept(message, view)
             return
@@ -162,12 +160,12 @@ class ClusterRouter:
             await self.retained_store.update(
                 message, persist=not message.topic.startswith("$SYS/")
             )
-        if self.archive is not None:
-            self.archive.append(message)
         by_node = self.route(message.topic, view)[1]
         if message.qos == 0:
-            self._fan_out_qos0(message, by_node)
+            self._accept_plain(message, by_node)
             return
+        if self.archive is not None:
+            self.archive.append(message)
         acked: list[tuple[str, list[int]]] = []
         local_shards: list[int] | None = None
         for node, shards in by_node.items():
@@ -175,15 +173,18 @@ class ClusterRouter:
                 local_shards = shards
                 continue
             self.metrics.deliveries_to_nodes += 1
-            if message.qos == 0:
-                self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, shards])
-            else:
-                acked.append((node, shards))
+            acked.append((node, shards))
         async with trio.open_nursery() as nursery:
             if local_shards is not None:
                 nursery.start_soon(self._deliver_here, message, local_shards)
             for node, shards in acked:
                 nursery.start_soon(self._deliver_acked, node, shards, message)
+
+    def _accept_plain(self, message: Message, by_node: dict[str, list[int]]) -> None:
+        """``accept`` for QoS 0 (retained state already updated): nothing to wait for."""
+        if self.archive is not None:
+            self.archive.append(message)
+        self._fan_out_qos0(message, by_node)
 
     def _fan_out_qos0(self, message: Message, by_node: dict[str, list[int]]) -> None:
         """QoS 0 needs no acknowledgement: deliver and send without waiting or yielding.
@@ -278,10 +279,9 @@ class ClusterRouter:
         view = self.view()
         owner, targets = self.route(topic, view)
         if req == 0 and qos == 0 and not retain and owner == self.node_id:
-            # The hot path: QoS 0, handled inline so that arrival order is kept.
-            if self.archive is not None:
-                self.archive.append(message)
-            self._fan_out_qos0(message, targets)
+            # A QoS 0 publish re-sent by a node whose view was older: handled inline so that
+            # arrival order is kept (first hops come in packed batches, see ``on_batch``).
+            self._accept_plain(message, targets)
             return
         self.spawn(self._pub_task, node, req, message, hops)
 
