@@ -37,6 +37,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from mqttring.protocol.decoder import PacketDecoder
+from mqttring.protocol.errors import MQTTError
+from mqttring.protocol.packets import Publish
 from mqttring.protocol.session import Message
 
 #: The link message kind of a packed batch.
@@ -90,40 +93,22 @@ def runs(blob: Any, index: Any) -> Iterator[Run]:
 
 def unpack(frames: bytes | bytearray | memoryview) -> Iterator[Message]:
     """One ``Message`` per frame of a run, for the paths that need them one by one (an
-    archive, an offline persistent session, a view change in flight)."""
-    blob = bytes(frames)
-    pos, end = 0, len(blob)
-    while pos < end:
-        index, frame_end = _frame_bounds(blob, pos, end)
-        topic_end = index + 2 + ((blob[index] << 8) | blob[index + 1])
-        if topic_end > frame_end or topic_end == index + 2:
-            raise ValueError("QoS 0 batch frame has a bad topic length")
-        topic_bytes = blob[index + 2 : topic_end]
-        yield Message.from_qos0_frame(
-            topic_bytes.decode("utf-8"), topic_bytes, blob[topic_end:frame_end],
-            blob[pos:frame_end],
-        )
-        pos = frame_end
-
-
-def _frame_bounds(blob: bytes, pos: int, end: int) -> tuple[int, int]:
-    """(start of the variable header, end) of the QoS 0 PUBLISH frame at ``pos``."""
-    if blob[pos] != 0x30:
-        raise ValueError(f"QoS 0 batch holds a frame of type {blob[pos]:#04x}")
-    length, shift, index = 0, 0, pos + 1
-    while True:  # remaining length, at most 4 bytes
-        if index >= end or shift > 21:
-            raise ValueError("QoS 0 batch has a bad remaining length")
-        byte = blob[index]
-        index += 1
-        length |= (byte & 0x7F) << shift
-        if byte < 128:
+    archive, an offline persistent session, a view change in flight): rare enough to go
+    through the full MQTT decoder (its errors become ``ValueError`` like every other)."""
+    decoder = PacketDecoder()
+    decoder.feed(frames)
+    while True:
+        try:
+            packet = decoder.next_packet()
+        except MQTTError as exc:
+            raise ValueError(f"QoS 0 batch holds a malformed frame: {exc}") from None
+        if packet is None:
             break
-        shift += 7
-    stop = index + length
-    if length < 2 or stop > end:
-        raise ValueError("QoS 0 batch frame is truncated")
-    return index, stop
+        if not isinstance(packet, Publish) or packet.qos or packet.retain:
+            raise ValueError(f"QoS 0 batch holds {packet!r}, not a plain QoS 0 PUBLISH")
+        yield Message(packet.topic, packet.payload)
+    if decoder.buffered:
+        raise ValueError("QoS 0 batch run ends in a truncated frame")
 
 
 __all__ = ["BATCH", "DELIVER", "MAX_BATCH_BYTES", "ROUTE", "Run", "append", "new_batch",

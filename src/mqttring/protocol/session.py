@@ -64,20 +64,6 @@ class Message:
         self._qos0: bytes | None = None
         self._qos0_retained: bytes | None = None
 
-    @classmethod
-    def from_qos0_frame(
-        cls, topic: str, topic_bytes: bytes, payload: bytes, frame: bytes
-    ) -> Message:
-        """A QoS 0, non-retained message that arrived already encoded (a cluster link).
-
-        ``frame`` must be the QoS 0 PUBLISH of exactly this topic and payload with RETAIN=0:
-        it is what every QoS 0 subscriber is sent, byte for byte, with no re-encoding.
-        """
-        message = cls(topic, payload)
-        message._topic_bytes = topic_bytes
-        message._qos0 = frame
-        return message
-
     @property
     def topic_bytes(self) -> bytes:
         tb = self._topic_bytes
@@ -202,10 +188,7 @@ class Session:
         out = self.output
         if qos == 0:
             if out is not None:
-                if len(out) > self.limits.max_output:
-                    self.dropped += 1
-                    return
-                out += message.encode_qos0(retain)
+                self.deliver_encoded(message.encode_qos0(retain), 1)
                 return
             if self.clean_session:
                 return
@@ -221,7 +204,7 @@ class Session:
             self._pump(out)
 
     def deliver_encoded(self, frames: bytes | bytearray | memoryview, count: int) -> bool:
-        """Hand over ``count`` QoS 0 PUBLISHes already encoded back to back (RETAIN=0).
+        """Hand over ``count`` QoS 0 PUBLISHes already encoded back to back.
 
         Only an online session can take them as bytes; False means it is offline and the
         caller must ``deliver`` them one ``Message`` at a time (queued or discarded as the
