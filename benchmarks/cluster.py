@@ -356,9 +356,11 @@ def run(broker: BrokerHandle, p: Params, run_id: str) -> dict[str, Any]:
     # Diagnostic only (the target uses the ratio above): the same figure with the idle
     # cluster's background CPU taken out, to tell per-message cost from background chatter.
     load = loads["cluster"]
-    busy = load["cpu"]["broker_s"] - out["idle_cluster_cores"] * load["cpu"]["elapsed_s"]
-    delivered = max(1, load["deliveries_per_s"] * load["cpu"]["elapsed_s"])
-    out["cpu_us_per_delivery_cluster_minus_idle"] = round(max(0.0, busy) / delivered * 1e6, 2)
+    idle_cpu_s = out["idle_cluster_cores"] * load["cpu"]["elapsed_s"]
+    idle_share = idle_cpu_s / max(load["cpu"]["broker_s"], 1e-9)
+    out["cpu_us_per_delivery_cluster_minus_idle"] = round(
+        max(0.0, 1 - idle_share) * cpu_c * 1e6, 2
+    )
     out["deliveries_per_s"] = load["deliveries_per_s"]
     out["single_deliveries_per_s"] = loads["single node"]["deliveries_per_s"]
     out["deliveries_per_s_spread"] = loads["cluster, spread"]["deliveries_per_s"]
