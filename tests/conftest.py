@@ -35,6 +35,9 @@ from typing import Any
 
 import pytest
 
+#: The cluster tests' fixtures (``fresh_cluster``, ``clients``) live with their helpers.
+pytest_plugins = ("cluster_support",)
+
 HOST = "127.0.0.1"
 WAIT = 5.0  # default bound for "this must arrive" waits
 

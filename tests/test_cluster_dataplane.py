@@ -56,13 +56,6 @@ def view(cluster: NodeCluster) -> ViewInfo:
     return cluster.settle(NODES, timeout=30)
 
 
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made = Clients()
-    yield made
-    made.close()
-
-
 def one_topic_per_owner(view: ViewInfo, prefix: str, suffix: str = "") -> dict[str, str]:
     """node -> a topic ``prefix/<n>{suffix}`` whose shard that node owns."""
     out = {}

@@ -14,8 +14,7 @@ import collections
 import contextlib
 import queue
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -34,31 +33,6 @@ pytestmark = pytest.mark.timeout(150)
 NODES = ("a", "b", "c")
 
 
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., NodeCluster]]:
-    made: list[NodeCluster] = []
-
-    def make(nodes: tuple[str, ...] = NODES) -> NodeCluster:
-        root = tmp_path / f"cluster{len(made)}"
-        root.mkdir()
-        cluster = NodeCluster(root)
-        made.append(cluster)
-        cluster.form_sync(*nodes)
-        cluster.settle(nodes)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.close()
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made = Clients()
-    yield made
-    made.close()
-
-
 def payloads_by_topic(got: list[Delivery]) -> dict[str, list[bytes]]:
     out: dict[str, list[bytes]] = collections.defaultdict(list)
     for d in got:
@@ -70,14 +44,14 @@ def payloads_by_topic(got: list[Delivery]) -> dict[str, list[bytes]]:
 
 
 def test_kill9_during_qos1_stream_loses_no_acknowledged_message(
-    make_cluster: Callable[..., NodeCluster], clients: Clients
+    fresh_cluster: Callable[..., NodeCluster], clients: Clients
 ) -> None:
     """3 nodes, R=2.  Persistent QoS 1 subscribers homed on every node, some offline, some
     online on the victim, some online on a survivor; a publisher on a survivor streams QoS 1
     messages to topics owned by every node; the victim is killed with SIGKILL mid-stream.
     Every subscriber, reconnected to a survivor, gets every message whose PUBLISH was
     acknowledged (duplicates allowed)."""
-    cluster = make_cluster()
+    cluster = fresh_cluster()
     view = cluster.view("a")
     victim, survivors = "b", ("a", "c")
     prefix = unique("stream")
@@ -172,12 +146,12 @@ def topic_where(view: ViewInfo, prefix: str, owner: str, replica: str) -> str:
 
 
 def test_raft_leader_killed_during_traffic(
-    make_cluster: Callable[..., NodeCluster], clients: Clients
+    fresh_cluster: Callable[..., NodeCluster], clients: Clients
 ) -> None:
     """The leader is not on the data path: right after it is killed (before a new leader is
     known), publishes and new subscriptions on the survivors work for topics the survivors
     own; once a new leader is elected, topics the dead node owned work too."""
-    cluster = make_cluster()
+    cluster = fresh_cluster()
     view = cluster.view("a")
     leader = view.leader
     assert leader in NODES
@@ -271,13 +245,13 @@ def test_raft_leader_killed_during_traffic(
 
 
 def test_sigterm_and_restart_hands_data_back(
-    make_cluster: Callable[..., NodeCluster], clients: Clients
+    fresh_cluster: Callable[..., NodeCluster], clients: Clients
 ) -> None:
     """SIGTERM b (it leaves, handing its shards away): retained messages and persistent
     sessions are served by the others meanwhile; restart b on the same data dir and ports:
     it catches up, owns shards again, and serves the retained messages and the sessions
     homed at it, including what was queued while it was away."""
-    cluster = make_cluster()
+    cluster = fresh_cluster()
     view = cluster.view("a")
     prefix = unique("handback")
     publishers = {n: clients.connected(cluster.port(n), name=f"pub@{n}") for n in NODES}
@@ -351,9 +325,9 @@ def test_sigterm_and_restart_hands_data_back(
 
 
 def test_peer_with_wrong_secret_is_refused(
-    make_cluster: Callable[..., NodeCluster], clients: Clients
+    fresh_cluster: Callable[..., NodeCluster], clients: Clients
 ) -> None:
-    cluster = make_cluster(("a", "b"))
+    cluster = fresh_cluster(("a", "b"))
     refused_before = cluster.status_sync("a")["rpc_refused"]
     cluster.start("x", join=cluster.procs["a"].cluster, secret="not-the-cluster-secret")
     deadline = time.monotonic() + 8
