@@ -187,8 +187,11 @@ class Session:
         """
         out = self.output
         if qos == 0:
-            if out is not None:
-                self.deliver_encoded(message.encode_qos0(retain), 1)
+            if out is not None:  # deliver_encoded inlined: this runs once per subscriber
+                if len(out) > self.limits.max_output:
+                    self.dropped += 1
+                    return
+                out += message.encode_qos0(retain)
                 return
             if self.clean_session:
                 return
