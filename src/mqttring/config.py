@@ -102,6 +102,17 @@ class BrokerConfig:
     heartbeat_interval: float = 0.5
     #: Seconds without a heartbeat before the leader marks a member down and moves its shards.
     failure_grace: float = 5.0
+    #: Seconds a node may go without proof that it is in the majority's view before it
+    #: stops serving (disconnects its clients, answers CONNECT with CONNACK 3).  0 means
+    #: ``failure_grace - heartbeat_interval``; it must stay below ``failure_grace`` so the node
+    #: stops before the majority takes its shards over (see docs/design.md, netsplits).
+    fence_after: float = 0.0
+    #: Seconds between route digests sent to each peer (anti-entropy; docs/design.md).
+    route_sync_interval: float = 2.0
+    #: Longest an owner holds a QoS >= 1 publish while its routes are not known complete,
+    #: and longest a durable write waits for a replica the view still names; past it the
+    #: publish is refused (no PUBACK) rather than acknowledged on incomplete state.
+    cluster_write_patience: float = 15.0
     #: Relative share of shards this node takes on the ring (an integer >= 1).
     node_weight: int = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.
@@ -131,6 +142,16 @@ class BrokerConfig:
             raise ConfigError("gc_full_every must be >= 1")
         if self.heartbeat_interval <= 0 or self.failure_grace <= self.heartbeat_interval:
             raise ConfigError("need 0 < heartbeat_interval < failure_grace")
+        if self.fence_after < 0 or self.fence_after >= self.failure_grace:
+            raise ConfigError("need 0 <= fence_after < failure_grace (0: derived)")
+        if self.fence_seconds <= self.failure_grace / 4:
+            raise ConfigError("fence_after (default failure_grace - heartbeat_interval) must "
+                              "exceed failure_grace / 4: a heartbeat cannot prove quorum "
+                              "for less than that")
+        if self.route_sync_interval <= 0:
+            raise ConfigError("route_sync_interval must be > 0")
+        if self.cluster_write_patience <= 0:
+            raise ConfigError("cluster_write_patience must be > 0")
         if self.node_weight < 1:
             raise ConfigError("node_weight must be >= 1")
         if self.leave_timeout < 0:
@@ -145,6 +166,11 @@ class BrokerConfig:
                 raise ConfigError(f"limits.{name} must be >= 1")
         if lim.connect_timeout <= 0:
             raise ConfigError("limits.connect_timeout must be > 0")
+
+    @property
+    def fence_seconds(self) -> float:
+        """``fence_after``, or its default: a heartbeat short of the failure grace."""
+        return self.fence_after or self.failure_grace - self.heartbeat_interval
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> BrokerConfig:

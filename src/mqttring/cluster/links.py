@@ -28,7 +28,14 @@ epoch instead of waiting forever.
 Reconnects: a writer that loses its connection reconnects with backoff for as long as the
 peer is in the view; what is queued meanwhile waits (bounded as above).  A message already
 handed to a broken connection may be lost; everything that matters is acknowledged, so the
-sender retries it (see ``ClusterRouter``).
+sender retries it (see ``ClusterRouter``).  Every successful (re)connection is reported
+(``on_connected``) so that the router re-sends its full route set to that peer.
+
+Fencing: every frame carries the sender's incarnation and view epoch (``stamp``).  The
+receiver asks ``admit(node, incarnation)`` before it applies anything: a frame from an
+older incarnation of a node, or from a node that the receiver's view marks down in that
+incarnation, is refused and counted, and the link is closed.  So a node that was cut off
+and declared dead can never replay, after the heal, what it queued or decided meanwhile.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import msgpack
 import trio
 
 from mqttring.cluster import wire
+from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.wire import BATCH, MAX_BATCH_BYTES
 from mqttring.raft.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
 
@@ -67,10 +75,22 @@ Message = list[Any]
 #: (a store write, an answer from a third node) runs in a task it starts, or the link's
 #: reader would stall and two nodes waiting on each other's links would deadlock.
 MessageHandler = Callable[[str, Message], None]
+#: (incarnation, epoch) of this node, stamped on every frame it sends.
+Stamp = Callable[[], tuple[int, int]]
+#: May frames from ``node`` in ``incarnation`` be applied here?
+Admit = Callable[[str, int], bool]
 
 
-class PeerUnavailable(Exception):
-    """The peer left the cluster view or its link broke before it answered."""
+def _always(node: str, incarnation: int) -> bool:
+    return True
+
+
+def _no_stamp() -> tuple[int, int]:
+    return (0, 0)
+
+
+def _ignore(node: str) -> None:
+    return None
 
 
 class _Pending:
@@ -161,6 +181,7 @@ class Link:
                     continue
                 delay = RECONNECT_MIN
                 self.connected, self.down = True, False
+                self.owner.on_connected(self.node_id)
                 try:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._watch, stream, nursery.cancel_scope)
@@ -223,8 +244,10 @@ class Link:
         everything behind it.
         """
         limit = self.owner.max_frame
+        incarnation, epoch = self.owner.stamp()
         while True:
-            payload: bytes = msgpack.packb({"b": batch}, use_bin_type=True)
+            payload: bytes = msgpack.packb({"b": batch, "i": incarnation, "e": epoch},
+                                           use_bin_type=True)
             if len(payload) <= limit:
                 return payload
             if len(batch) == 1:
@@ -244,8 +267,16 @@ class Links:
     """All outbound links of this node and the dispatch of inbound ones."""
 
     def __init__(self, node_id: str, key: bytes, handler: MessageHandler,
-                 max_queued: int = MAX_QUEUED, max_frame: int = MAX_FRAME) -> None:
+                 max_queued: int = MAX_QUEUED, max_frame: int = MAX_FRAME, *,
+                 stamp: Stamp = _no_stamp, admit: Admit = _always,
+                 on_connected: Callable[[str], None] = _ignore) -> None:
         self.node_id = node_id
+        self.stamp = stamp
+        self.admit = admit
+        #: Called with the peer's id each time its link (re)connects.
+        self.on_connected = on_connected
+        #: Frames refused because their sender was fenced off (stale or down incarnation).
+        self.refused_frames = 0
         self.key = key
         self.max_queued = max_queued
         #: Frame size limit both ways; nodes of one cluster must agree (same limits).
@@ -296,6 +327,21 @@ class Links:
                 pending.result = PeerUnavailable(node_id)
                 pending.done.set()
 
+    def clear(self) -> int:
+        """Drop everything queued to every peer; the number of messages dropped.
+
+        For a node that learns it was declared down: what it queued while cut off belongs
+        to a life the cluster has ended, and receivers would refuse it anyway.
+        """
+        dropped = 0
+        for link in self._links.values():
+            dropped += link.queued
+            link.queue.clear()
+            link.queued = 0
+            link.room.set()
+            link.room = trio.Event()
+        return dropped
+
     def stats(self) -> dict[str, dict[str, int]]:
         return {
             node: {"queued": link.queued, "sent": link.sent_messages,
@@ -316,6 +362,15 @@ class Links:
         """Queue encoded QoS 0 PUBLISHes in a packed batch (may be dropped like ``send``)."""
         link = self._links.get(node_id)
         return link.push_frames(section, topic, frames, count) if link is not None else False
+
+    def send_control(self, node_id: str, message: Message) -> bool:
+        """Queue a control message past the back-pressure bound (they are few and small,
+        and dropping one, a route set say, would cost more than the room it takes)."""
+        link = self._links.get(node_id)
+        if link is None:
+            return False
+        link.append(message)
+        return True
 
     async def send_wait(self, node_id: str, message: Message) -> None:
         link = self._links.get(node_id)
@@ -364,6 +419,12 @@ class Links:
             batch = frame.get("b")
             if not isinstance(batch, list):
                 raise ProtocolError("data.link frame without a batch")
+            incarnation = frame.get("i", 0)
+            if not isinstance(incarnation, int) or not self.admit(node, incarnation):
+                self.refused_frames += 1
+                log.warning("refused a frame from %s (incarnation %r): fenced off", node,
+                            incarnation)
+                raise ProtocolError(f"frame from a fenced-off incarnation of {node}")
             for message in batch:
                 if not isinstance(message, list) or not message:
                     raise ProtocolError("data.link message is not a list")
@@ -386,10 +447,6 @@ class Links:
             pending.ok = bool(ok)
             pending.result = body
             pending.done.set()
-
-
-class RemoteError(Exception):
-    """The peer answered a request with a refusal."""
 
 
 __all__ = ["STREAM_KIND", "Links", "PeerUnavailable", "RemoteError"]

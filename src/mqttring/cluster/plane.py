@@ -13,6 +13,17 @@ replication, the cluster router and the cluster session manager around the node'
 * shards it must catch up on are copied from their owner, then reported through Raft;
 * wills of clients whose edge node died are published (``ClusterSessions.on_view``).
 
+Netsplit policy (fencing).  A node that cannot prove, for ``fence_after`` seconds, that it is
+up in the majority's view (``MetadataService.in_quorum``) stops serving: it disconnects its
+clients, answers every CONNECT with CONNACK 3 (server unavailable), publishes no will and
+takes over no session, until it is back in the view.  Its clients reconnect to the majority
+side, which declares it down ``failure_grace`` after its last heartbeat (always later than
+the node stopped), takes over its shards and sessions and publishes its clients' wills.  When
+it learns it was declared down it drops everything it queued for its peers (they would refuse
+it anyway: frames carry the sender's incarnation) and rejoins as a catching-up replica.  Why
+this and not "keep serving and merge after the heal" (EMQX's autoheal) or VerneMQ's
+"refuse writes during a split": see docs/design.md.
+
 Inbound handlers never block the link reader (see ``mqttring.cluster.links``): quick ones run
 inline, in arrival order; anything that waits runs in a task of this nursery.
 """
@@ -30,6 +41,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
+from mqttring.cluster.errors import PeerFailure
 from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter
@@ -50,6 +62,9 @@ from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
 log = logging.getLogger("mqttring.cluster")
 
 CAUGHT_UP_ATTEMPTS = 10
+#: Seconds between two looks at this node's quorum proof.
+QUORUM_POLL = 0.1
+CATCH_UP_RETRY_MAX = 2.0
 
 
 class DataPlane:
@@ -61,11 +76,17 @@ class DataPlane:
         self.metadata = MetadataService(config)
         key = derive_key(cluster_secret(config), RPC_KEY_PURPOSE)
         self.links = Links(self.node_id, key, self._on_message,
-                           max_frame=frame_limit(config.limits.max_packet_size))
+                           max_frame=frame_limit(config.limits.max_packet_size),
+                           stamp=self._stamp, admit=self._admit,
+                           on_connected=self._on_link_connected)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
+        #: True while this node cannot prove it is in the majority's view (module docstring).
+        self.fenced = False
+        self.fence_count = 0
         self.replicator = ShardReplicator(self.node_id, store, self.links, self.current_view,
-                                          self._on_replicated)
+                                          self._on_replicated, self._wait_for_view_change,
+                                          patience=config.cluster_write_patience)
         self.retained = RetainedStore(store, config.num_shards, self.replicator,
                                       lambda topic: self.current_view().shard_for_topic(topic))
         self.session_store = SessionStore(store, config.num_shards, self.replicator)
@@ -75,17 +96,82 @@ class DataPlane:
         self.held: set[int] = set()
         self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
                                     self.current_view, metrics, self._persist, self.spawn,
-                                    self.held.__contains__)
+                                    self.held.__contains__,
+                                    routes_wait=config.cluster_write_patience,
+                                    delivery_patience=config.cluster_write_patience)
         core.router = self.router
         self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
-                                        self.spawn)
+                                        self.spawn, self.is_fenced)
         core.manager = self.sessions
         self._nursery: trio.Nursery | None = None
         self._copying: set[int] = set()
+        #: Shards whose stale local rows were already dropped by the current catch-up.
+        self._dropped: set[int] = set()
         self._handlers = self._dispatch_table()
 
     def current_view(self) -> ClusterView:
         return self.view
+
+    def is_fenced(self) -> bool:
+        return self.fenced
+
+    async def _wait_for_view_change(self, timeout: float) -> None:
+        await self.router.wait_for_view_change(timeout)
+
+    # -- fencing ----------------------------------------------------------------------------
+
+    def _stamp(self) -> tuple[int, int]:
+        me = self.view.members.get(self.node_id)
+        return (me.incarnation if me is not None else 0, self.view.epoch)
+
+    def _admit(self, node: str, incarnation: int) -> bool:
+        """Frames from an ended life of ``node`` (older incarnation, or the one the view
+        declared down) are never applied; an unknown or newer one is a node joining."""
+        member = self.view.members.get(node)
+        if member is None or incarnation > member.incarnation:
+            return True
+        if incarnation < member.incarnation:
+            return False
+        return member.state is not MemberState.DOWN
+
+    def _on_link_connected(self, node: str) -> None:
+        if self.view.epoch and not self.fenced:
+            self.router.sync_to(node)
+
+    async def _guard_quorum(self) -> None:
+        """Fence this node while it cannot prove it is in the majority's view."""
+        within = self.config.fence_seconds
+        while True:
+            await trio.sleep(QUORUM_POLL)
+            ok = self.metadata.in_quorum(within)
+            if not ok and not self.fenced:
+                self._fence()
+            elif ok and self.fenced:
+                self._unfence()
+
+    def _fence(self) -> None:
+        self.fenced = True
+        self.fence_count += 1
+        handlers = list(self.sessions.by_token.values())
+        log.warning("node %s: no proof of quorum for %.1fs; fencing: disconnecting %d clients "
+                    "and refusing CONNECT until it is back in the view", self.node_id,
+                    self.config.fence_seconds, len(handlers))
+        for handler in handlers:
+            handler.kick()
+
+    def _unfence(self) -> None:
+        self.fenced = False
+        log.warning("node %s: back in the majority's view (epoch %d); serving again",
+                    self.node_id, self.view.epoch)
+        self.spawn(self.sessions.publish_owed_wills)
+        for node in self.router.sync_peers(self.view):
+            self.router.sync_to(node)
+
+    async def _anti_entropy(self) -> None:
+        while True:
+            await trio.sleep(self.config.route_sync_interval)
+            if not self.fenced:
+                self.router.send_digests()
 
     async def _persist(self, sessions: list[Session]) -> None:
         await self.core.manager.persist(sessions, Durability.DURABLE)
@@ -115,6 +201,8 @@ class DataPlane:
             first = await nursery.start(self.metadata.run)
             await self._install(first)
             nursery.start_soon(self._follow, views)
+            nursery.start_soon(self._guard_quorum)
+            nursery.start_soon(self._anti_entropy)
             task_status.started(first)
 
     async def _follow(self, views: trio.MemoryReceiveChannel[ClusterView]) -> None:
@@ -131,15 +219,20 @@ class DataPlane:
         old, self.view = self.view, new
         if new.epoch == old.epoch:
             return  # only the leader changed
+        me_before, me_now = old.members.get(self.node_id), new.members.get(self.node_id)
+        if (me_now is not None and me_now.state is MemberState.DOWN
+                and (me_before is None or me_before.state is not MemberState.DOWN)):
+            # Declared down while cut off: what we queued belongs to an ended life.
+            dropped = self.links.clear()
+            self.sessions.forget_owed_wills()
+            log.warning("node %s was declared down (epoch %d): dropped %d queued messages; "
+                        "rejoining", self.node_id, new.epoch, dropped)
         self.links.update_peers({
             node: member.cluster for node, member in new.members.items()
             if member.state is not MemberState.DOWN
         })
-        if old.epoch == 0:
-            # A (re)started node: peers may still hold routes of its previous life.
-            for node in new.live_members():
-                if node != self.node_id:
-                    self.links.send(node, ["rreset", 0])
+        # Peers hold routes of our previous life until our first full route set replaces
+        # them: ``router.on_view`` sends it (and again on every link connection).
         self.router.on_view(old, new)
         me = self.node_id
         owned_before = {s for s in range(old.num_shards) if old.epoch and old.owner(s) == me}
@@ -189,19 +282,30 @@ class DataPlane:
             self.core.wakers.pop(client_id, None)
 
     async def _catch_up(self, shards: list[int]) -> None:
+        """Copy the shards we are catching up on, retrying until done or re-placed.
+
+        A copy fails when its source dies or a link breaks; the view then names another
+        source (or drops us as a target), so we wait for a change and go on with what is
+        still ours to copy, never giving up while the view still waits for us.
+        """
         done: list[int] = []
+        remaining = list(shards)
+        delay = 0.2
         try:
-            for shard in shards:
-                view = self.view
-                if self.node_id not in view.shards[shard].catching_up:
-                    continue
-                source = view.owner(shard)
-                if source is None or source == self.node_id:
-                    continue
-                await self._drop_local_shard(shard)
-                rows = await self.replicator.copy_shard(shard, source)
-                log.debug("shard %d: copied %d rows from %s", shard, rows, source)
-                done.append(shard)
+            while remaining:
+                remaining = [s for s in remaining
+                             if self.node_id in self.view.shards[s].catching_up]
+                try:
+                    while remaining:
+                        shard = remaining[0]
+                        if await self._copy_one(shard):
+                            done.append(shard)
+                        remaining.pop(0)
+                except PeerFailure as exc:
+                    log.info("catch-up of %d shards interrupted (%s); retrying", len(remaining),
+                             exc)
+                    await self.router.wait_for_view_change(delay)
+                    delay = min(delay * 2, CATCH_UP_RETRY_MAX)
             for attempt in range(CAUGHT_UP_ATTEMPTS):
                 still = [s for s in done if self.node_id in self.view.shards[s].catching_up]
                 if not still:
@@ -210,13 +314,28 @@ class DataPlane:
                     await self.metadata.mark_caught_up(still)
                     log.info("node %s caught up on %d shards", self.node_id, len(still))
                     break
-                except CommitError as exc:
+                except (CommitError, trio.TooSlowError) as exc:
                     # No leader for a moment, or this node is leaving: try again while
                     # the view still says these shards wait for us.
                     log.info("caught-up report not committed (%s), attempt %d", exc, attempt + 1)
                     await trio.sleep(0.2 * (attempt + 1))
         finally:
             self._copying.difference_update(shards)
+            self._dropped.difference_update(shards)
+
+    async def _copy_one(self, shard: int) -> bool:
+        """Copy one shard from its owner; False if there is no other node to copy from."""
+        view = self.view
+        source = view.owner(shard)
+        if source is None or source == self.node_id:
+            return False
+        if shard not in self._dropped:
+            # Once per catch-up: a retry must keep what live replication wrote since.
+            await self._drop_local_shard(shard)
+            self._dropped.add(shard)
+        rows = await self.replicator.copy_shard(shard, source)
+        log.debug("shard %d: copied %d rows from %s", shard, rows, source)
+        return True
 
     async def _drop_local_shard(self, shard: int) -> None:
         """Forget what an earlier life of this node held for ``shard`` before copying it."""
@@ -249,16 +368,15 @@ class DataPlane:
                 return lambda node, msg: self.spawn(fn, node, msg)
             return lambda node, msg: self.spawn(fn, msg)
 
-        def rreset(node: str, msg: list[Any]) -> None:
-            router.routes.drop_node(node)
-
         return {
             "pub": router.on_pub,
             "dlv": router.on_dlv,
             BATCH: router.on_batch,
             "radd": router.on_route,
             "rdel": router.on_route,
-            "rreset": rreset,
+            "rsync": router.on_rsync,
+            "rdig": router.on_rdig,
+            "rpull": router.on_rpull,
             "retq": task(router.on_retained_query),
             "repl": task(replicator.on_repl),
             "cu": task(replicator.serve_catch_up),

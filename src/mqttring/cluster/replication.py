@@ -8,8 +8,12 @@ is the only writer of a shard.  ``ShardReplicator.write`` applies a batch to the
 and sends the same operations to every other replica of the shard; a DURABLE write returns
 only when every replica that is reachable in the current view has it durably, which is what
 makes an acknowledged QoS 1 message survive the loss of the owner.  A replica that does not
-answer is not waited for forever: the write fails over to "what the view says is alive",
-and the failure detector will move the shard if that replica is gone.
+answer is asked again until it answers or the view no longer names it (the failure detector
+moved the shard; a new replica copies the data from us).  A write is never reported durable
+on fewer replicas than the current view names: past ``patience`` it fails, and the caller
+withholds its acknowledgement.  That is what keeps an owner cut off from its replicas from
+acknowledging messages that only it holds (the majority will take its shards over and a
+healed node discards what it held).
 
 Catch-up: a node that (re)joins is made a *catching-up* target of some shards by the
 metadata state machine, and already receives their new writes (it is in ``replicas``).  It
@@ -22,13 +26,14 @@ shards are copied it reports them caught up through Raft; only then may it becom
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
 
 from mqttring.broker.shard_writes import Op
-from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
+from mqttring.cluster.errors import PeerFailure, ReplicationIncomplete
+from mqttring.cluster.links import Links
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.raft.view import ClusterView
 
@@ -64,8 +69,14 @@ class ShardReplicator:
         links: Links,
         view: Callable[[], ClusterView],
         on_applied: Callable[[list[Op]], None],
+        wait_for_view_change: Callable[[float], Awaitable[None]],
+        *,
+        patience: float = 15.0,
     ) -> None:
         self.node_id = node_id
+        self.wait_for_view_change = wait_for_view_change
+        #: Longest a durable write keeps asking a replica that the view still names.
+        self.patience = patience
         self.store = store
         self.links = links
         self.view = view
@@ -87,6 +98,7 @@ class ShardReplicator:
             for node in view.replicas(shard):
                 if node != self.node_id:
                     by_node.setdefault(node, []).append([shard, encode_ops(ops)])
+        # ``by_node`` values hold the shard in slot 0 of each entry (see ``_replicate``).
         if durability is Durability.LAZY:
             for node, shard_ops in by_node.items():
                 self.links.send(node, ["repl", 0, shard_ops, False])
@@ -99,12 +111,24 @@ class ShardReplicator:
         self.replicated_batches += 1
 
     async def _replicate(self, node: str, shard_ops: list[list[Any]]) -> None:
-        try:
-            await self.links.request(node, ["repl", 0, shard_ops, True], REPLICA_TIMEOUT)
-        except (PeerUnavailable, RemoteError) as exc:
-            # The write stands on the replicas that answered; a dead replica is the failure
-            # detector's business (it will re-place the shard and the copy will catch up).
-            log.warning("replica %s did not confirm a write: %s", node, exc)
+        shards = [shard for shard, _ in shard_ops]
+        deadline = trio.current_time() + self.patience
+        while True:
+            try:
+                await self.links.request(node, ["repl", 0, shard_ops, True], REPLICA_TIMEOUT)
+                return
+            except PeerFailure as exc:
+                view = self.view()
+                if not any(node in view.replicas(shard) for shard in shards):
+                    # Re-placed: whoever replaces it copies the shard from us (catch-up).
+                    log.info("replica %s left shards %s before confirming: %s", node, shards,
+                             exc)
+                    return
+                if trio.current_time() >= deadline:
+                    raise ReplicationIncomplete(
+                        f"replica {node} of shards {shards} did not confirm: {exc}") from exc
+                log.info("replica %s did not confirm a write (%s); asking again", node, exc)
+                await self.wait_for_view_change(0.5)
 
     # -- the replica side -----------------------------------------------------------------
 

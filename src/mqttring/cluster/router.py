@@ -24,6 +24,15 @@ The Raft leader has no part in any of this: routing reads the local ``ClusterVie
 Subscriptions register node-level routes (``radd``/``rdel``) as described in
 ``mqttring.cluster.routes``; ``subscribe`` returns only when the route is registered where
 publishes will look for it, so a client's SUBACK means what it says on every node.
+
+Routes heal themselves (anti-entropy): after every view change and every link
+(re)connection this node sends each peer the full set of routes it should hold for us
+(``rsync``), and every ``route_sync_interval`` a digest of it (``rdig``), which the peer
+answers with ``rpull`` when its copy differs.  An owner refuses to *acknowledge* a QoS >= 1
+publish on a shard until every peer that was live when it became the shard's replica has
+sent it a full route set since (``routes_complete``): until then the publisher waits, and
+past ``routes_wait`` it gets no PUBACK at all, rather than an acknowledgement for a message
+that may have missed a subscriber.
 """
 
 from __future__ import annotations
@@ -38,11 +47,18 @@ from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
-from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
-from mqttring.cluster.routes import RouteTable, route_shard
+from mqttring.cluster.errors import (
+    NotOwner,
+    PeerFailure,
+    PeerUnavailable,
+    RemoteError,
+    RoutesIncomplete,
+)
+from mqttring.cluster.links import Links
+from mqttring.cluster.routes import RouteKey, RouteTable, route_digest, route_shard
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
-from mqttring.raft.view import ClusterView
+from mqttring.raft.view import ClusterView, MemberState
 
 log = logging.getLogger("mqttring.cluster.router")
 
@@ -54,10 +70,9 @@ MAX_HOPS = 4
 ROUTE_CACHE_SIZE = 50_000
 FORWARD_ATTEMPTS = 20
 FORWARD_TIMEOUT = 10.0
-
-
-class NotOwner(Exception):
-    """This node does not own the shard any more and could not pass the message on."""
+#: Default bound on how long an acknowledged delivery keeps retrying a node that is still
+#: in the view but does not answer (the failure detector decides well within it).
+DELIVERY_PATIENCE = 30.0
 
 
 class ClusterRouter:
@@ -72,8 +87,14 @@ class ClusterRouter:
         persist: Callable[[list[Session]], Any],
         spawn: Callable[..., None],
         holds: Callable[[int], bool],
+        *,
+        routes_wait: float = 10.0,
+        delivery_patience: float = DELIVERY_PATIENCE,
     ) -> None:
         self.node_id = node_id
+        #: How long an owner holds back an acknowledgement while its routes are incomplete.
+        self.routes_wait = routes_wait
+        self.delivery_patience = delivery_patience
         self.local = local
         self.retained_store = retained
         self.links = links
@@ -93,6 +114,19 @@ class ClusterRouter:
         self._cache_key: tuple[int, int] = (-1, -1)
         #: Set by the server when ``config.archive`` lists topic filters (owner side only).
         self.archive: TelemetryArchive | None = None
+        # Anti-entropy state (see the module docstring).
+        #: peer -> view epoch of the last full route set it sent us (this incarnation of it).
+        self.synced: dict[str, int] = {}
+        #: peer -> (incarnation, epoch from which we have seen it in that incarnation).
+        self.peer_since: dict[str, tuple[int, int]] = {}
+        #: shard -> epoch from which this node holds it as a replica (routes must be complete).
+        self.replica_since: dict[int, int] = {}
+        self._routes_changed = trio.Event()
+        #: Bumped whenever the set of locally wanted routes changes (digest cache key).
+        self._local_version = 0
+        self._digest_cache: dict[str, tuple[tuple[int, int], int]] = {}
+        self.route_syncs_sent = 0
+        self.route_repairs = 0
 
     def route(self, topic: str, view: ClusterView) -> tuple[str | None, dict[str, list[int]]]:
         """(owner of the topic's shard, {target node: session shards}) under ``view``."""
@@ -156,6 +190,10 @@ class ClusterRouter:
 
     async def accept(self, message: Message, view: ClusterView) -> None:
         """Route a message whose shard this node owns; returns once it is accepted."""
+        if message.qos:
+            shard = view.shard_for_topic(message.topic)
+            if not self.routes_complete(shard, view):
+                view = await self._await_routes(shard)
         if message.retain:
             await self.retained_store.update(
                 message, persist=not message.topic.startswith("$SYS/")
@@ -254,8 +292,7 @@ class ClusterRouter:
                 return
             except (PeerUnavailable, RemoteError) as exc:
                 if not shards:
-                    # A node that only held clean sessions is gone, and they with it.
-                    log.info("delivery of %r to %s not confirmed: %s", message.topic, node, exc)
+                    await self._retry_clean(node, message, exc)
                     return
                 await self.wait_for_view_change(0.5)
                 view = self.view()
@@ -270,6 +307,32 @@ class ClusterRouter:
                             nursery.start_soon(self._deliver_acked, other, other_shards, message)
                 return
         log.warning("delivery of %r to sessions of shards %s gave up", message.topic, shards)
+
+    async def _retry_clean(self, node: str, message: Message, first: Exception) -> None:
+        """Deliver to a node's clean sessions for as long as that node is in the view.
+
+        A clean session dies with its node, so a node that left the view owes nothing.  A
+        node still in it (a link that broke and reconnects, a lost frame) has subscribers
+        that stay connected and are owed the message: retry, bounded by
+        ``delivery_patience``, past which the publish is refused (no acknowledgement).
+        """
+        deadline = trio.current_time() + self.delivery_patience
+        exc: Exception = first
+        while trio.current_time() < deadline:
+            if node not in self.view().live_members():
+                log.info("delivery of %r to %s not confirmed (%s); it left the view",
+                         message.topic, node, exc)
+                return
+            await self.wait_for_view_change(0.2)
+            try:
+                await self.links.request(
+                    node, ["dlv", 0, message.topic, message.payload, message.qos, []],
+                    FORWARD_TIMEOUT,
+                )
+                return
+            except (PeerUnavailable, RemoteError) as again:
+                exc = again
+        raise PeerUnavailable(f"delivery of {message.topic!r} to {node}: {exc}")
 
     # -- inbound messages -------------------------------------------------------------------
 
@@ -324,7 +387,7 @@ class ClusterRouter:
             else:
                 await self.forward(message, hops + 1)  # re-sent by the newer epoch
             self.links.reply(node, req, True)
-        except (NotOwner, PeerUnavailable, RemoteError) as exc:
+        except PeerFailure as exc:
             log.warning("publish to %r refused: %s", message.topic, exc)
             self.links.reply(node, req, False, str(exc))
 
@@ -350,10 +413,30 @@ class ClusterRouter:
     def on_route(self, node: str, msg: list[Any]) -> None:
         kind, req, topic_filter, route_node = msg
         if kind == "radd":
-            self.routes.add(topic_filter, route_node)
+            self.routes.add(topic_filter, route_node, node)
         else:
-            self.routes.remove(topic_filter, route_node)
+            self.routes.remove(topic_filter, route_node, node)
         self.links.reply(node, req, True)
+
+    def on_rsync(self, node: str, msg: list[Any]) -> None:
+        """A peer's full route set for us: it replaces whatever that peer registered here."""
+        _, epoch, raw = msg
+        keys = {(str(f), str(t)) for f, t in raw}
+        added, removed = self.routes.replace(node, keys)
+        if added or removed:
+            log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
+            self.route_repairs += 1
+        self.synced[node] = int(epoch)
+        self._signal_routes()
+
+    def on_rdig(self, node: str, msg: list[Any]) -> None:
+        """A peer's digest of its route set for us: ask for the set if ours differs."""
+        _, _epoch, digest = msg
+        if self.routes.digest_of(node) != digest:
+            self.links.send(node, ["rpull"])
+
+    def on_rpull(self, node: str, msg: list[Any]) -> None:
+        self.sync_to(node)
 
     async def on_retained_query(self, node: str, msg: list[Any]) -> None:
         _, req, topic_filter = msg
@@ -376,6 +459,7 @@ class ClusterRouter:
             count = self.local_filters.get(key, 0)
             self.local_filters[key] = count + 1
             if count == 0:
+                self._local_version += 1
                 await self._register(key, "radd")
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
@@ -395,6 +479,7 @@ class ClusterRouter:
             self.local_filters[key] = count
             return
         self.local_filters.pop(key, None)
+        self._local_version += 1
         self.spawn(self._register, key, "rdel")
 
     def _route_targets(self, topic_filter: str, view: ClusterView) -> list[str]:
@@ -418,15 +503,15 @@ class ClusterRouter:
     async def _register_at(self, node: str, kind: str, topic_filter: str, target: str) -> None:
         if node == self.node_id:
             if kind == "radd":
-                self.routes.add(topic_filter, target)
+                self.routes.add(topic_filter, target, self.node_id)
             else:
-                self.routes.remove(topic_filter, target)
+                self.routes.remove(topic_filter, target, self.node_id)
             return
         try:
             await self.links.request(node, [kind, 0, topic_filter, target])
         except (PeerUnavailable, RemoteError) as exc:
-            # Routes are re-sent whenever the view changes; a dead target gets them from
-            # the node that takes over its shards.
+            # Not lost: the next digest round (or the rsync after the link or the view
+            # changes) finds the difference and repairs it.
             log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
 
     def restore(self, sessions: list[Session]) -> None:
@@ -438,6 +523,7 @@ class ClusterRouter:
                 count = self.local_filters.get(key, 0)
                 self.local_filters[key] = count + 1
                 if count == 0:
+                    self._local_version += 1
                     self.spawn(self._register, key, "radd")
 
     # -- retained ---------------------------------------------------------------------------
@@ -482,25 +568,91 @@ class ClusterRouter:
         event.set()
 
     def on_view(self, old: ClusterView, new: ClusterView) -> None:
-        """Re-send routes whose target changed; drop routes of nodes that left."""
+        """Drop routes to nodes that left; send every peer its full route set again."""
         self.notify_changed()
+        me = self.node_id
         live = set(new.live_members())
         for node in old.members:
             if node not in live:
                 self.routes.drop_node(node)
-        held = {s for s in range(new.num_shards) if self.node_id in new.replicas(s)}
+            if node not in new.members:
+                self.routes.drop_registrar(node)
+                self.synced.pop(node, None)
+                self.peer_since.pop(node, None)
+        held = {s for s in range(new.num_shards) if me in new.replicas(s)}
         self.routes.drop_exact_where(held, new)
-        restarted = {
-            n for n in live
-            if n in old.members and old.members[n].incarnation != new.members[n].incarnation
-        }
-        for key in list(self.local_filters):
-            topic_filter = key[0]
-            before = set(self._route_targets(topic_filter, old)) if old.epoch else set()
-            after = set(self._route_targets(topic_filter, new))
-            fresh = sorted((after - before) | (after & restarted))
-            if fresh:
-                self.spawn(self._register, key, "radd", fresh)
+        for shard in list(self.replica_since):
+            if shard not in held:
+                del self.replica_since[shard]
+        for shard in held:
+            self.replica_since.setdefault(shard, new.epoch)
+        for node in self.sync_peers(new):
+            incarnation = new.members[node].incarnation
+            seen = self.peer_since.get(node)
+            if seen is None or seen[0] != incarnation:
+                self.peer_since[node] = (incarnation, new.epoch)
+            self.sync_to(node, new)
+        self._signal_routes()
+
+    # -- anti-entropy -----------------------------------------------------------------------
+
+    def sync_peers(self, view: ClusterView) -> list[str]:
+        """Peers that may hold routes for us: every member not marked down."""
+        return [n for n, m in view.members.items()
+                if n != self.node_id and m.state is not MemberState.DOWN]
+
+    def expected_at(self, node: str, view: ClusterView) -> set[RouteKey]:
+        """The routes ``node`` should hold on our behalf under ``view``."""
+        return {key for key in self.local_filters if node in self._route_targets(key[0], view)}
+
+    def sync_to(self, node: str, view: ClusterView | None = None) -> None:
+        """Send ``node`` the full set of routes it should hold for us."""
+        view = view or self.view()
+        if node not in view.members:
+            return
+        keys = self.expected_at(node, view)
+        self.links.send_control(node, ["rsync", view.epoch, [list(k) for k in sorted(keys)]])
+        self.route_syncs_sent += 1
+
+    def send_digests(self) -> None:
+        """One anti-entropy round: a digest of our route set to every peer."""
+        view = self.view()
+        for node in self.sync_peers(view):
+            key = (view.epoch, self._local_version)
+            cached = self._digest_cache.get(node)
+            if cached is None or cached[0] != key:
+                digest = route_digest(self.expected_at(node, view))
+                cached = self._digest_cache[node] = (key, digest)
+            self.links.send(node, ["rdig", view.epoch, cached[1]])
+
+    def routes_complete(self, shard: int, view: ClusterView) -> bool:
+        """Has every live peer told us its routes since we became this shard's replica?"""
+        since = self.replica_since.get(shard)
+        if since is None:
+            return True  # not a replica here (forwarding or a view in flight): not our call
+        synced = self.synced
+        for node, (_, first) in self.peer_since.items():
+            if synced.get(node, -1) < max(since, first):
+                member = view.members.get(node)
+                if member is not None and member.state is MemberState.UP:
+                    return False
+        return True
+
+    def _signal_routes(self) -> None:
+        event, self._routes_changed = self._routes_changed, trio.Event()
+        event.set()
+
+    async def _await_routes(self, shard: int) -> ClusterView:
+        """Wait (bounded by ``routes_wait``) until the shard's routes are known complete."""
+        with trio.move_on_after(self.routes_wait):
+            while True:
+                view = self.view()
+                if self.routes_complete(shard, view):
+                    return view
+                await self._routes_changed.wait()
+        missing = sorted(n for n in self.peer_since
+                         if self.synced.get(n, -1) < self.replica_since.get(shard, 0))
+        raise RoutesIncomplete(f"shard {shard}: no route set yet from {missing}")
 
     async def publish_local(self, message: Message) -> None:
         """Node-local traffic ($SYS): this node's subscribers only, never the cluster."""

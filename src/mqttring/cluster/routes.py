@@ -20,12 +20,24 @@ Where a filter's route is registered depends on which topics it can match:
   (each keeps a ``TopicTrie`` of wildcard routes), so any owner can consult it.
 
 Registration is a control message (``radd``/``rdel``) sent when a node's first local
-subscription to a filter appears or its last one goes; never Raft.  Routes are soft state:
-when a shard's replicas change or a member joins, nodes re-send the registrations whose
-target set changed; when a member goes down or restarts, everyone drops its node routes.
+subscription to a filter appears or its last one goes; never Raft.  Routes are soft state,
+and *who registered a route* is part of it: a route (filter, target) stays while at least one
+registrar holds it.  That matters for ``s:N`` targets, which two homes can register at once
+while a session shard moves (the old home's ``rdel`` must not remove the new home's route).
+
+Anti-entropy (``ClusterRouter``): each node knows exactly which routes it should hold at each
+peer, so it can send the full set (``rsync``) and the receiver replaces what that registrar
+had.  Full sets go out after every view change and every link (re)connection; in between, a
+periodic digest (``rdig``, an order-independent hash of the set) lets the receiver notice a
+divergence and pull the set (``rpull``).  A lost ``radd`` therefore heals within one digest
+period, and a node that restarts or was cut off gets every route back without anyone
+remembering what it missed.
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
 
 from mqttring.protocol.topics import TopicTrie
 from mqttring.raft.view import ClusterView
@@ -61,44 +73,141 @@ def route_shard(topic_filter: str, view: ClusterView) -> int | None:
     return None
 
 
+RouteKey = tuple[str, str]  # (topic filter, target: a node id or ``s:N``)
+
+
+def route_digest(keys: Iterable[RouteKey]) -> int:
+    """Order-independent 64-bit digest of a route set (XOR of per-route hashes).
+
+    XOR lets either side compute it from a set in any order; a collision needs two sets that
+    differ yet hash alike, which the next full ``rsync`` after any view change repairs anyway.
+    """
+    digest = 0
+    for topic_filter, target in keys:
+        h = hashlib.blake2b(f"{topic_filter}\x00{target}".encode(), digest_size=8).digest()
+        digest ^= int.from_bytes(h, "big")
+    return digest
+
+
 class RouteTable:
-    """Routes held by this node: exact ones for topics it owns, wildcard ones from all."""
+    """Routes held by this node: exact ones for topics it owns, wildcard ones from all.
+
+    Each route remembers its registrars (the nodes that asked for it); the lookup structures
+    (``exact``, ``wildcard``) hold a route while any registrar does.
+    """
 
     def __init__(self) -> None:
         self.exact: dict[str, set[str]] = {}
         self.wildcard: TopicTrie[str, int] = TopicTrie()
         #: Bumped by every change, so callers can cache answers per topic.
         self.version = 0
+        self._holders: dict[RouteKey, set[str]] = {}
+        self._by_registrar: dict[str, set[RouteKey]] = {}
+        self._digests: dict[str, int] = {}
 
-    def add(self, topic_filter: str, node: str) -> None:
-        self.version += 1
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    # -- the lookup structures -------------------------------------------------------------
+
+    def _insert(self, topic_filter: str, target: str) -> None:
         if has_wildcard(topic_filter):
-            self.wildcard.add(topic_filter, node, 1)
+            self.wildcard.add(topic_filter, target, 1)
         else:
-            self.exact.setdefault(topic_filter, set()).add(node)
+            self.exact.setdefault(topic_filter, set()).add(target)
 
-    def remove(self, topic_filter: str, node: str) -> None:
-        self.version += 1
+    def _delete(self, topic_filter: str, target: str) -> None:
         if has_wildcard(topic_filter):
-            self.wildcard.remove(topic_filter, node)
+            self.wildcard.remove(topic_filter, target)
             return
-        nodes = self.exact.get(topic_filter)
-        if nodes is not None:
-            nodes.discard(node)
-            if not nodes:
+        targets = self.exact.get(topic_filter)
+        if targets is not None:
+            targets.discard(target)
+            if not targets:
                 del self.exact[topic_filter]
 
+    # -- registrations ---------------------------------------------------------------------
+
+    def add(self, topic_filter: str, target: str, registrar: str) -> None:
+        key = (topic_filter, target)
+        holders = self._holders.get(key)
+        if holders is None:
+            holders = self._holders[key] = set()
+            self._insert(topic_filter, target)
+        if registrar not in holders:
+            holders.add(registrar)
+            self._by_registrar.setdefault(registrar, set()).add(key)
+            self._digests.pop(registrar, None)
+        self.version += 1
+
+    def remove(self, topic_filter: str, target: str, registrar: str) -> None:
+        key = (topic_filter, target)
+        self.version += 1
+        holders = self._holders.get(key)
+        if holders is None or registrar not in holders:
+            return
+        holders.discard(registrar)
+        self._forget_registration(registrar, key)
+        if not holders:
+            del self._holders[key]
+            self._delete(topic_filter, target)
+
+    def _forget_registration(self, registrar: str, key: RouteKey) -> None:
+        keys = self._by_registrar.get(registrar)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_registrar[registrar]
+        self._digests.pop(registrar, None)
+
+    def _drop_key(self, key: RouteKey) -> None:
+        for registrar in self._holders.pop(key, ()):
+            self._forget_registration(registrar, key)
+        self._delete(*key)
+
+    def replace(self, registrar: str, keys: set[RouteKey]) -> tuple[int, int]:
+        """Make ``keys`` exactly what ``registrar`` holds here (anti-entropy); (added, removed)."""
+        current = self._by_registrar.get(registrar, set())
+        stale = current - keys
+        fresh = keys - current
+        for topic_filter, target in stale:
+            self.remove(topic_filter, target, registrar)
+        for topic_filter, target in fresh:
+            self.add(topic_filter, target, registrar)
+        self.version += 1
+        return len(fresh), len(stale)
+
+    def registered_by(self, registrar: str) -> frozenset[RouteKey]:
+        return frozenset(self._by_registrar.get(registrar, ()))
+
+    def digest_of(self, registrar: str) -> int:
+        """The digest of what ``registrar`` holds here (cached until that set changes)."""
+        digest = self._digests.get(registrar)
+        if digest is None:
+            digest = self._digests[registrar] = route_digest(self._by_registrar.get(registrar, ()))
+        return digest
+
     def drop_node(self, node: str) -> None:
-        """Forget a node's own routes (``s:N`` session-shard targets outlive any node)."""
-        for topic in [t for t, nodes in self.exact.items() if node in nodes]:
-            self.remove(topic, node)
-        for topic_filter in [f for f in self.wildcard.filters()]:
-            self.wildcard.remove(topic_filter, node)
+        """Forget routes *to* a node (its clean sessions are gone with it), by whomever.
+
+        ``s:N`` session-shard targets outlive any node, including the home that registered
+        them: the next home re-registers them, and its ``rsync`` replaces the stale holder.
+        """
+        for key in [k for k in self._holders if k[1] == node]:
+            self._drop_key(key)
+        self.version += 1
+
+    def drop_registrar(self, node: str) -> None:
+        """Forget everything ``node`` registered (it left the cluster for good)."""
+        for topic_filter, target in list(self._by_registrar.get(node, ())):
+            self.remove(topic_filter, target, node)
+        self.version += 1
 
     def drop_exact_where(self, keep: set[int], view: ClusterView) -> None:
         """Forget exact routes of topics whose shard this node no longer holds."""
-        for topic in [t for t in self.exact if view.shard_for_topic(t) not in keep]:
-            del self.exact[topic]
+        for key in [k for k in self._holders
+                    if not has_wildcard(k[0]) and view.shard_for_topic(k[0]) not in keep]:
+            self._drop_key(key)
         self.version += 1
 
     def nodes_for(self, topic: str) -> set[str]:

@@ -23,6 +23,11 @@ The *home* of a client id is the owner of ``shard(client id)`` in the current vi
   SUBACK can never overtake nor follow the retained messages it announces) and inbound QoS 2
   ids (``q2``).  The edge holds a ``RemoteSession`` stand-in for the protocol machine.
 
+Fenced node (``mqttring.cluster.plane``): it refuses every CONNECT and every ``sopen`` (it
+cannot prove it is still the lock for any id), and the wills it owes are held back: if the
+majority declares it down, the will keepers on that side publish them; if it gets back into
+the view without being declared down, it publishes them then.
+
 Tokens: each connection has a token ``edge:counter``; messages about a connection carry it,
 and a home ignores messages whose token is not the registered one (a late close of a
 connection that was already taken over must not unregister its successor).
@@ -39,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mqttring.broker.sessions import LocalSessions, SessionUnavailable
-from mqttring.cluster.links import Links, PeerUnavailable, RemoteError
+from mqttring.cluster.errors import PeerUnavailable, RemoteError
+from mqttring.cluster.links import Links
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
 from mqttring.protocol.packets import Connect, SubAck, UnsubAck, Will
@@ -163,9 +169,13 @@ class ClusterSessions(LocalSessions):
     """The cluster's ``SessionManager``; see the module docstring."""
 
     def __init__(self, core: BrokerCore, node_id: str, links: Links,
-                 view: Callable[[], ClusterView], spawn: Callable[..., None]) -> None:
+                 view: Callable[[], ClusterView], spawn: Callable[..., None],
+                 fenced: Callable[[], bool]) -> None:
         super().__init__(core)
         self.node_id = node_id
+        self.fenced = fenced
+        #: Wills due while fenced: published if we get back into the view undeclared.
+        self.owed_wills: list[Will] = []
         self.links = links
         self.view = view
         self.spawn = spawn
@@ -189,6 +199,8 @@ class ClusterSessions(LocalSessions):
 
     async def open(self, handler: ClientHandler, client_id: str,
                    packet: Connect) -> tuple[Session, bool]:
+        if self.fenced():
+            raise SessionUnavailable("this node is cut off from the cluster majority")
         token = f"{self.node_id}:{next(self._tokens)}"
         handler.token = token
         self.by_token[token] = handler
@@ -321,10 +333,22 @@ class ClusterSessions(LocalSessions):
             del self.replica_registrations[client_id]
 
     async def _publish_will(self, will: Will | None) -> None:
+        if will is not None and self.fenced():
+            self.owed_wills.append(will)
+            return
         if will is not None and not self.core.shutting_down:
             self.core.metrics.messages_received += 1
             await self.core.router.publish(Message(will.topic, will.payload, will.qos,
                                                    will.retain))
+
+    async def publish_owed_wills(self) -> None:
+        wills, self.owed_wills = self.owed_wills, []
+        for will in wills:
+            await self._publish_will(will)
+
+    def forget_owed_wills(self) -> None:
+        """Declared down: the will keepers on the majority side published these."""
+        self.owed_wills.clear()
 
     def _detach_proxy(self, client_id: str, token: str) -> None:
         proxy = self.proxies.get(client_id)
@@ -339,6 +363,9 @@ class ClusterSessions(LocalSessions):
 
     async def on_sopen(self, node: str, message: list[Any]) -> None:
         _, req, client_id, edge, token, clean, raw_will = message
+        if self.fenced():
+            self.links.reply(node, req, False, f"{self.node_id} is cut off from the majority")
+            return
         try:
             await self.register(client_id, edge, token, will_from_wire(raw_will), clean)
             session, present = await self.bind(client_id, clean)

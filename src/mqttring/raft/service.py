@@ -18,6 +18,18 @@ Joining (``config.join`` or, after a restart, the members remembered in
 A node that restarts (or finds itself marked down) joins again the same way and gets a new
 incarnation; its shards come back to it only through ``mark_caught_up``.
 
+Quorum (``in_quorum``): the data plane must know whether this node can still prove that it
+belongs to the majority's view, because a node that cannot must stop serving before the
+majority takes its shards and sessions over (see ``mqttring.cluster.plane``, fencing).  The
+leader proves it by being leader: pysyncobj makes a leader that hears from no majority for
+``leader_fallback`` (2 s) step down.  A follower proves it by a heartbeat answered by a node
+that is leader at that moment and still counts it up in this incarnation.  Both proofs are
+dated ``leader_fallback`` before the moment they were had (for a follower: before its
+heartbeat was *sent*): a deposed leader on the minority side of a split believes it leads for
+up to that long, and the answers it gives meanwhile must not look fresher than they are.
+With ``fence_after < failure_grace`` a cut-off node therefore stops serving at least
+``failure_grace - fence_after`` seconds before any leader can declare it down.
+
 Who calls ``mark_caught_up``: the data plane (``mqttring.cluster.plane``), once it has
 copied a shard it is catching up on (``view.catching_up_for(node_id)``); until then the
 shard's old holders serve it.  The metadata-only member (``mqttring.raft.member``) holds no
@@ -103,7 +115,10 @@ class MetadataService:
         self.config = config
         self.node_id = config.node_id
         self.catch_up = catch_up
-        self.timeouts = timeouts
+        # A leader cut off from the majority must step down well inside the failure grace:
+        # quorum proofs are dated ``leader_fallback`` back (see the module docstring).
+        self.timeouts = replace(timeouts, leader_fallback=min(timeouts.leader_fallback,
+                                                              config.failure_grace / 4))
         self._rpc_key = derive_key(secret, RPC_KEY_PURPOSE)
         self._raft_password = derive_key(secret, RAFT_PASSWORD_PURPOSE).hex()
         self._cluster_address = config.cluster
@@ -121,6 +136,8 @@ class MetadataService:
         self._leader_since: float | None = None
         self._left = trio.Event()
         self._saved_members: object = None
+        #: trio time of the latest proof that this node is in the majority's view.
+        self._quorum_at: float | None = None
         self.rpc = RpcServer(self._rpc_key, self.node_id)
         for kind in RPC_KINDS:
             self.rpc.register(kind, getattr(self, f"_rpc_{kind}"))
@@ -135,6 +152,16 @@ class MetadataService:
         send, receive = trio.open_memory_channel[ClusterView](math.inf)
         self._subscribers.append(send)
         return receive
+
+    def in_quorum(self, within: float) -> bool:
+        """Proved, at most ``within`` seconds ago, to be up in the majority's view."""
+        me = self._view.members.get(self.node_id)
+        if me is None or me.state not in (MemberState.UP, MemberState.LEAVING):
+            return False
+        syncobj = self._syncobj
+        if syncobj is not None and syncobj._isLeader():
+            self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
+        return self._quorum_at is not None and trio.current_time() - self._quorum_at <= within
 
     @property
     def incarnation(self) -> int:
@@ -310,6 +337,8 @@ class MetadataService:
         while True:
             me = self._view.members.get(self.node_id)
             if me is not None and me.state is MemberState.UP and me.incarnation >= incarnation:
+                # Just admitted (or bootstrapped) by a leader: that is a proof of quorum.
+                self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
                 return self._view
             await self._wait_view()
 
@@ -436,8 +465,12 @@ class MetadataService:
                         await client.aclose()
                     client = None
                     client = await RpcClient.connect(leader.cluster, self._rpc_key, self.node_id)
-                await client.call("heartbeat", {"node_id": self.node_id,
-                                                "incarnation": self.incarnation}, timeout=2.0)
+                sent = trio.current_time()
+                answer = await client.call("heartbeat", {"node_id": self.node_id,
+                                                         "incarnation": self.incarnation},
+                                           timeout=2.0)
+                if answer.get("leader") and answer.get("member_up"):
+                    self._quorum_at = sent - self.timeouts.leader_fallback
             except (OSError, RpcError, EOFError, trio.TooSlowError, trio.BrokenResourceError,
                     trio.ClosedResourceError) as exc:
                 log.debug("heartbeat to %s failed: %s", leader.node_id, exc)
@@ -547,8 +580,17 @@ class MetadataService:
         return {"epoch": result["epoch"]}
 
     async def _rpc_heartbeat(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        self._last_seen[str(body["node_id"])] = trio.current_time()
-        return {"epoch": self._view.epoch}
+        """Note the member alive; tell it whether this is the leader and counts it up, so a
+        follower can tell a live majority from a deposed leader on its side of a split."""
+        node_id = str(body["node_id"])
+        self._last_seen[node_id] = trio.current_time()
+        syncobj = self._syncobj
+        member = self._view.members.get(node_id)
+        member_up = (member is not None and member.state is not MemberState.DOWN
+                     and member.incarnation == body.get("incarnation"))
+        return {"epoch": self._view.epoch,
+                "leader": bool(syncobj is not None and syncobj._isLeader()),
+                "member_up": member_up}
 
     async def _rpc_status(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         syncobj = self._syncobj

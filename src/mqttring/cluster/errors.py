@@ -1,0 +1,49 @@
+"""One hierarchy for everything that can go wrong between nodes.
+
+Callers in the cluster layer catch ``PeerFailure`` when they only need to know "that peer
+did not do it, decide again by the current view"; the subclasses say why, for logs and for
+the few places that act differently (a refusal is final for that peer, a missing link may
+heal).  ``PeerProtocolError`` is the exception: it means an authenticated peer sent bytes we
+cannot read (a version skew or a bug), and it closes that peer's link.
+"""
+
+from __future__ import annotations
+
+
+class PeerFailure(Exception):
+    """A request to another node did not succeed; re-decide by the current view."""
+
+
+class PeerUnavailable(PeerFailure):
+    """The peer left the cluster view, its link broke, or it did not answer in time."""
+
+
+class RemoteError(PeerFailure):
+    """The peer answered a request with a refusal."""
+
+
+class NotOwner(PeerFailure):
+    """This node does not own the shard any more and could not pass the message on."""
+
+
+class ReplicationIncomplete(PeerFailure):
+    """A durable write did not reach every replica the current view names."""
+
+
+class RoutesIncomplete(PeerFailure):
+    """This node's route table for a shard is not yet known complete: no acknowledgement."""
+
+
+class Fenced(PeerFailure):
+    """This node cannot prove it is in the majority's view, so it refuses to act."""
+
+
+__all__ = [
+    "Fenced",
+    "NotOwner",
+    "PeerFailure",
+    "PeerUnavailable",
+    "RemoteError",
+    "ReplicationIncomplete",
+    "RoutesIncomplete",
+]
