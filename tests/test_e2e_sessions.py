@@ -54,6 +54,25 @@ def test_offline_messages_delivered_in_order_on_return(paho, uid):
     assert back.get().payload == b"live"
 
 
+def test_queued_messages_within_their_ttl_are_delivered_on_return(broker_factory, paho, uid):
+    """With ``queued_message_ttl`` set, messages queued for an offline client are stamped and
+    judged on the same wall clock: an hour's TTL does not drop a message that waited a moment
+    (a monotonic deadline judged against wall time would drop every one on return)."""
+    broker = broker_factory(ws=False, queued_message_ttl=3600.0)
+    topic, cid = uid("ttl"), uid("ttl")
+    s = paho(cid, clean_session=False, target=broker)
+    s.connect()
+    s.subscribe([(topic, 1)])
+    s.disconnect()
+    pub = paho(uid("pub"), target=broker)
+    pub.connect()
+    for i in range(3):
+        pub.publish(topic, f"m{i}".encode(), qos=1)
+    back = paho(cid, clean_session=False, target=broker)
+    assert back.connect() is True
+    assert [m.payload for m in back.collect(3, timeout=10)] == [b"m0", b"m1", b"m2"]
+
+
 def test_clean_session_client_gets_nothing_queued(paho, uid):
     """[MQTT-3.1.2-6]: a CleanSession=1 session ends with the connection; nothing is queued."""
     topic, cid = uid("clean"), uid("clean")

@@ -7,7 +7,14 @@ from hypothesis import strategies as st
 
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.packets import Publish, PubRel
-from mqttring.protocol.session import Message, OutState, Session, SessionLimits
+from mqttring.protocol.session import (
+    LEGACY_EXPIRY_CUTOFF,
+    Message,
+    Outbound,
+    OutState,
+    Session,
+    SessionLimits,
+)
 
 
 def packets(buf: bytearray) -> list:
@@ -112,13 +119,33 @@ def test_changes_coalesce_and_clean_sessions_mark_nothing():
     assert not clean.has_changes()
 
 
+#: A wall-clock instant (UNIX seconds): deadlines are ``time.time()``-based, not monotonic.
+T0 = 1_700_000_000.0
+
+
 def test_expired_queued_messages_are_dropped_on_attach():
     s = make(message_ttl=10.0)
-    s.deliver(Message("t", b"old", 1), 1, now=0.0)
-    s.deliver(Message("t", b"new", 1), 1, now=8.0)
+    s.deliver(Message("t", b"old", 1), 1, now=T0)
+    s.deliver(Message("t", b"new", 1), 1, now=T0 + 8.0)
+    assert [e.expires_at for e in s.queue] == [T0 + 10.0, T0 + 18.0]
     out = bytearray()
-    s.attach(out, now=12.0)
+    s.attach(out, now=T0 + 12.0)
     assert [p.payload for p in packets(out)] == [b"new"]
+
+
+def test_restore_rebases_legacy_monotonic_deadlines_only():
+    """Deadlines below LEGACY_EXPIRY_CUTOFF were monotonic: they get a full TTL from load;
+    0 (never) and real wall-clock deadlines are kept as they are."""
+    s = make(message_ttl=60.0)
+    entries = [Outbound(1, Message("t", b"a", 1), 1, expires_at=12345.6),
+               Outbound(2, Message("t", b"b", 1), 1, expires_at=0.0),
+               Outbound(3, Message("t", b"c", 1), 1, expires_at=T0 - 5.0)]
+    s.restore(entries, set(), now=T0)
+    assert [e.expires_at for e in s.queue] == [T0 + 60.0, 0.0, T0 - 5.0]
+    dirty, _ = s.take_changes()
+    assert list(dirty) == [1], "only the re-based entry needs writing back"
+    assert s.expire(T0) == 1 and [e.message.payload for e in s.queue] == [b"a", b"b"]
+    assert 12345.6 < LEGACY_EXPIRY_CUTOFF < T0
 
 
 ops = st.lists(

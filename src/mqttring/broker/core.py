@@ -171,7 +171,8 @@ class BrokerCore:
         self.metrics.clients_connected += 1
         self.metrics.connections_total += 1
         dropped = session.dropped
-        events = conn.accept(session, present, time.monotonic())
+        # Wall clock: ``now`` only feeds queued-message expiry, whose deadlines are UNIX time.
+        events = conn.accept(session, present, time.time())
         self.metrics.messages_dropped += session.dropped - dropped  # expired while away
         return events
 
@@ -227,7 +228,7 @@ class BrokerCore:
                 seen = best.get(message.topic)
                 if seen is None or seen[1] < q:
                     best[message.topic] = (message, q)
-        now = time.monotonic()
+        now = time.time()  # wall clock: stamps the queued-message expiry deadline
         for message, q in best.values():
             session.deliver(message, q, True, now)
         self.metrics.messages_sent += len(best)

@@ -74,13 +74,15 @@ class LocalRouter:
         session_store: SessionStore,
         metrics: BrokerMetrics,
         wake: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._sessions = sessions
         self._retained = retained
         self._session_store = session_store
         self._metrics = metrics
         self._wake = wake
+        #: Wall clock (UNIX seconds) that stamps queued-message expiry deadlines; they are
+        #: stored and exported, so not ``time.monotonic``.  Injectable for tests.
         self._clock = clock
         self.subscriptions: TopicTrie[str, int] = TopicTrie()
         #: Set by the server when ``config.archive`` lists topic filters.

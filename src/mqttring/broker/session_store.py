@@ -8,7 +8,10 @@ a single range scan (what a shard handoff or an export reads):
 
 * ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``
 * ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
-  state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.
+  state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.  ``expires_at`` is
+  a wall-clock UNIX timestamp (seconds, float; 0 = never), so it keeps its meaning on the
+  node that loads the session next, after a restart, and in an export.  Rows from before
+  this rule hold a monotonic deadline; ``StoredSession.to_session`` re-bases them.
 * ``inflight``  ``shard | cid | pid(2)``  -> ``1``: an inbound QoS 2 id between PUBREC and
   PUBREL.
 
@@ -26,6 +29,7 @@ only, for as long as the process runs.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,11 +49,18 @@ class StoredSession:
     outbound: list[Outbound]
     inbound_qos2: set[int]
 
-    def to_session(self, limits: SessionLimits) -> Session:
-        """The offline persistent session this record describes."""
+    def to_session(self, limits: SessionLimits, now: float | None = None) -> Session:
+        """The offline persistent session this record describes.
+
+        ``now`` is the wall-clock load time (``time.time()`` unless given, so tests can pin
+        it); legacy monotonic ``expires_at`` values are re-based against it (see
+        ``Session.restore``).
+        """
         session = Session(self.client_id, False, limits)
         session.subscriptions = dict(self.subscriptions)
-        session.restore(self.outbound, self.inbound_qos2)
+        session.restore(
+            self.outbound, self.inbound_qos2, time.time() if now is None else now
+        )
         return session
 
 

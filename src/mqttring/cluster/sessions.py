@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -384,7 +385,9 @@ class ClusterSessions(LocalSessions):
                 "subs": [[f, q] for f, q in session.subscriptions.items()],
                 "qos2": sorted(session.inbound_qos2),
             })
-            session.attach(proxy.output)  # resends inflight with DUP, fills the window
+            # Resends inflight with DUP, fills the window; drops queued messages whose
+            # wall-clock deadline passed while the client was away.
+            session.attach(proxy.output, time.time())
             proxy.wake()
             if session.has_changes():
                 await self.core.session_store.save_changes([session], Durability.LAZY)

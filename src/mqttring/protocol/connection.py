@@ -218,6 +218,9 @@ class ServerConnection:
     def accept(self, session: Session, session_present: bool, now: float = 0.0) -> list[Event]:
         """Send CONNACK 0, bind the session (resending its inflight messages).
 
+        ``now`` is wall-clock UNIX seconds: it only decides which queued messages expired
+        while the client was away (``Session.attach``), never keepalive timing.
+
         Returns events for packets that arrived pipelined behind the CONNECT.
         """
         if self.state is not ConnState.CONNECTING:

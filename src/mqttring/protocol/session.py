@@ -28,6 +28,13 @@ outbound message (by its sequence number) or the inbound QoS 2 id it touched.  W
 the store drains them with ``take_changes()`` and writes the latest state of each; several
 changes between two drains coalesce into one write.  Clean sessions never mark anything.
 
+Expiry (``SessionLimits.message_ttl``) is in *wall-clock* time: ``Outbound.expires_at`` is a
+UNIX timestamp (``time.time()`` seconds), 0 meaning "never".  It is persisted, exported as a
+UTC timestamp and read back by whichever node owns the session next, possibly after a reboot,
+so a monotonic clock (meaningful only within one process on one host) would not do.  This
+module still does no I/O: callers pass the wall-clock ``now``.  Rows written before this rule
+held monotonic deadlines; ``restore`` re-bases them (see ``LEGACY_EXPIRY_CUTOFF``).
+
 Invariants: a packet id identifies at most one inflight message; ``inflight`` and ``queue``
 hold disjoint messages; ``len(queue) <= max_queued`` (overflow drops the oldest QoS 0 message,
 else the oldest QoS 1/2 message, and counts it in ``dropped``).
@@ -42,6 +49,11 @@ from typing import ClassVar
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
 from mqttring.protocol.packets import PubRel
+
+#: ``expires_at`` values in (0, this) are taken for monotonic deadlines written before expiry
+#: moved to wall-clock time: no UNIX timestamp this small (2001-09-09) is ever written now,
+#: and a monotonic clock (seconds since boot) stays far below it.
+LEGACY_EXPIRY_CUTOFF = 1_000_000_000.0
 
 
 class Message:
@@ -129,6 +141,7 @@ class Outbound:
     retain: bool = False
     packet_id: int | None = None
     state: OutState = OutState.QUEUED
+    #: Wall-clock deadline (UNIX seconds) after which a still-queued copy is dropped; 0 = never.
     expires_at: float = 0.0
 
 
@@ -138,7 +151,8 @@ class SessionLimits:
     max_queued: int = 1000
     #: Pending output bytes above which QoS 0 deliveries are dropped (slow consumer).
     max_output: int = 4 * 1024 * 1024
-    #: Seconds a queued message may wait for an offline client (0 = forever).
+    #: Seconds a queued message may wait for an offline client (0 = forever); deadlines are
+    #: wall-clock (``now + message_ttl`` with ``now`` from ``time.time()``).
     message_ttl: float = 0.0
 
 
@@ -182,8 +196,9 @@ class Session:
     ) -> None:
         """Hand over a message to be delivered at ``qos`` (already min'd with the grant).
 
-        ``now`` (any monotonic-ish clock the caller also passes to ``expire``) only matters
-        when a message TTL is configured.
+        ``now`` is wall-clock UNIX seconds (``time.time()``), not a monotonic clock: the
+        deadline ``now + message_ttl`` is stored and read on other nodes and after restarts.
+        It only matters when a message TTL is configured.
         """
         out = self.output
         if qos == 0:
@@ -224,7 +239,10 @@ class Session:
         return True
 
     def expire(self, now: float) -> int:
-        """Drop queued (not inflight) messages past their deadline; returns how many."""
+        """Drop queued (not inflight) messages past their deadline; returns how many.
+
+        ``now`` is wall-clock UNIX seconds, the clock ``deliver`` stamped deadlines with.
+        """
         if self.limits.message_ttl <= 0 or not self.queue:
             return 0
         kept: list[Outbound] = []
@@ -284,7 +302,11 @@ class Session:
     # -- connection lifecycle ---------------------------------------------------------------
 
     def attach(self, output: bytearray, now: float = 0.0) -> None:
-        """Bind a new connection: resend everything inflight, then fill the window."""
+        """Bind a new connection: resend everything inflight, then fill the window.
+
+        Queued messages whose deadline is at or before ``now`` (wall-clock UNIX seconds) are
+        dropped first; with the default 0 nothing expires.
+        """
         self.output = output
         self.expire(now)
         for entry in self.inflight.values():
@@ -358,9 +380,26 @@ class Session:
         self._dirty, self._dirty_qos2 = {}, {}
         return dirty, qos2
 
-    def restore(self, entries: list[Outbound], inbound_qos2: set[int]) -> None:
-        """Rebuild state read back from the store (entries in sequence order)."""
+    def restore(
+        self, entries: list[Outbound], inbound_qos2: set[int], now: float = 0.0
+    ) -> None:
+        """Rebuild state read back from the store (entries in sequence order).
+
+        ``now`` is the wall-clock load time (UNIX seconds).  Entries stored before expiry was
+        wall-clock carry a monotonic deadline (``0 < expires_at < LEGACY_EXPIRY_CUTOFF``),
+        which means nothing on this host or after a restart: taken literally, every one would
+        be long expired.  Their age is unknown, so they are re-based to ``now + message_ttl``
+        (a full TTL from load), or to 0 (never) when no TTL is configured; the re-based
+        entries are marked changed so the next write of the session persists the new
+        deadline and a later load does not extend it again.  With ``now`` 0 (no clock given)
+        nothing is re-based.
+        """
+        ttl = self.limits.message_ttl
         for entry in entries:
+            if now > 0 and 0 < entry.expires_at < LEGACY_EXPIRY_CUTOFF:
+                entry.expires_at = now + ttl if ttl > 0 else 0.0
+                if self.persistent:
+                    self._dirty[entry.seq] = entry
             if entry.packet_id is not None and entry.state != OutState.QUEUED:
                 self.inflight[entry.packet_id] = entry
             else:
