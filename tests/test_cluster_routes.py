@@ -1,0 +1,213 @@
+"""Route state and its anti-entropy, decided without processes or sockets.
+
+The multi-process tests show that routes heal in a running cluster; these pin the decisions
+that make it so, on real ``ClusterView``s built by the metadata state machine:
+
+* a route stays while any registrar holds it (two homes of one session shard overlap while
+  it moves; the old home's removal must not take the new home's route with it);
+* a full route set (``rsync``) replaces exactly what that registrar had, and digests agree
+  on equal sets whatever their order;
+* after every view change each peer is sent the routes it should hold for us;
+* an owner calls a shard's routes complete only once every peer that is up sent a full set
+  since it became the shard's replica, and again after a peer restarts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.retained import RetainedStore
+from mqttring.broker.router import LocalRouter
+from mqttring.cluster.errors import RoutesIncomplete
+from mqttring.cluster.router import ClusterRouter
+from mqttring.cluster.routes import RouteTable, route_digest
+from mqttring.raft import state as sm
+from mqttring.raft.view import ClusterView
+
+NUM_SHARDS = 16
+
+
+class RecordingLinks:
+    """The part of ``Links`` the router's anti-entropy uses, recording what it sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[Any]]] = []
+
+    def send(self, node: str, message: list[Any]) -> bool:
+        self.sent.append((node, message))
+        return True
+
+    def send_control(self, node: str, message: list[Any]) -> bool:
+        self.sent.append((node, message))
+        return True
+
+    def reply(self, node: str, req: int, ok: bool, body: Any = None) -> None:
+        self.sent.append((node, ["ack", req, ok, body]))
+
+    def take(self, kind: str) -> list[tuple[str, list[Any]]]:
+        found = [(n, m) for n, m in self.sent if m[0] == kind]
+        self.sent = [(n, m) for n, m in self.sent if m[0] != kind]
+        return found
+
+
+class Metadata:
+    """A real metadata state machine, driven by hand instead of through Raft."""
+
+    def __init__(self, *nodes: str) -> None:
+        self.state = sm.MetadataState()
+        first, *rest = nodes
+        self.state.apply(sm.cmd_bootstrap(NUM_SHARDS, 2, self.info(first)))
+        for node in rest:
+            self.join(node)
+
+    @staticmethod
+    def info(node: str) -> dict[str, Any]:
+        return sm.member_info(node, f"{node}:1", f"{node}:2")
+
+    def join(self, node: str) -> None:
+        assert self.state.apply(sm.cmd_joining(self.info(node)))["ok"]
+        assert self.state.apply(sm.cmd_up(node))["ok"]
+        member = self.state.members[node]
+        pending = list(self.state.view().catching_up_for(node))
+        if pending:
+            self.state.apply(sm.cmd_caught_up(node, member.incarnation, pending))
+
+    def down(self, node: str) -> None:
+        member = self.state.members[node]
+        assert self.state.apply(sm.cmd_down(node, member.incarnation))["ok"]
+
+    def view(self) -> ClusterView:
+        return self.state.view()
+
+
+def make_router(node: str, views: list[ClusterView]) -> tuple[ClusterRouter, RecordingLinks]:
+    links = RecordingLinks()
+    local = LocalRouter({}, RetainedStore(None, NUM_SHARDS), None,  # type: ignore[arg-type]
+                        BrokerMetrics(), lambda client_id: None)
+
+    def spawn(fn: Any, *args: Any) -> None:
+        raise AssertionError("no task is needed for these decisions")
+
+    router = ClusterRouter(node, local, RetainedStore(None, NUM_SHARDS), links,  # type: ignore[arg-type]
+                           lambda: views[-1], BrokerMetrics(), lambda sessions: None, spawn,
+                           lambda shard: True, routes_wait=0.2)
+    return router, links
+
+
+# -- RouteTable ---------------------------------------------------------------------------
+
+
+def test_a_route_stays_while_any_registrar_holds_it() -> None:
+    table = RouteTable()
+    table.add("home/+/temp", "s:3", "a")  # the old home of session shard 3
+    table.add("home/+/temp", "s:3", "b")  # the new home, before the old one lets go
+    table.remove("home/+/temp", "s:3", "a")
+    assert table.nodes_for("home/x/temp") == {"s:3"}
+    table.remove("home/+/temp", "s:3", "b")
+    assert table.nodes_for("home/x/temp") == set()
+
+
+def test_replace_makes_a_registrar_hold_exactly_its_set() -> None:
+    table = RouteTable()
+    table.add("a/b", "n1", "n1")
+    table.add("stale/#", "n1", "n1")
+    table.add("a/b", "n2", "n2")
+    added, removed = table.replace("n1", {("a/b", "n1"), ("c/+", "n1")})
+    assert (added, removed) == (1, 1)
+    assert table.registered_by("n1") == {("a/b", "n1"), ("c/+", "n1")}
+    assert table.nodes_for("stale/x") == set()
+    assert table.nodes_for("a/b") == {"n1", "n2"}
+    assert table.nodes_for("c/d") == {"n1"}
+
+
+def test_digest_is_order_free_and_tracks_changes() -> None:
+    keys = [("a/b", "n1"), ("c/+", "s:4"), ("#", "n1")]
+    assert route_digest(keys) == route_digest(list(reversed(keys)))
+    table = RouteTable()
+    for f, t in keys:
+        table.add(f, t, "n1")
+    assert table.digest_of("n1") == route_digest(keys)
+    table.remove("#", "n1", "n1")
+    assert table.digest_of("n1") == route_digest(keys[:2])
+    assert table.digest_of("nobody") == route_digest([])
+
+
+def test_a_dead_node_takes_its_own_routes_but_not_session_shard_routes() -> None:
+    table = RouteTable()
+    table.add("x/#", "n1", "n1")
+    table.add("x/#", "s:2", "n1")
+    table.drop_node("n1")
+    assert table.nodes_for("x/y") == {"s:2"}
+    table.drop_registrar("n1")  # removed from the cluster for good
+    assert table.nodes_for("x/y") == set()
+
+
+# -- ClusterRouter anti-entropy -----------------------------------------------------------
+
+
+def test_every_view_change_sends_each_peer_its_full_route_set() -> None:
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.local_filters[("sensors/#", "a")] = 1
+    router.local_filters[("only/exact", "a")] = 1
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    sets = {node: {tuple(k) for k in msg[2]} for node, msg in links.take("rsync")}
+    assert set(sets) == {"b", "c"}
+    view = views[-1]
+    exact_holders = set(view.replicas(view.shard_for_topic("only/exact")))
+    for node in ("b", "c"):
+        assert ("sensors/#", "a") in sets[node]  # wildcards: every node
+        assert (("only/exact", "a") in sets[node]) == (node in exact_holders)
+
+
+def test_a_differing_digest_pulls_the_full_set() -> None:
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    router, links = make_router("b", views)
+    router.on_rsync("a", ["rsync", views[-1].epoch, [["x/#", "a"]]])
+    router.on_rdig("a", ["rdig", views[-1].epoch, route_digest([("x/#", "a")])])
+    assert links.take("rpull") == []
+    router.on_rdig("a", ["rdig", views[-1].epoch, route_digest([("x/#", "a"), ("y", "a")])])
+    assert links.take("rpull") == [("a", ["rpull"])]
+
+
+def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    view = views[-1]
+    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    assert not router.routes_complete(shard, view)
+    router.on_rsync("b", ["rsync", view.epoch, []])
+    assert not router.routes_complete(shard, view)
+    router.on_rsync("c", ["rsync", view.epoch, []])
+    assert router.routes_complete(shard, view)
+    # c is declared down: it no longer counts.  It restarts: its new life must sync again.
+    meta.down("c")
+    views.append(meta.view())
+    router.on_view(view, views[-1])
+    assert router.routes_complete(shard, views[-1])
+    meta.join("c")
+    views.append(meta.view())
+    router.on_view(views[-2], views[-1])
+    assert not router.routes_complete(shard, views[-1])
+    router.on_rsync("c", ["rsync", views[-1].epoch, []])
+    assert router.routes_complete(shard, views[-1])
+
+
+async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> None:
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    view = views[-1]
+    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    with pytest.raises(RoutesIncomplete):
+        await router._await_routes(shard)
+    router.on_rsync("b", ["rsync", view.epoch, []])
+    assert await router._await_routes(shard) is view
