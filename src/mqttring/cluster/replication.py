@@ -54,6 +54,10 @@ def decode_ops(raw: list[list[Any]]) -> list[Op]:
     return ops
 
 
+def _accept_all(ops: list[Op]) -> list[Op]:
+    return ops
+
+
 class ShardReplicator:
     """The cluster's ``ShardWriter`` and the receiving end of replication and catch-up."""
 
@@ -64,6 +68,7 @@ class ShardReplicator:
         links: Links,
         view: Callable[[], ClusterView],
         on_applied: Callable[[list[Op]], None],
+        accept_ops: Callable[[list[Op]], list[Op]] | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -71,6 +76,9 @@ class ShardReplicator:
         self.view = view
         #: Keeps in-memory mirrors (the retained index) in step with replicated rows.
         self.on_applied = on_applied
+        #: Drops incoming ops older than what this node holds (versioned retained rows)
+        #: before they reach the store; replication itself knows no row semantics.
+        self.accept_ops: Callable[[list[Op]], list[Op]] = accept_ops or _accept_all
         #: Keys written by live replication per shard while that shard is being copied.
         self._touched: dict[int, set[tuple[str, bytes]]] = {}
         self.replicated_batches = 0
@@ -118,6 +126,7 @@ class ShardReplicator:
             if touched is not None:
                 touched.update((op.db, op.key) for op in decoded)
             ops.extend(decoded)
+        ops = self.accept_ops(ops)
         await self.store.write(ops, Durability.DURABLE if durable else Durability.LAZY)
         self.on_applied(ops)
         self.links.reply(node, req, True)
@@ -142,9 +151,9 @@ class ShardReplicator:
                 after = b""
                 while True:
                     rows = await self.links.request(source, ["cu", 0, shard, db, after])
-                    ops: list[Op] = [
+                    ops: list[Op] = self.accept_ops([
                         Put(db, key, value) for key, value in rows if (db, key) not in touched
-                    ]
+                    ])
                     if ops:
                         await self.store.write(ops, Durability.LAZY)
                         self.on_applied(ops)

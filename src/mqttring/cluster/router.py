@@ -158,7 +158,7 @@ class ClusterRouter:
         """Route a message whose shard this node owns; returns once it is accepted."""
         if message.retain:
             await self.retained_store.update(
-                message, persist=not message.topic.startswith("$SYS/")
+                message, persist=not message.topic.startswith("$SYS/"), epoch=view.epoch
             )
         by_node = self.route(message.topic, view)[1]
         if message.qos == 0:
