@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -394,3 +395,39 @@ def test_export_skips_tombstones_and_reads_legacy_rows(tmp_path):
     assert decode_row("retained", "n", shard_key(1, b"b"), ["b", None, 0, 3, 11]) is None
     assert decode_row("retained", "n", shard_key(1, b"a"), ["a", b"xy", 1, 3, 10]) == (
         "n", 1, "a", b"xy", 2, 1)
+
+
+class ReorderingWriter(RecordingWriter):
+    """Lets the second write reach the store before the first, as the cluster writer's
+    separate local-write task may."""
+
+    def __init__(self, store: LsmStore) -> None:
+        super().__init__(store)
+        self.calls = 0
+        self.second_done = trio.Event()
+
+    async def write(self, batches: Sequence[tuple[int, list[Op]]], durability: Durability) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            await self.second_done.wait()
+            await super().write(batches, durability)
+            return
+        await super().write(batches, durability)
+        self.second_done.set()
+
+
+async def test_the_owner_store_ends_at_the_newest_row_when_its_writes_reorder(tmp_path, stack):
+    owner = Owner(tmp_path / "o", stack)
+    owner.writer = ReorderingWriter(owner.store)
+    owner.retained = RetainedStore(owner.store, NUM_SHARDS, owner.writer, epoch=lambda: 1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner.retained.update, Message(TOPIC, b"first", 1, True))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(owner.retained.update, Message(TOPIC, b"second", 1, True))
+    assert payloads(owner.retained) == {TOPIC: b"second"}
+    assert await reloaded(owner.store) == {TOPIC: b"second"}
+    # ... and the rewrite replicated to a replica changes nothing there.
+    replica = Replica("r", tmp_path / "r", stack)
+    for batch in owner.writer.batches:
+        await replica.replicator.on_repl("o", repl_message([batch]))
+    assert await reloaded(replica.store) == {TOPIC: b"second"}

@@ -33,7 +33,10 @@ The memory side keeps the version of every topic of the shards this node holds (
 tombstoned) in ``_versions``, next to the index.  Comparing there, not in the store, keeps
 the replica path free of reads, and claiming the new version synchronously before the write
 is queued means two concurrent batches for one topic cannot both pass the check with the
-older landing last (store writes of up to ``INLINE_OPS`` ops are queued in call order).
+older landing last (store writes of up to ``INLINE_OPS`` ops with memtable room are queued
+in call order).  The owner's own writes may still reach its store out of order (the cluster
+writer queues the local write from a task of its own), so ``update`` writes the newest row
+again when a newer one was claimed while its write was in flight.
 """
 
 from __future__ import annotations
@@ -225,8 +228,25 @@ class RetainedStore:
         if self._writer is None:
             return
         durability = Durability.DURABLE if message.qos else Durability.LAZY
-        op = Put(_DB, self._key(topic), make_row(topic, message.payload, message.qos, version))
-        await self._writer.write([(self.shard_for_topic(topic), [op])], durability)
+        row = make_row(topic, message.payload, message.qos, version)
+        while True:
+            await self._writer.write([(self.shard_for_topic(topic), [Put(_DB, self._key(topic),
+                                                                         row)])], durability)
+            # A newer update of the topic may have been queued to the store *before* this
+            # one (a cluster writer starts the local write in a task of its own, and trio
+            # does not keep their order).  Writing the newest row again after this one
+            # completes puts it last; replicas drop it as not newer than what they hold.
+            held = self._versions.get(topic)
+            if held is None or held <= version:
+                return
+            row, version = self._held_row(topic, held), held
+
+    def _held_row(self, topic: str, version: Version) -> list[Any]:
+        """The stored form of what memory holds for ``topic`` (a tombstone if not indexed)."""
+        message = self._index.get(topic)
+        if message is None:
+            return make_row(topic, None, 0, version)
+        return make_row(topic, message.payload, message.qos, version)
 
     def count_user_topics(self) -> int:
         """Retained topics outside ``$SYS`` (the ``#`` filter skips ``$`` topics)."""
