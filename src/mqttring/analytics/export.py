@@ -226,13 +226,18 @@ def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str]
         expected = entry.shard_rows
         current: _ShardFile | None = None
         current_shard = -1
+        #: Stored rows of ``current_shard`` seen, data or not (tombstones are not exported
+        #: but the snapshot manifest counts them).
+        seen = 0
 
-        def finish(f: _ShardFile, shard: int, node: NodeSnapshot = node,
+        def finish(f: _ShardFile | None, shard: int, seen: int, node: NodeSnapshot = node,
                    expected: dict[int, int] = expected) -> None:
-            f.close()
-            if f.rows != expected.get(shard, 0):
-                raise ExportError(f"{table}: shard {shard} of {node.node_id}: wrote {f.rows} "
+            if seen != expected.get(shard, 0):
+                raise ExportError(f"{table}: shard {shard} of {node.node_id}: read {seen} "
                                   f"rows, the snapshot manifest says {expected.get(shard, 0)}")
+            if f is None:
+                return  # only rows without data (tombstones): no file for this shard
+            f.close()
             files.append({"path": f"{table}/{f.path.name}", "shard": shard,
                           "node_id": node.node_id, "rows": f.rows,
                           "bytes": f.path.stat().st_size, "sha256": _sha256(f.path)})
@@ -240,17 +245,20 @@ def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str]
         try:
             for shard, key, value in _selected_rows(node, db, mine):
                 if shard != current_shard:
-                    if current is not None:
+                    if current_shard >= 0:
                         finished, current = current, None
-                        finish(finished, current_shard)
-                    current_shard = shard
-                    current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
-                assert current is not None
-                current.add(decode_row(table, node.node_id, key, value))
+                        finish(finished, current_shard, seen)
+                    current_shard, seen = shard, 0
+                seen += 1
+                row = decode_row(table, node.node_id, key, value)
+                if row is not None:
+                    if current is None:
+                        current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
+                    current.add(row)
                 progress.advance(1)
-            if current is not None:
+            if current_shard >= 0:
                 finished, current = current, None
-                finish(finished, current_shard)
+                finish(finished, current_shard, seen)
         except BaseException:
             if current is not None:
                 current.abandon()

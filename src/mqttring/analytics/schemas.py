@@ -9,9 +9,9 @@ strings, binary payloads, and microsecond UTC timestamps (Spark cannot read nano
 Parquet timestamps; exact nanoseconds are kept in an ``int64`` column next to them).
 
 The decoders take one snapshot row (raw key, msgpack-decoded value) and return one tuple in
-schema column order; they do no I/O, so they are tested on literals, and a row that does not
-have the documented shape raises ``ExportError`` naming the table and key instead of writing
-a half-filled row.
+schema column order, or None for a row that holds no data (a retained tombstone); they do no
+I/O, so they are tested on literals, and a row that does not have the documented shape
+raises ``ExportError`` naming the table and key instead of writing a half-filled row.
 """
 
 from __future__ import annotations
@@ -97,8 +97,18 @@ def _client_id(key: bytes) -> tuple[str, int]:
     return key[4:end].decode("utf-8"), end
 
 
-def retained_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
-    topic, payload, qos = value
+def retained_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple | None:
+    """A retained message, or None for a tombstone (a versioned clear: no message).
+
+    Rows are ``[topic, payload, qos, epoch, seq]`` (``mqttring.broker.retained``), or the
+    legacy ``[topic, payload, qos]``; the version orders writes inside the cluster and is
+    not exported.
+    """
+    if len(value) not in (3, 5):
+        raise ValueError(f"{len(value)} fields, expected 3 or 5")
+    topic, payload, qos = value[:3]
+    if not payload:
+        return None
     return (node_id, shard, topic, bytes(payload), len(payload), int(qos))
 
 
@@ -131,7 +141,8 @@ def archive_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
             int(qos), bool(retain))
 
 
-Decoder = Callable[[str, int, bytes, Any], tuple]
+#: A decoder returns None for a stored row that stands for no data row (a tombstone).
+Decoder = Callable[[str, int, bytes, Any], tuple | None]
 
 
 #: Export table name -> (snapshot database, schema, decoder).  ``inflight`` (inbound QoS 2
@@ -144,8 +155,10 @@ TABLES: dict[str, tuple[str, pa.Schema, Decoder]] = {
 }
 
 
-def decode_row(table: str, node_id: str, key: bytes, value: Any) -> tuple:
-    """One snapshot row as a tuple in ``TABLES[table]``'s column order, or ExportError."""
+def decode_row(table: str, node_id: str, key: bytes, value: Any) -> tuple | None:
+    """One snapshot row as a tuple in ``TABLES[table]``'s column order, or ExportError.
+
+    None for a row that is not data (a retained tombstone): the export skips it."""
     _db, _schema, decoder = TABLES[table]
     if len(key) < 2:
         raise ExportError(f"{table}: key {key!r} has no shard prefix")

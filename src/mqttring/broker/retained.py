@@ -5,20 +5,88 @@ the filter, not a scan) and the node store keeps them across restarts, keyed by 
 shard so that one shard's retained messages are one range scan (shard handoff and export
 read them that way).  ``$SYS`` values are kept in memory only: they are recomputed every few
 seconds and are meaningless after a restart.
+
+Versioned rows: retained state never goes back in time
+------------------------------------------------------
+A stored row is ``[topic, payload, qos, epoch, seq]``.  ``(epoch, seq)`` is the row's
+*version*: the shard owner stamps it when it accepts the write, with the cluster view epoch
+the ownership decision was made in and a per-node sequence that strictly grows, across
+restarts too (``max(last + 1, time.time_ns())``, and past the version it already holds in
+the same epoch).  Everywhere a row is applied (a client's update on the owner, a replicated
+batch on a replica, the catch-up copy, a reload) the row already held wins when its version
+is >= the incoming one.  A node that accepted writes while it was cut off from the cluster
+stamped them with the epoch it was stuck in, so when those writes are replayed after the
+partition heals they lose against everything written in the newer epochs: they can never
+replace an acknowledged newer value.  (Fencing stale nodes is the first line of defence;
+this is the second.)  Epochs order owners; ``seq`` orders one owner's writes, so clocks of
+different nodes are never compared within an epoch except in the stale-owner case, where
+either answer is acceptable.
+
+A clear (empty payload, [MQTT-3.3.1-10]) is versioned too: it is stored as a *tombstone*,
+``[topic, None, 0, epoch, seq]``, not as a Delete, or an older Put replayed later would
+resurrect the topic.  Readers treat tombstones as absent (index, queries, export).  Rows
+written before versions existed (``[topic, payload, qos]``) read as version ``(0, 0)``.
+Tombstones are never garbage-collected yet (one small row per cleared topic, plus its
+version in memory): collecting them safely needs a bound on how late a replay may arrive.
+
+The memory side keeps the version of every topic of the shards this node holds (live and
+tombstoned) in ``_versions``, next to the index.  Comparing there, not in the store, keeps
+the replica path free of reads, and claiming the new version synchronously before the write
+is queued means two concurrent batches for one topic cannot both pass the check with the
+older landing last (store writes of up to ``INLINE_OPS`` ops with memtable room are queued
+in call order).  The owner's own writes may still reach its store out of order (the cluster
+writer queues the local write from a task of its own), so ``update`` writes the newest row
+again when a newer one was claimed while its write was in flight.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
-from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
-from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.broker.shard_writes import LocalShardWriter, Op, ShardWriter
+from mqttring.lsm import Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message
 from mqttring.protocol.topics import TopicIndex
 from mqttring.ring.hashing import shard_of
 
+log = logging.getLogger("mqttring.retained")
+
 _DB = "retained"
+
+#: ``(epoch, seq)``: compared as a tuple, the epoch first.
+Version = tuple[int, int]
+#: The version of rows stored before rows carried one.
+LEGACY_VERSION: Version = (0, 0)
+
+
+def parse_row(row: Sequence[Any]) -> tuple[str, bytes | None, int, Version]:
+    """``(topic, payload or None for a tombstone, qos, version)`` of a stored row.
+
+    Accepts the current 5-element rows and the legacy 3-element ones (version ``(0, 0)``);
+    anything else raises ValueError so that a corrupt row is reported, not half-applied.
+    """
+    if len(row) == 5:
+        topic, payload, qos, epoch, seq = row
+        version = (int(epoch), int(seq))
+    elif len(row) == 3:
+        topic, payload, qos = row
+        version = LEGACY_VERSION
+    else:
+        raise ValueError(f"retained row has {len(row)} fields, expected 3 or 5")
+    if not isinstance(topic, str):
+        raise ValueError("retained row topic is not a string")
+    return topic, (bytes(payload) if payload else None), int(qos), version
+
+
+def make_row(topic: str, payload: bytes | None, qos: int, version: Version) -> list[Any]:
+    """The stored form of a retained message (``payload`` None or empty: a tombstone)."""
+    if not payload:
+        return [topic, None, 0, version[0], version[1]]
+    return [topic, payload, qos, version[0], version[1]]
 
 
 class RetainedStore:
@@ -28,6 +96,7 @@ class RetainedStore:
         num_shards: int,
         writer: ShardWriter | None = None,
         shard_for_topic: Callable[[str], int] | None = None,
+        epoch: Callable[[], int] | None = None,
     ) -> None:
         self._store = store
         self._writer: ShardWriter | None = writer or (
@@ -35,13 +104,25 @@ class RetainedStore:
         )
         #: The cluster passes the view's function, which honours pinned subtrees.
         self.shard_for_topic = shard_for_topic or partial(shard_of, num_shards=num_shards)
+        #: The current view epoch (a cluster passes its view's; a single node has none: 0).
+        self._epoch: Callable[[], int] = epoch or (lambda: 0)
         self._index: TopicIndex[Message] = TopicIndex()
+        #: Version of every stored topic held in memory, tombstones included ($SYS: never).
+        self._versions: dict[str, Version] = {}
+        #: Last ``seq`` this node stamped: a node's stamps strictly grow even within one ns.
+        self._last_seq = 0
+        #: Updates and replicated/copied rows dropped for being older than the row held.
+        self.stale_rejected = 0
 
     def __len__(self) -> int:
         return len(self._index)
 
     def _key(self, topic: str) -> bytes:
         return shard_key(self.shard_for_topic(topic), topic.encode("utf-8"))
+
+    def version(self, topic: str) -> Version | None:
+        """The version held for ``topic`` (a tombstone's too), or None if none is held."""
+        return self._versions.get(topic)
 
     async def load(self, prefix: bytes = b"") -> int:
         if self._store is None:
@@ -51,45 +132,121 @@ class RetainedStore:
             self.apply_row(row)
         return len(rows)
 
-    def apply_row(self, row: list | tuple | None, topic: str | None = None) -> None:
-        """Mirror one stored row (or its deletion: ``row`` None) into the index."""
+    def _apply(self, topic: str, payload: bytes | None, qos: int, version: Version) -> bool:
+        """Install a row in memory unless the one held is as new; True if it was installed."""
+        held = self._versions.get(topic)
+        if held is not None and held >= version:
+            return False
+        self._versions[topic] = version
+        if payload:
+            self._index.set(topic, Message(topic, payload, qos, True))
+        else:
+            self._index.discard(topic)
+        return True
+
+    def apply_row(self, row: Sequence[Any] | None, topic: str | None = None) -> bool:
+        """Mirror one stored row (or its deletion: ``row`` None) into memory.
+
+        A row older than (or as old as) the one held is ignored; returns whether memory
+        changed.  A deletion is unconditional: it is a local clean-up of the store (a shard
+        dropped before a catch-up copy), never a client's clear, which is a tombstone row.
+        """
         if row is None:
             if topic is not None:
+                self._versions.pop(topic, None)
                 self._index.discard(topic)
-            return
-        topic, payload, qos = row
-        self._index.set(topic, Message(topic, payload, qos, True))
+            return True
+        return self._apply(*parse_row(row))
+
+    def accept_ops(self, ops: list[Op]) -> list[Op]:
+        """The ops of a replicated batch or copied chunk that may be written to the store.
+
+        Retained Puts older than (or as old as) the row held are dropped; the others are
+        installed in memory *now*, before the caller's store write is queued, so that a
+        concurrent older batch for the same topic sees the newer version and is dropped.
+        Other databases' ops and Deletes pass through untouched.
+        """
+        kept: list[Op] = []
+        for op in ops:
+            if (op.db == _DB and isinstance(op, Put)
+                    and not self._apply(*parse_row(op.value))):
+                self.stale_rejected += 1
+                continue
+            kept.append(op)
+        return kept
 
     def forget_shards(self, keep: Callable[[int], bool]) -> None:
         """Drop from memory the topics of shards this node no longer holds."""
-        for topic in [t for t, _ in self._index.match("#") if not keep(self.shard_for_topic(t))]:
+        for topic in [t for t in self._versions if not keep(self.shard_for_topic(t))]:
+            del self._versions[topic]
             self._index.discard(topic)
 
     @staticmethod
     def topic_of_key(key: bytes) -> str:
         return key[2:].decode("utf-8")
 
+    def _stamp(self, topic: str, epoch: int) -> Version | None:
+        """A version for a new write of ``topic`` in ``epoch``; None if it would go back.
 
-    async def update(self, message: Message, *, persist: bool = True) -> None:
+        The write of an owner always supersedes what it holds from its own epoch (the seq
+        also passes the held one, whatever the clocks say); a held row from a *newer* epoch
+        means this node decided ownership on a stale view, and its write must lose.
+        """
+        held = self._versions.get(topic)
+        if held is not None and held[0] > epoch:
+            return None
+        seq = max(self._last_seq + 1, time.time_ns())
+        if held is not None and held[0] == epoch:
+            seq = max(seq, held[1] + 1)
+        self._last_seq = seq
+        return (epoch, seq)
+
+    async def update(self, message: Message, *, persist: bool = True,
+                     epoch: int | None = None) -> None:
         """Set, replace or (empty payload, [MQTT-3.3.1-10]) clear the topic's retained message.
 
-        QoS >= 1 updates are durable before they return, so the PUBACK that follows never
-        acknowledges a retained message a crash could lose.
+        ``epoch`` is that of the view in which this node decided it owns the topic's shard
+        (default: the current one).  QoS >= 1 updates are durable before they return, so the
+        PUBACK that follows never acknowledges a retained message a crash could lose.  An
+        update stamped older than the row held (a stale owner) changes nothing.
         """
         topic = message.topic
-        if message.payload:
-            self._index.set(topic, Message(topic, message.payload, message.qos, True))
-        else:
-            self._index.discard(topic)
-        if self._writer is None or not persist:
+        if not persist:  # $SYS: node-local, never stored nor replicated, so not versioned
+            if message.payload:
+                self._index.set(topic, Message(topic, message.payload, message.qos, True))
+            else:
+                self._index.discard(topic)
+            return
+        stamp_epoch = self._epoch() if epoch is None else epoch
+        version = self._stamp(topic, stamp_epoch)
+        if version is None:
+            self.stale_rejected += 1
+            log.warning("retained update of %r in epoch %d is older than the row held %s; "
+                        "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
+            return
+        self._apply(topic, message.payload or None, message.qos, version)
+        if self._writer is None:
             return
         durability = Durability.DURABLE if message.qos else Durability.LAZY
-        op: Put | Delete
-        if message.payload:
-            op = Put(_DB, self._key(topic), (topic, message.payload, message.qos))
-        else:
-            op = Delete(_DB, self._key(topic))
-        await self._writer.write([(self.shard_for_topic(topic), [op])], durability)
+        row = make_row(topic, message.payload, message.qos, version)
+        while True:
+            await self._writer.write([(self.shard_for_topic(topic), [Put(_DB, self._key(topic),
+                                                                         row)])], durability)
+            # A newer update of the topic may have been queued to the store *before* this
+            # one (a cluster writer starts the local write in a task of its own, and trio
+            # does not keep their order).  Writing the newest row again after this one
+            # completes puts it last; replicas drop it as not newer than what they hold.
+            held = self._versions.get(topic)
+            if held is None or held <= version:
+                return
+            row, version = self._held_row(topic, held), held
+
+    def _held_row(self, topic: str, version: Version) -> list[Any]:
+        """The stored form of what memory holds for ``topic`` (a tombstone if not indexed)."""
+        message = self._index.get(topic)
+        if message is None:
+            return make_row(topic, None, 0, version)
+        return make_row(topic, message.payload, message.qos, version)
 
     def count_user_topics(self) -> int:
         """Retained topics outside ``$SYS`` (the ``#`` filter skips ``$`` topics)."""

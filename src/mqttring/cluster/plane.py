@@ -86,9 +86,11 @@ class DataPlane:
         self.fence_count = 0
         self.replicator = ShardReplicator(self.node_id, store, self.links, self.current_view,
                                           self._on_replicated, self._wait_for_view_change,
+                                          accept_ops=self._accept_replicated,
                                           patience=config.cluster_write_patience)
         self.retained = RetainedStore(store, config.num_shards, self.replicator,
-                                      lambda topic: self.current_view().shard_for_topic(topic))
+                                      lambda topic: self.current_view().shard_for_topic(topic),
+                                      lambda: self.current_view().epoch)
         self.session_store = SessionStore(store, config.num_shards, self.replicator)
         core.session_store = self.session_store
         local = LocalRouter(core.sessions, self.retained, self.session_store, metrics, core.wake)
@@ -347,6 +349,10 @@ class DataPlane:
         if ops:
             await store.write(ops, Durability.LAZY)
             self._on_replicated(ops)
+
+    def _accept_replicated(self, ops: list[Put | Delete]) -> list[Put | Delete]:
+        """Incoming replicated/copied ops minus retained rows older than those held."""
+        return self.retained.accept_ops(ops)
 
     def _on_replicated(self, ops: list[Put | Delete]) -> None:
         for op in ops:

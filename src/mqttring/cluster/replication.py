@@ -59,6 +59,10 @@ def decode_ops(raw: list[list[Any]]) -> list[Op]:
     return ops
 
 
+def _accept_all(ops: list[Op]) -> list[Op]:
+    return ops
+
+
 class ShardReplicator:
     """The cluster's ``ShardWriter`` and the receiving end of replication and catch-up."""
 
@@ -71,6 +75,7 @@ class ShardReplicator:
         on_applied: Callable[[list[Op]], None],
         wait_for_view_change: Callable[[float], Awaitable[None]],
         *,
+        accept_ops: Callable[[list[Op]], list[Op]] | None = None,
         patience: float = 15.0,
     ) -> None:
         self.node_id = node_id
@@ -82,6 +87,9 @@ class ShardReplicator:
         self.view = view
         #: Keeps in-memory mirrors (the retained index) in step with replicated rows.
         self.on_applied = on_applied
+        #: Drops incoming ops older than what this node holds (versioned retained rows)
+        #: before they reach the store; replication itself knows no row semantics.
+        self.accept_ops: Callable[[list[Op]], list[Op]] = accept_ops or _accept_all
         #: Keys written by live replication per shard while that shard is being copied.
         self._touched: dict[int, set[tuple[str, bytes]]] = {}
         self.replicated_batches = 0
@@ -142,6 +150,7 @@ class ShardReplicator:
             if touched is not None:
                 touched.update((op.db, op.key) for op in decoded)
             ops.extend(decoded)
+        ops = self.accept_ops(ops)
         await self.store.write(ops, Durability.DURABLE if durable else Durability.LAZY)
         self.on_applied(ops)
         self.links.reply(node, req, True)
@@ -166,9 +175,9 @@ class ShardReplicator:
                 after = b""
                 while True:
                     rows = await self.links.request(source, ["cu", 0, shard, db, after])
-                    ops: list[Op] = [
+                    ops: list[Op] = self.accept_ops([
                         Put(db, key, value) for key, value in rows if (db, key) not in touched
-                    ]
+                    ])
                     if ops:
                         await self.store.write(ops, Durability.LAZY)
                         self.on_applied(ops)

@@ -196,7 +196,7 @@ class ClusterRouter:
                 view = await self._await_routes(shard)
         if message.retain:
             await self.retained_store.update(
-                message, persist=not message.topic.startswith("$SYS/")
+                message, persist=not message.topic.startswith("$SYS/"), epoch=view.epoch
             )
         by_node = self.route(message.topic, view)[1]
         if message.qos == 0:
