@@ -124,6 +124,10 @@ class Link:
         self.sent_frames = 0
         self.dropped = 0
         self.cancel_scope = trio.CancelScope()
+        #: Cancels the current connection only (``Links.reset``); the link reconnects.
+        self.connection_scope: trio.CancelScope | None = None
+        #: Bumped when the queue is discarded, so a batch in flight is not put back.
+        self.generation = 0
 
     def push(self, message: Message) -> bool:
         if self.queued >= self.owner.max_queued:
@@ -184,11 +188,13 @@ class Link:
                 self.owner.on_connected(self.node_id)
                 try:
                     async with trio.open_nursery() as nursery:
+                        self.connection_scope = nursery.cancel_scope
                         nursery.start_soon(self._watch, stream, nursery.cancel_scope)
                         await self._drain(stream)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id, exc)
                 finally:
+                    self.connection_scope = None
                     self.connected = False
                     self.down = True
                     with trio.CancelScope(shield=True):
@@ -226,11 +232,14 @@ class Link:
             if self.queued < self.owner.max_queued:
                 self.room.set()
                 self.room = trio.Event()
+            generation = self.generation
             try:
                 await stream.send_packed(payload)
             except BaseException:
-                queue.extendleft(reversed(batch))  # not sent: keep them for the next connection
-                self.queued += n
+                if generation == self.generation:
+                    # Not sent: keep them for the next connection (unless discarded meanwhile).
+                    queue.extendleft(reversed(batch))
+                    self.queued += n
                 raise
             self.sent_messages += n
             self.sent_frames += 1
@@ -328,19 +337,30 @@ class Links:
                 pending.done.set()
 
     def clear(self) -> int:
-        """Drop everything queued to every peer; the number of messages dropped.
+        """Drop everything queued to every peer, and reconnect; the number dropped.
 
         For a node that learns it was declared down: what it queued while cut off belongs
-        to a life the cluster has ended, and receivers would refuse it anyway.
+        to a life the cluster has ended, and receivers would refuse it anyway.  Requests
+        waiting for answers fail at once (their callers decide again by the new view).
         """
         dropped = 0
         for link in self._links.values():
             dropped += link.queued
             link.queue.clear()
             link.queued = 0
+            link.generation += 1
             link.room.set()
             link.room = trio.Event()
+            if link.connection_scope is not None:
+                # The connection may be stuck behind a partition with frames of the ended
+                # life in its buffers: start a fresh one rather than wait out TCP's backoff.
+                link.connection_scope.cancel()
+        self._fail_all_pending()
         return dropped
+
+    def _fail_all_pending(self) -> None:
+        for node in {pending.node for pending in self._pending.values()}:
+            self._fail_pending(node)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {
