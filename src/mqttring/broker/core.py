@@ -35,7 +35,7 @@ import uuid
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.broker.metrics import BrokerMetrics
-from mqttring.broker.router import Router
+from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
 from mqttring.config import BrokerConfig
@@ -182,7 +182,14 @@ class BrokerCore:
         # Clients may not write the broker's own $SYS tree; the message is acknowledged
         # (refusing it would only make the client resend) and not routed.
         if not message.topic.startswith("$SYS"):
-            await self.router.publish(message)
+            try:
+                await self.router.publish(message)
+            except PublishRefused as exc:
+                self.metrics.publishes_refused += 1
+                log.warning("publish to %r from %r not accepted (%s); closing the connection "
+                            "without acknowledging it", message.topic, handler.client_id, exc)
+                handler.kick()
+                return
         session = handler.session
         if message.qos == 2 and session is not None and session.persistent:
             # The inbound QoS 2 id must be durable before PUBREC, or a crash would let the

@@ -28,6 +28,9 @@ class BrokerMetrics:
     protocol_errors: int = 0
     #: Connections closed because of an error in mqttring itself (logged with a traceback).
     internal_errors: int = 0
+    #: Publishes not acknowledged because the cluster could not accept them (faults); the
+    #: publisher's connection was closed so that it resends.
+    publishes_refused: int = 0
     #: Cluster: publishes forwarded to a shard owner on another node.
     forwarded_to_owner: int = 0
     #: Cluster: delivery messages sent to other nodes that hold subscribers.

@@ -43,6 +43,15 @@ from mqttring.protocol.topics import TopicTrie
 MATCH_CACHE_SIZE = 50_000
 
 
+class PublishRefused(Exception):
+    """The router could not accept a message with the guarantees its QoS asks for.
+
+    Raised by a clustered router when a fault leaves it unable to prove delivery (an owner
+    unreachable past its patience, routes not known complete, a replica silent); the
+    publisher then gets no acknowledgement and its connection is closed, so it resends.
+    """
+
+
 class Router(Protocol):
     #: The telemetry archive the owner side appends to (None when not configured).
     archive: TelemetryArchive | None

@@ -9,9 +9,15 @@ cannot read (a version skew or a bug), and it closes that peer's link.
 
 from __future__ import annotations
 
+from mqttring.broker.router import PublishRefused
 
-class PeerFailure(Exception):
-    """A request to another node did not succeed; re-decide by the current view."""
+
+class PeerFailure(PublishRefused):
+    """A request to another node did not succeed; re-decide by the current view.
+
+    A ``PublishRefused`` too: one that reaches the broker core withholds the publisher's
+    acknowledgement instead of being reported as an internal error.
+    """
 
 
 class PeerUnavailable(PeerFailure):

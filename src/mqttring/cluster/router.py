@@ -166,8 +166,14 @@ class ClusterRouter:
                 self.node_id, view.epoch, hops]
 
     async def forward(self, message: Message, hops: int) -> None:
-        """Send to the shard's owner and wait until it accepted, following view changes."""
-        for _ in range(FORWARD_ATTEMPTS):
+        """Send to the shard's owner and wait until it accepted, following view changes.
+
+        Bounded in time, not attempts: an owner that died is replaced only after the
+        failure grace (plus an election when it was the Raft leader), and the publisher's
+        acknowledgement must survive that wait rather than give up just before it ends.
+        """
+        deadline = trio.current_time() + self.delivery_patience
+        while trio.current_time() < deadline:
             view = self.view()
             owner = view.owner(view.shard_for_topic(message.topic))
             if owner is None or owner == self.node_id:
@@ -283,7 +289,8 @@ class ClusterRouter:
 
     async def _deliver_acked(self, node: str, shards: list[int], message: Message) -> None:
         """Deliver to a node and wait for its acceptance; session shards follow their owner."""
-        for _ in range(FORWARD_ATTEMPTS):
+        deadline = trio.current_time() + self.delivery_patience
+        while trio.current_time() < deadline:
             try:
                 await self.links.request(
                     node, ["dlv", 0, message.topic, message.payload, message.qos, shards],
@@ -306,7 +313,8 @@ class ClusterRouter:
                         else:
                             nursery.start_soon(self._deliver_acked, other, other_shards, message)
                 return
-        log.warning("delivery of %r to sessions of shards %s gave up", message.topic, shards)
+        raise PeerUnavailable(f"delivery of {message.topic!r} to sessions of shards {shards} "
+                              f"not confirmed within {self.delivery_patience}s")
 
     async def _retry_clean(self, node: str, message: Message, first: Exception) -> None:
         """Deliver to a node's clean sessions for as long as that node is in the view.
