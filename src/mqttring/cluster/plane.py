@@ -103,7 +103,9 @@ class DataPlane:
                                     delivery_patience=config.cluster_write_patience)
         core.router = self.router
         self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
-                                        self.spawn, self.is_fenced)
+                                        self.spawn, self.is_fenced, self.held.__contains__,
+                                        self._wait_for_view_change,
+                                        config.cluster_write_patience)
         core.manager = self.sessions
         self._nursery: trio.Nursery | None = None
         self._copying: set[int] = set()

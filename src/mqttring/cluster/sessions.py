@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -171,10 +171,16 @@ class ClusterSessions(LocalSessions):
 
     def __init__(self, core: BrokerCore, node_id: str, links: Links,
                  view: Callable[[], ClusterView], spawn: Callable[..., None],
-                 fenced: Callable[[], bool]) -> None:
+                 fenced: Callable[[], bool], holds: Callable[[int], bool],
+                 wait_for_view_change: Callable[[float], Awaitable[None]],
+                 patience: float = 15.0) -> None:
         super().__init__(core)
         self.node_id = node_id
         self.fenced = fenced
+        #: True once this node owns a client shard *and* has its stored sessions in memory.
+        self.holds = holds
+        self.wait_for_view_change = wait_for_view_change
+        self.patience = patience
         #: Wills due while fenced: published if we get back into the view undeclared.
         self.owed_wills: list[Will] = []
         self.links = links
@@ -207,6 +213,11 @@ class ClusterSessions(LocalSessions):
         self.by_token[token] = handler
         home = self.home(client_id)
         if home is None or home == self.node_id:
+            try:
+                await self._await_loaded(client_id)
+            except SessionUnavailable:
+                self.by_token.pop(token, None)
+                raise
             await self.register(client_id, self.node_id, token, packet.will, packet.clean_session)
             return await self.bind(client_id, packet.clean_session)
         stand_in = None
@@ -281,6 +292,27 @@ class ClusterSessions(LocalSessions):
             handler.kick()  # also when it is still waiting for its CONNACK
 
     # -- home side --------------------------------------------------------------------------
+
+    async def _await_loaded(self, client_id: str) -> None:
+        """Bind a session only once this home has its shard's stored sessions in memory.
+
+        A home that just took a client shard over loads that shard's sessions from its store
+        while the clients of the old home are already reconnecting; binding before the load
+        would answer "no session present" and shadow the stored session (and its queue).
+        """
+        if self.view().epoch == 0:
+            return  # a single node binds what it restored at start-up
+        deadline = trio.current_time() + self.patience
+        while True:
+            view = self.view()
+            shard = view.shard_for_client(client_id)
+            if view.owner(shard) not in (self.node_id, None):
+                raise SessionUnavailable(f"{self.node_id} is no longer the home of {client_id!r}")
+            if self.holds(shard):
+                return
+            if trio.current_time() >= deadline:
+                raise SessionUnavailable(f"sessions of client shard {shard} still loading")
+            await self.wait_for_view_change(0.2)
 
     async def register(self, client_id: str, node: str, token: str, will: Will | None,
                        clean: bool) -> None:
@@ -368,6 +400,7 @@ class ClusterSessions(LocalSessions):
             self.links.reply(node, req, False, f"{self.node_id} is cut off from the majority")
             return
         try:
+            await self._await_loaded(client_id)
             await self.register(client_id, edge, token, will_from_wire(raw_will), clean)
             session, present = await self.bind(client_id, clean)
             if clean:
@@ -391,7 +424,7 @@ class ClusterSessions(LocalSessions):
             proxy.wake()
             if session.has_changes():
                 await self.core.session_store.save_changes([session], Durability.LAZY)
-        except (PeerUnavailable, RemoteError, OSError) as exc:
+        except (PeerUnavailable, RemoteError, SessionUnavailable, OSError) as exc:
             self.links.reply(node, req, False, str(exc))
         except Exception:
             self.links.reply(node, req, False, "internal error")  # never leave it waiting
