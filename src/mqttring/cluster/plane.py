@@ -247,15 +247,61 @@ class DataPlane:
             self._unload(lost, new)
         gained = owned_now - owned_before
         if gained:
-            await self._load(gained)
-            self.held.update(s for s in gained if self.view.owner(s) == me)
-            self.router.notify_changed()
+            # Shards taken from a live owner wait for its handoff (``_take_over``); shards
+            # of a dead or departed owner are loaded at once.
+            handed: dict[str, set[int]] = {}
+            live = set(new.live_members())
+            for shard in gained:
+                previous = old.owner(shard) if old.epoch else None
+                if previous is not None and previous != me and previous in live:
+                    handed.setdefault(previous, set()).add(shard)
+            free = gained.difference(*handed.values())
+            if free:
+                await self._load(free)
+                self.held.update(s for s in free if self.view.owner(s) == me)
+                self.router.notify_changed()
+            for previous, shards in handed.items():
+                self.spawn(self._take_over, previous, shards, new.epoch)
         self.retained.forget_shards(lambda s: me in new.replicas(s))
         await self.sessions.on_view(old, new)
         pending = [s for s in new.catching_up_for(me) if s not in self._copying]
         if pending:
             self._copying.update(pending)
             self.spawn(self._catch_up, pending)
+
+    async def _take_over(self, previous: str, shards: set[int], epoch: int) -> None:
+        """Load shards taken from a live owner once it confirmed the handoff.
+
+        Until the previous owner has seen this epoch it may still accept deliveries for
+        the shards' sessions, and its durable writes of them reach us (as a replica) only
+        when they complete: loading before both are over would leave a message it
+        acknowledged out of the session we serve.  Deliveries meanwhile are refused here
+        and retried by their senders (``ClusterRouter``).
+        """
+        try:
+            await self.links.request(previous, ["hoff", 0, sorted(shards), epoch],
+                                     self.router.request_timeout)
+        except PeerFailure as exc:
+            # It died or was cut off: it can no longer write these shards here.
+            log.info("handoff of %d shards from %s not confirmed (%s); loading them",
+                     len(shards), previous, exc)
+        me = self.node_id
+        mine = {s for s in shards if self.view.owner(s) == me and s not in self.held}
+        if not mine:
+            return
+        await self._load(mine)
+        gone = {s for s in mine if self.view.owner(s) != me}
+        if gone:
+            self._unload(gone, self.view)  # lost again while loading
+        self.held.update(mine - gone)
+        self.router.notify_changed()
+
+    async def on_hoff(self, node: str, msg: list[Any]) -> None:
+        """A new owner asks us to confirm we let go of shards (see ``_take_over``)."""
+        _, req, shards, epoch = msg
+        ok = await self.router.handed_off([int(s) for s in shards], int(epoch),
+                                          self.config.cluster_write_patience)
+        self.links.reply(node, req, ok, None if ok else "handoff not confirmed in time")
 
     async def _load(self, shards: set[int]) -> None:
         stored = [s for s in await self.session_store.load_all()
@@ -382,6 +428,7 @@ class DataPlane:
             BATCH: router.on_batch,
             "radd": router.on_route,
             "rdel": router.on_route,
+            "hoff": task(self.on_hoff),
             "rsync": router.on_rsync,
             "rdig": router.on_rdig,
             "rpull": router.on_rpull,

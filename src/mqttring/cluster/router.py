@@ -69,7 +69,10 @@ MAX_HOPS = 4
 #: Topics whose routing answer is cached (cleared when full, a new epoch, a route change).
 ROUTE_CACHE_SIZE = 50_000
 FORWARD_ATTEMPTS = 20
-FORWARD_TIMEOUT = 10.0
+#: A request to another node may take as long as that node's own patience (it waits for
+#: replicas and deliveries on our behalf) plus this; a shorter timeout would re-send a
+#: message still being accepted, and the late first copy could overtake newer ones.
+REQUEST_SLACK = 5.0
 #: Default bound on how long an acknowledged delivery keeps retrying a node that is still
 #: in the view but does not answer (the failure detector decides well within it).
 DELIVERY_PATIENCE = 30.0
@@ -95,6 +98,10 @@ class ClusterRouter:
         #: How long an owner holds back an acknowledgement while its routes are incomplete.
         self.routes_wait = routes_wait
         self.delivery_patience = delivery_patience
+        self.request_timeout = max(routes_wait, delivery_patience) + REQUEST_SLACK
+        #: session shard -> deliveries being made durable here (``on_hoff`` waits for 0).
+        self._persisting: dict[int, int] = {}
+        self._persisted = trio.Event()
         self.local = local
         self.retained_store = retained
         self.links = links
@@ -181,7 +188,7 @@ class ClusterRouter:
                 return
             try:
                 await self.links.request(owner, self._pub(message, 0, hops, view),
-                                         FORWARD_TIMEOUT)
+                                         self.request_timeout)
                 return
             except (PeerUnavailable, RemoteError) as exc:
                 log.debug("forward of %r to %s failed (%s); retrying", message.topic, owner, exc)
@@ -285,7 +292,38 @@ class ClusterRouter:
             await self.wait_for_view_change(0.5)  # our sessions of these shards are loading
         to_persist = self.local.deliver_local(message)
         if to_persist:
-            await self._persist(to_persist)
+            await self._persist_tracked(to_persist, shards)
+
+    async def _persist_tracked(self, sessions: list[Session], shards: list[int]) -> None:
+        """Make deliveries durable, counted per session shard so that a handoff of that
+        shard can wait until none is in flight (``handed_off``)."""
+        persisting = self._persisting
+        for shard in shards:
+            persisting[shard] = persisting.get(shard, 0) + 1
+        try:
+            await self._persist(sessions)
+        finally:
+            for shard in shards:
+                left = persisting[shard] - 1
+                if left:
+                    persisting[shard] = left
+                else:
+                    del persisting[shard]
+            event, self._persisted = self._persisted, trio.Event()
+            event.set()
+
+    async def handed_off(self, shards: list[int], epoch: int, timeout: float) -> bool:
+        """Wait until this node's view is at ``epoch`` or later (so it no longer takes
+        deliveries for ``shards``) and none of its deliveries to them is still being
+        written; the new home loads the shards' sessions only then, so nothing this node
+        queued for them is missing from what it loads."""
+        with trio.move_on_after(timeout):
+            while self.view().epoch < epoch:
+                await self.wait_for_view_change(0.2)
+            while any(s in self._persisting for s in shards):
+                await self._persisted.wait()
+            return True
+        return False
 
     async def _deliver_acked(self, node: str, shards: list[int], message: Message) -> None:
         """Deliver to a node and wait for its acceptance; session shards follow their owner."""
@@ -294,7 +332,7 @@ class ClusterRouter:
             try:
                 await self.links.request(
                     node, ["dlv", 0, message.topic, message.payload, message.qos, shards],
-                    FORWARD_TIMEOUT,
+                    self.request_timeout,
                 )
                 return
             except (PeerUnavailable, RemoteError) as exc:
@@ -335,7 +373,7 @@ class ClusterRouter:
             try:
                 await self.links.request(
                     node, ["dlv", 0, message.topic, message.payload, message.qos, []],
-                    FORWARD_TIMEOUT,
+                    self.request_timeout,
                 )
                 return
             except (PeerUnavailable, RemoteError) as again:
@@ -413,7 +451,7 @@ class ClusterRouter:
             return
 
         async def persist_then_ack() -> None:
-            await self._persist(to_persist)
+            await self._persist_tracked(to_persist, shards)
             self.links.reply(node, req, True)
 
         self.spawn(persist_then_ack)
