@@ -123,8 +123,56 @@ def markdown(summary: dict[str, Any]) -> str:
             lines += [f"  * {f}" for f in r["failures"]]
     if all(r["ok"] for r in summary["runs"]):
         lines.append("None.")
-    lines.append("")
+    lines += ["", "## Details", ""]
+    for r in summary["runs"]:
+        lines.append(f"### {r['nodes']} nodes, {r['scenario']} (run {r['run']})")
+        lines.append("")
+        lines += [f"* {line}" for line in details(r)]
+        lines.append("")
     return "\n".join(lines)
+
+
+def details(r: dict[str, Any]) -> list[str]:
+    """The figures behind one table row, in words."""
+    out = [f"leader {r.get('leader')}, victims {r.get('victims')}, events (s from start) "
+           f"{r.get('events_s')}, restart ready {r.get('restart_ready_s', '-')} s, "
+           f"settled {r.get('settled_s_after_stop', '-')} s after the publishers stopped"]
+    d = r["delivery"]
+    if "per_subscriber" in d:
+        subs = ", ".join(f"{k} {v['lost']}/{v['owed']}"
+                         + (f" (session lost {v['session_lost']}x)" if v["session_lost"] else "")
+                         for k, v in d["per_subscriber"].items())
+        out.append(f"lost/owed per subscriber: {subs}; acknowledged but delivered to nobody: "
+                   f"{d.get('acked_never_delivered')}")
+    t = r.get("throughput")
+    if t:
+        out.append(f"publishes sent {t['sent']}, acknowledged {t['acked']} ({t['per_s']}/s; "
+                   f"{t.get('per_s_before_fault')}/s before the fault)")
+    s = r.get("stall")
+    if s:
+        out.append(f"longest PUBACK gap {s['max_gap_s']} s overall, per publisher "
+                   f"{s['per_publisher_max_gap_s']}; abandoned connections "
+                   f"{s['abandoned_connections']}")
+    c = r["convergence"]
+    out.append(f"convergence {c['seconds']} s after the heal (rounds {c.get('rounds')})"
+               + (f", last missing {c['last_missing']}" if c.get("last_missing") else ""))
+    for w in r["wills"]:
+        spurious = " (SPURIOUS: client still connected)" if w["spurious"] else ""
+        out.append(f"will {w['client']} on {w['node']}: connection broke "
+                   f"{w['broke_s_after_fault']} s after the fault, will after "
+                   f"{w['delay_s']} s{spurious}")
+    for p in r["dual_sessions"].get("probes", []):
+        out.append(f"dual {p['client_id']}: first on {p['first_node']}, second on "
+                   f"{p['second_node']} ({p['refusals']} refusals), both live "
+                   f"{p.get('overlap_s')} s ({p.get('overlap_after_heal')} s after the heal)")
+    for reg in r["retained"]["regressions"]:
+        out.append(f"retained {reg['topic']} on {reg['node']}: {reg['got']} < last "
+                   f"acknowledged {reg['last_acked']}")
+    if r["crashes"]["unexpected_exits"] or r["crashes"]["tracebacks"]:
+        out.append(f"crashes: {r['crashes']} (see {r.get('dir')}/nI.log)")
+    if r.get("harness_errors"):
+        out.append(f"harness errors: {r['harness_errors']}")
+    return out
 
 
 def outer(args: argparse.Namespace, argv: list[str]) -> int:

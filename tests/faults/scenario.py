@@ -293,7 +293,10 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
             "abandoned_connections": sum(p.abandoned for p in pubs),
             "publisher_connections": {p.role_name: len(p.connections) for p in pubs},
         }
+        before = [t for t in ack_times if events["workload"] <= t < events["fault"]]
         report["throughput"] = {"sent": sum(len(p.sent) for p in pubs), "acked": len(acked),
+                                "per_s_before_fault": round(len(before) / max(
+                                    1e-3, events["fault"] - events["workload"]), 1),
                                 "per_s": round(len(acked) / max(1e-3, events["stop"]
                                                                 - events["workload"]), 1)}
         report["wills"] = _wills(wills, subs, victims, events)

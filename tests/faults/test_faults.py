@@ -33,13 +33,26 @@ def test_short_fault_suite(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT),
                                           os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.faults.run", "--nodes", "3",
-         "--scenario", "kill-follower,isolate", "--short", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=260)
+    log = tmp_path / "harness.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.run", "--nodes", "3",
+             "--scenario", "kill-follower,isolate", "--short", "--out", str(out)],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(240)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the harness then stops its nodes and deletes its namespaces
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            pytest.fail(f"fault suite exceeded 240 s:\n{log.read_text()[-3000:]}")
     report = out / "report.json"
-    assert report.exists(), f"the harness wrote no report (rc {proc.returncode}):\n" \
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert report.exists(), f"the harness wrote no report (rc {rc}):\n" \
+        f"{log.read_text()[-3000:]}"
     summary = json.loads(report.read_text())
     harness = [e for r in summary["runs"] for e in r["harness_errors"]]
     assert not harness, f"harness errors (not the broker's): {harness}"
