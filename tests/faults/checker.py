@@ -175,6 +175,8 @@ def verdict(report: dict[str, Any]) -> list[str]:
         failures.append(f"{len(missing)} wills of broken connections never published")
     if report["crashes"]["unexpected_exits"] or report["crashes"]["tracebacks"]:
         failures.append(f"node crashes: {report['crashes']}")
+    if report.get("gave_up"):
+        failures.append(f"clients found no node accepting them for 60 s: {report['gave_up']}")
     if report.get("harness_errors"):
         failures.append(f"harness errors: {report['harness_errors']}")
     return failures

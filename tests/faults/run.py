@@ -84,7 +84,7 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.1f}"
+        return f"{value:.2f}"
     return str(value)
 
 
@@ -157,7 +157,8 @@ def details(r: dict[str, Any]) -> list[str]:
     out.append(f"convergence {c['seconds']} s after the heal (rounds {c.get('rounds')})"
                + (f", last missing {c['last_missing']}" if c.get("last_missing") else ""))
     for w in r["wills"]:
-        spurious = " (SPURIOUS: client still connected)" if w["spurious"] else ""
+        spurious = (f" (SPURIOUS, {w.get('arrived_s_after_fault')} s after the fault: "
+                    "client still connected)") if w["spurious"] else ""
         out.append(f"will {w['client']} on {w['node']}: connection broke "
                    f"{w['broke_s_after_fault']} s after the fault, will after "
                    f"{w['delay_s']} s{spurious}")

@@ -37,6 +37,8 @@ SUBACK_TIMEOUT = 5.0
 ACK_TIMEOUT = 5.0
 KEEPALIVE = 5
 RETRY_PAUSE = 0.5
+#: A client that finds no node accepting it for this long gives up (and is reported).
+GIVE_UP = 60.0
 
 
 class Conn:
@@ -187,6 +189,7 @@ class Role(threading.Thread):
         self.stop = stop
         self.errors: list[str] = []
         self.connections: list[tuple[str, float]] = []  # (node, CONNACK time)
+        self.gave_up: float | None = None  # no node accepted it for GIVE_UP seconds
 
     def run(self) -> None:
         try:
@@ -218,8 +221,10 @@ class Publisher(Role):
             # answer CONNACK 0 again and stall again (an isolated node does)
             start = conn_no % len(self.order)
             conn = connect_any(lambda: Conn("", True), self.order[start:] + self.order[:start],
-                               self.addresses, self.stop, time.monotonic() + 3600)
+                               self.addresses, self.stop, time.monotonic() + GIVE_UP)
             if conn is None:
+                if not self.stop.is_set():
+                    self.gave_up = time.monotonic()
                 return
             conn_no += 1
             self.connections.append((conn.node, time.monotonic()))
@@ -293,8 +298,10 @@ class Retainer(Role):
         while not self.stop.is_set():
             start = len(self.connections) % len(self.order)  # next node after a failure
             conn = connect_any(lambda: Conn("", True), self.order[start:] + self.order[:start],
-                               self.addresses, self.stop, time.monotonic() + 3600)
+                               self.addresses, self.stop, time.monotonic() + GIVE_UP)
             if conn is None:
+                if not self.stop.is_set():
+                    self.gave_up = time.monotonic()
                 return
             self.connections.append((conn.node, time.monotonic()))
             try:
@@ -344,8 +351,10 @@ class Subscriber(Role):
     def body(self) -> None:
         while not self.stop.is_set():
             conn = connect_any(lambda: Conn(self.role_name, self.clean, self._on_message),
-                               self.order, self.addresses, self.stop, time.monotonic() + 3600)
+                               self.order, self.addresses, self.stop, time.monotonic() + GIVE_UP)
             if conn is None:
+                if not self.stop.is_set():
+                    self.gave_up = time.monotonic()
                 return
             self.conn = conn
             self.connections.append((conn.node, time.monotonic()))
