@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint cluster bench clean
+.PHONY: run test lint cluster bench faults clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ cluster: $(VENV)/.installed
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks compare --quick
+
+# The fault suite (root: network namespaces + nftables; docs/faults.md): 3 and 5 nodes, every
+# scenario, ~6-7 minutes.  Exit status non-zero when a contract check fails; the report is
+# written either way.
+faults: $(VENV)/.test-installed
+	PYTHONPATH=src:. $(BIN)/python -m tests.faults.run --nodes 3,5 --scenario all \
+	  --out tests/faults/results/latest --md docs/faults-report.md \
+	  --json tests/faults/results/faults.json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis
