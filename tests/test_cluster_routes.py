@@ -22,6 +22,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.cluster.errors import RoutesIncomplete
+from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.router import ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
 from mqttring.raft import state as sm
@@ -211,3 +212,22 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
         await router._await_routes(shard)
     router.on_rsync("b", ["rsync", view.epoch, []])
     assert await router._await_routes(shard) is view
+
+
+# -- fencing ------------------------------------------------------------------------------
+
+
+def test_frames_of_an_ended_life_are_refused() -> None:
+    meta = Metadata("a", "b", "c")
+    view = meta.view()
+    first = view.members["c"].incarnation
+    assert admit_frame(view, "c", first)
+    meta.down("c")  # cut off, declared down: what it sends in that life is refused
+    assert not admit_frame(meta.view(), "c", first)
+    meta.join("c")  # rejoined in a new incarnation
+    view = meta.view()
+    assert admit_frame(view, "c", view.members["c"].incarnation)
+    assert not admit_frame(view, "c", first)
+    # A node our view does not know yet, or a newer life of one it does: joining.
+    assert admit_frame(view, "d", 1)
+    assert admit_frame(view, "c", view.members["c"].incarnation + 1)

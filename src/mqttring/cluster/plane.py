@@ -42,6 +42,7 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
 from mqttring.cluster.errors import PeerFailure
+from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter
@@ -129,14 +130,7 @@ class DataPlane:
         return (me.incarnation if me is not None else 0, self.view.epoch)
 
     def _admit(self, node: str, incarnation: int) -> bool:
-        """Frames from an ended life of ``node`` (older incarnation, or the one the view
-        declared down) are never applied; an unknown or newer one is a node joining."""
-        member = self.view.members.get(node)
-        if member is None or incarnation > member.incarnation:
-            return True
-        if incarnation < member.incarnation:
-            return False
-        return member.state is not MemberState.DOWN
+        return admit_frame(self.view, node, incarnation)
 
     def _on_link_connected(self, node: str) -> None:
         if self.view.epoch and not self.fenced:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from mqttring.broker.router import PublishRefused
 from mqttring.broker.sessions import LocalSessions, SessionUnavailable
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
@@ -371,8 +372,21 @@ class ClusterSessions(LocalSessions):
             return
         if will is not None and not self.core.shutting_down:
             self.core.metrics.messages_received += 1
-            await self.core.router.publish(Message(will.topic, will.payload, will.qos,
-                                                   will.retain))
+            # In a task: a will waits for its topic's owner like any publish (through a
+            # failover, say), and neither the lock held here nor a view change may wait.
+            self.spawn(self._publish_will_now, will)
+
+    async def _publish_will_now(self, will: Will) -> None:
+        message = Message(will.topic, will.payload, will.qos, will.retain)
+        for attempt in range(3):
+            try:
+                await self.core.router.publish(message)
+                return
+            except PublishRefused as exc:
+                log.warning("will on %r not accepted (%s), attempt %d", will.topic, exc,
+                            attempt + 1)
+                await self.wait_for_view_change(1.0)
+        log.error("will on %r dropped after 3 refusals", will.topic)
 
     async def publish_owed_wills(self) -> None:
         wills, self.owed_wills = self.owed_wills, []

@@ -203,6 +203,15 @@ class RpcServer:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        """One connection; whatever it does wrong, only it ends (``serve_listeners`` would
+        end the whole server, and with it the node, on an escaping exception)."""
+        try:
+            await self._handle_connection(stream)
+        except Exception:
+            log.exception("cluster connection handler failed; closing that connection")
+            await trio.aclose_forcefully(stream)
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
         try:
             host, port = stream.socket.getpeername()[:2]
             address = f"{host}:{port}"
