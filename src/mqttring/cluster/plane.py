@@ -205,7 +205,11 @@ class DataPlane:
 
     async def _follow(self, views: trio.MemoryReceiveChannel[ClusterView]) -> None:
         async for view in views:
-            if view.epoch > self.view.epoch or view.leader != self.view.leader:
+            # The channel also holds what the Raft journal replayed at start-up, older than
+            # the view we started with: never step back to one (a restarted node would act
+            # on its own earlier death).  Same epoch, new leader: only the leader changed.
+            if view.epoch > self.view.epoch or (view.epoch == self.view.epoch
+                                                 and view.leader != self.view.leader):
                 await self._install(view)
 
     async def leave(self) -> None:
@@ -214,6 +218,8 @@ class DataPlane:
     # -- views ------------------------------------------------------------------------------
 
     async def _install(self, new: ClusterView) -> None:
+        if new.epoch < self.view.epoch:
+            return
         old, self.view = self.view, new
         if new.epoch == old.epoch:
             return  # only the leader changed

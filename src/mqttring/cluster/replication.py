@@ -135,7 +135,7 @@ class ShardReplicator:
                 if trio.current_time() >= deadline:
                     raise ReplicationIncomplete(
                         f"replica {node} of shards {shards} did not confirm: {exc}") from exc
-                log.info("replica %s did not confirm a write (%s); asking again", node, exc)
+                log.debug("replica %s did not confirm a write (%s); asking again", node, exc)
                 await self.wait_for_view_change(0.5)
 
     # -- the replica side -----------------------------------------------------------------
