@@ -169,11 +169,36 @@ def test_a_differing_digest_pulls_the_full_set() -> None:
     meta = Metadata("a", "b")
     views = [meta.view()]
     router, links = make_router("b", views)
-    router.on_rsync("a", ["rsync", views[-1].epoch, [["x/#", "a"]]])
-    router.on_rdig("a", ["rdig", views[-1].epoch, route_digest([("x/#", "a")])])
+    router.on_rsync("a", ["rsync", views[-1].epoch, [["x/#", "a"]], []])
+    router.on_rdig("a", ["rdig", views[-1].epoch, route_digest([("x/#", "a")]), []])
     assert links.take("rpull") == []
-    router.on_rdig("a", ["rdig", views[-1].epoch, route_digest([("x/#", "a"), ("y", "a")])])
+    router.on_rdig("a", ["rdig", views[-1].epoch,
+                         route_digest([("x/#", "a"), ("y", "a")]), []])
     assert links.take("rpull") == [("a", ["rpull"])]
+
+
+def test_session_shard_routes_survive_the_move_between_homes() -> None:
+    """The old home stops asserting a session shard's routes when it unloads the shard;
+    the new one asserts them only once loaded.  In between they must stay, or publishes
+    are acknowledged and delivered to nobody."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("c", views)
+    route = ["+/temp", "s:7"]
+    router.on_rsync("a", ["rsync", 5, [route, ["x", "a"]], [7]])  # a: home of shard 7
+    assert router.routes.nodes_for("k/temp") == {"s:7"}
+    router.on_rsync("a", ["rsync", 6, [["x", "a"]], []])  # a unloaded shard 7: silent on it
+    assert router.routes.nodes_for("k/temp") == {"s:7"}
+    router.on_rsync("b", ["rsync", 6, [], []])  # b owns 7 but is still loading it
+    assert router.routes.nodes_for("k/temp") == {"s:7"}
+    router.on_rsync("b", ["rsync", 6, [route], [7]])  # loaded: b asserts the same route
+    assert router.routes.nodes_for("k/temp") == {"s:7"}
+    router.on_rsync("b", ["rsync", 7, [], [7]])  # its last subscriber left
+    assert router.routes.nodes_for("k/temp") == set()
+    # the digest covers the home's shards too
+    router.on_rsync("b", ["rsync", 7, [route], [7]])
+    router.on_rdig("b", ["rdig", 7, route_digest([tuple(route)]), [7]])
+    assert links.take("rpull") == []
 
 
 def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
@@ -184,9 +209,9 @@ def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     view = views[-1]
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     assert not router.routes_complete(shard, view)
-    router.on_rsync("b", ["rsync", view.epoch, []])
+    router.on_rsync("b", ["rsync", view.epoch, [], []])
     assert not router.routes_complete(shard, view)
-    router.on_rsync("c", ["rsync", view.epoch, []])
+    router.on_rsync("c", ["rsync", view.epoch, [], []])
     assert router.routes_complete(shard, view)
     # c is declared down: it no longer counts.  It restarts: its new life must sync again.
     meta.down("c")
@@ -197,7 +222,7 @@ def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     views.append(meta.view())
     router.on_view(views[-2], views[-1])
     assert not router.routes_complete(shard, views[-1])
-    router.on_rsync("c", ["rsync", views[-1].epoch, []])
+    router.on_rsync("c", ["rsync", views[-1].epoch, [], []])
     assert router.routes_complete(shard, views[-1])
 
 
@@ -210,7 +235,7 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     with pytest.raises(RoutesIncomplete):
         await router._await_routes(shard)
-    router.on_rsync("b", ["rsync", view.epoch, []])
+    router.on_rsync("b", ["rsync", view.epoch, [], []])
     assert await router._await_routes(shard) is view
 
 

@@ -99,7 +99,7 @@ class DataPlane:
         self.held: set[int] = set()
         self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
                                     self.current_view, metrics, self._persist, self.spawn,
-                                    self.held.__contains__,
+                                    self.held.__contains__, lambda: self.held,
                                     routes_wait=config.cluster_write_patience,
                                     delivery_patience=config.cluster_write_patience)
         core.router = self.router
@@ -278,9 +278,12 @@ class DataPlane:
         acknowledged out of the session we serve.  Deliveries meanwhile are refused here
         and retried by their senders (``ClusterRouter``).
         """
+        started = trio.current_time()
         try:
             await self.links.request(previous, ["hoff", 0, sorted(shards), epoch],
                                      self.router.request_timeout)
+            log.info("node %s: %s handed %d shards over in %.3fs", self.node_id, previous,
+                     len(shards), trio.current_time() - started)
         except PeerFailure as exc:
             # It died or was cut off: it can no longer write these shards here.
             log.info("handoff of %d shards from %s not confirmed (%s); loading them",
@@ -326,7 +329,7 @@ class DataPlane:
             handler = self.core.clients.get(client_id)
             if handler is not None:
                 handler.kick()  # it reconnects and finds the session at its new home
-            self.router.forget(session)
+            self.router.forget(session, moving=True)
             del self.core.sessions[client_id]
             self.sessions.proxies.pop(client_id, None)
             self.core.wakers.pop(client_id, None)

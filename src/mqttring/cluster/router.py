@@ -55,7 +55,13 @@ from mqttring.cluster.errors import (
     RoutesIncomplete,
 )
 from mqttring.cluster.links import Links
-from mqttring.cluster.routes import RouteKey, RouteTable, route_digest, route_shard
+from mqttring.cluster.routes import (
+    RouteKey,
+    RouteTable,
+    registrar_for,
+    route_digest,
+    route_shard,
+)
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
 from mqttring.raft.view import ClusterView, MemberState
@@ -90,6 +96,7 @@ class ClusterRouter:
         persist: Callable[[list[Session]], Any],
         spawn: Callable[..., None],
         holds: Callable[[int], bool],
+        held: Callable[[], Iterable[int]] = tuple,
         *,
         routes_wait: float = 10.0,
         delivery_patience: float = DELIVERY_PATIENCE,
@@ -111,6 +118,8 @@ class ClusterRouter:
         self.spawn = spawn
         #: True once this node owns the shard *and* has its persistent sessions loaded.
         self.holds = holds
+        #: Every shard ``holds`` is true for: whose session routes we assert (``rsync``).
+        self.held = held
         self.routes = RouteTable()
         #: Local subscriptions per (filter, route target); a route is registered while > 0.
         self.local_filters: dict[tuple[str, str], int] = {}
@@ -131,7 +140,7 @@ class ClusterRouter:
         self._routes_changed = trio.Event()
         #: Bumped whenever the set of locally wanted routes changes (digest cache key).
         self._local_version = 0
-        self._digest_cache: dict[str, tuple[tuple[int, int], int]] = {}
+        self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
         self.route_syncs_sent = 0
         self.route_repairs = 0
 
@@ -317,11 +326,15 @@ class ClusterRouter:
         deliveries for ``shards``) and none of its deliveries to them is still being
         written; the new home loads the shards' sessions only then, so nothing this node
         queued for them is missing from what it loads."""
+        started = trio.current_time()
         with trio.move_on_after(timeout):
             while self.view().epoch < epoch:
                 await self.wait_for_view_change(0.2)
+            viewed = trio.current_time()
             while any(s in self._persisting for s in shards):
                 await self._persisted.wait()
+            log.debug("handoff of %d shards: view after %.3fs, writes after %.3fs",
+                      len(shards), viewed - started, trio.current_time() - started)
             return True
         return False
 
@@ -458,17 +471,29 @@ class ClusterRouter:
 
     def on_route(self, node: str, msg: list[Any]) -> None:
         kind, req, topic_filter, route_node = msg
+        registrar = registrar_for(route_node, node)
         if kind == "radd":
-            self.routes.add(topic_filter, route_node, node)
+            self.routes.add(topic_filter, route_node, registrar)
         else:
-            self.routes.remove(topic_filter, route_node, node)
+            self.routes.remove(topic_filter, route_node, registrar)
         self.links.reply(node, req, True)
 
     def on_rsync(self, node: str, msg: list[Any]) -> None:
-        """A peer's full route set for us: it replaces whatever that peer registered here."""
-        _, epoch, raw = msg
-        keys = {(str(f), str(t)) for f, t in raw}
-        added, removed = self.routes.replace(node, keys)
+        """A peer's full route set for us: it replaces what that peer registered here in
+        its own name, and, for each session shard it is the loaded home of, what is
+        registered in that home's name."""
+        _, epoch, raw, homes = msg
+        by_registrar: dict[str, set[RouteKey]] = {node: set()}
+        for shard in homes:
+            by_registrar[f"home:{int(shard)}"] = set()
+        for f, t in raw:
+            keys = by_registrar.get(registrar_for(str(t), node))
+            if keys is not None:
+                keys.add((str(f), str(t)))
+        added = removed = 0
+        for registrar, keys in by_registrar.items():
+            a, r = self.routes.replace(registrar, keys)
+            added, removed = added + a, removed + r
         if added or removed:
             log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
             self.route_repairs += 1
@@ -477,8 +502,11 @@ class ClusterRouter:
 
     def on_rdig(self, node: str, msg: list[Any]) -> None:
         """A peer's digest of its route set for us: ask for the set if ours differs."""
-        _, _epoch, digest = msg
-        if self.routes.digest_of(node) != digest:
+        _, _epoch, digest, homes = msg
+        ours = self.routes.digest_of(node)
+        for shard in homes:
+            ours ^= self.routes.digest_of(f"home:{int(shard)}")
+        if ours != digest:
             self.links.send(node, ["rpull"])
 
     def on_rpull(self, node: str, msg: list[Any]) -> None:
@@ -513,20 +541,25 @@ class ClusterRouter:
             self.local.unsubscribe(session, topic_filter)
             self._release((topic_filter, self.route_target(session)))
 
-    def forget(self, session: Session) -> None:
+    def forget(self, session: Session, *, moving: bool = False) -> None:
+        """Drop a session's subscriptions here.  ``moving``: its shard moved to another
+        home, which asserts the same session-shard routes once it has loaded the session,
+        so they are not withdrawn in between (see ``registrar_for``)."""
         target = self.route_target(session)
         self.local.forget(session)
+        announce = not (moving and target.startswith("s:"))
         for topic_filter in list(session.subscriptions):
-            self._release((topic_filter, target))
+            self._release((topic_filter, target), announce)
 
-    def _release(self, key: tuple[str, str]) -> None:
+    def _release(self, key: tuple[str, str], announce: bool = True) -> None:
         count = self.local_filters.get(key, 0) - 1
         if count > 0:
             self.local_filters[key] = count
             return
         self.local_filters.pop(key, None)
         self._local_version += 1
-        self.spawn(self._register, key, "rdel")
+        if announce:
+            self.spawn(self._register, key, "rdel")
 
     def _route_targets(self, topic_filter: str, view: ClusterView) -> list[str]:
         """Nodes that must hold a filter's route: every replica of its one shard (so a
@@ -548,10 +581,11 @@ class ClusterRouter:
 
     async def _register_at(self, node: str, kind: str, topic_filter: str, target: str) -> None:
         if node == self.node_id:
+            registrar = registrar_for(target, self.node_id)
             if kind == "radd":
-                self.routes.add(topic_filter, target, self.node_id)
+                self.routes.add(topic_filter, target, registrar)
             else:
-                self.routes.remove(topic_filter, target, self.node_id)
+                self.routes.remove(topic_filter, target, registrar)
             return
         try:
             await self.links.request(node, [kind, 0, topic_filter, target])
@@ -657,19 +691,21 @@ class ClusterRouter:
         if node not in view.members:
             return
         keys = self.expected_at(node, view)
-        self.links.send_control(node, ["rsync", view.epoch, [list(k) for k in sorted(keys)]])
+        self.links.send_control(node, ["rsync", view.epoch, [list(k) for k in sorted(keys)],
+                                       sorted(self.held())])
         self.route_syncs_sent += 1
 
     def send_digests(self) -> None:
         """One anti-entropy round: a digest of our route set to every peer."""
         view = self.view()
         for node in self.sync_peers(view):
-            key = (view.epoch, self._local_version)
+            homes = sorted(self.held())
+            key = (view.epoch, self._local_version, len(homes))
             cached = self._digest_cache.get(node)
             if cached is None or cached[0] != key:
                 digest = route_digest(self.expected_at(node, view))
                 cached = self._digest_cache[node] = (key, digest)
-            self.links.send(node, ["rdig", view.epoch, cached[1]])
+            self.links.send(node, ["rdig", view.epoch, cached[1], homes])
 
     def routes_complete(self, shard: int, view: ClusterView) -> bool:
         """Has every live peer told us its routes since we became this shard's replica?"""

@@ -76,6 +76,19 @@ def route_shard(topic_filter: str, view: ClusterView) -> int | None:
 RouteKey = tuple[str, str]  # (topic filter, target: a node id or ``s:N``)
 
 
+def registrar_for(target: str, node: str) -> str:
+    """Who holds a route registered by ``node`` for ``target``.
+
+    A node's own routes (its clean sessions) are held in its name.  A session shard's
+    routes are held in the name of the shard's home *role* (``home:N``), not of the node
+    that plays it: while the shard moves, the old home stops asserting them and the new one
+    starts only once it has loaded the sessions, and the routes must stay in between.
+    """
+    if target.startswith("s:"):
+        return "home:" + target[2:]
+    return node
+
+
 def route_digest(keys: Iterable[RouteKey]) -> int:
     """Order-independent 64-bit digest of a route set (XOR of per-route hashes).
 
