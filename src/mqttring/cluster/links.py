@@ -60,6 +60,8 @@ log = logging.getLogger("mqttring.cluster.links")
 STREAM_KIND = "data.link"
 MAX_QUEUED = 50_000
 MAX_BATCH = 2_000
+#: Answers kept for peers we have no link to yet (a joining node asks before we know it).
+MAX_EARLY_REPLIES = 10_000
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
 #: Room in a frame around one maximal client payload (topic, framing, other messages).
@@ -293,6 +295,8 @@ class Links:
         self._handler = handler
         self._links: dict[str, Link] = {}
         self._pending: dict[int, _Pending] = {}
+        #: Answers to peers we have no link to yet (see ``reply``), per peer.
+        self._early_replies: dict[str, list[Message]] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self.received_messages = 0
@@ -315,7 +319,11 @@ class Links:
             if node_id != self.node_id and node_id not in self._links:
                 link = Link(self, node_id, address)
                 self._links[node_id] = link
+                for answer in self._early_replies.pop(node_id, ()):
+                    link.append(answer)
                 self._nursery.start_soon(link.run)
+        for node_id in [n for n in self._early_replies if n not in peers]:
+            del self._early_replies[node_id]
 
     def _close(self, link: Link) -> None:
         link.closed = True
@@ -423,9 +431,14 @@ class Links:
 
     def reply(self, node_id: str, req: int, ok: bool, body: Any = None) -> None:
         if req:
+            answer = ["ack", req, ok, body]
             link = self._links.get(node_id)
             if link is not None:
-                link.append(["ack", req, ok, body])  # never dropped: a requester waits for it
+                link.append(answer)  # never dropped: a requester waits for it
+            elif len(self._early_replies) < MAX_EARLY_REPLIES:
+                # A peer that just joined asks before our view (and so our link to it)
+                # exists: keep the answer for the link ``update_peers`` is about to open.
+                self._early_replies.setdefault(node_id, []).append(answer)
 
     # -- receiving ------------------------------------------------------------------------
 
