@@ -9,9 +9,18 @@ cannot read (a version skew or a bug), and it closes that peer's link.
 
 from __future__ import annotations
 
+from mqttring.raft.rpc import ProtocolError
+
 
 class PeerFailure(Exception):
     """A request to another node did not succeed; re-decide by the current view."""
+
+
+class PeerProtocolError(ProtocolError):
+    """An authenticated peer sent a link frame we cannot read: another frame version, an
+    unknown message tag, a field of the wrong type, or a message whose content fails its
+    checks.  Not a ``PeerFailure``: nothing is retried; raised from ``Links.serve_stream``
+    (a ``ProtocolError``) it closes that peer's link and is counted there."""
 
 
 class PeerUnavailable(PeerFailure):
@@ -42,6 +51,7 @@ __all__ = [
     "Fenced",
     "NotOwner",
     "PeerFailure",
+    "PeerProtocolError",
     "PeerUnavailable",
     "RemoteError",
     "ReplicationIncomplete",
