@@ -61,7 +61,8 @@ def new_batch(section: int, topic: str, frames: bytes | memoryview, count: int) 
 
 def append(batch: Batch, section: int, topic: str, frames: bytes | memoryview,
            count: int) -> None:
-    batch.blob += frames  # a bytearray while queued: grows in place
+    # A bytearray while queued (``new_batch``): extended in place, no attribute rebinding.
+    batch.blob.extend(frames)  # type: ignore[attr-defined]
     batch.count += count
     index = batch.index
     if index[-3] == topic and index[-4] == section:
