@@ -23,6 +23,7 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.cluster.errors import RoutesIncomplete
 from mqttring.cluster.fencing import admit_frame
+from mqttring.cluster.messages import Ack, LinkMessage, RouteDigest, RoutePull, RouteSync
 from mqttring.cluster.router import ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
 from mqttring.raft import state as sm
@@ -35,22 +36,22 @@ class RecordingLinks:
     """The part of ``Links`` the router's anti-entropy uses, recording what it sends."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, list[Any]]] = []
+        self.sent: list[tuple[str, LinkMessage]] = []
 
-    def send(self, node: str, message: list[Any]) -> bool:
+    def send(self, node: str, message: LinkMessage) -> bool:
         self.sent.append((node, message))
         return True
 
-    def send_control(self, node: str, message: list[Any]) -> bool:
+    def send_control(self, node: str, message: LinkMessage) -> bool:
         self.sent.append((node, message))
         return True
 
     def reply(self, node: str, req: int, ok: bool, body: Any = None) -> None:
-        self.sent.append((node, ["ack", req, ok, body]))
+        self.sent.append((node, Ack(req, ok, body)))
 
-    def take(self, kind: str) -> list[tuple[str, list[Any]]]:
-        found = [(n, m) for n, m in self.sent if m[0] == kind]
-        self.sent = [(n, m) for n, m in self.sent if m[0] != kind]
+    def take(self, kind: type) -> list[tuple[str, Any]]:
+        found = [(n, m) for n, m in self.sent if type(m) is kind]
+        self.sent = [(n, m) for n, m in self.sent if type(m) is not kind]
         return found
 
 
@@ -156,7 +157,7 @@ def test_every_view_change_sends_each_peer_its_full_route_set() -> None:
     router.local_filters[("sensors/#", "a")] = 1
     router.local_filters[("only/exact", "a")] = 1
     router.on_view(ClusterView(0, None, 1, 1), views[-1])
-    sets = {node: {tuple(k) for k in msg[2]} for node, msg in links.take("rsync")}
+    sets = {node: set(msg.routes) for node, msg in links.take(RouteSync)}
     assert set(sets) == {"b", "c"}
     view = views[-1]
     exact_holders = set(view.replicas(view.shard_for_topic("only/exact")))
@@ -169,12 +170,12 @@ def test_a_differing_digest_pulls_the_full_set() -> None:
     meta = Metadata("a", "b")
     views = [meta.view()]
     router, links = make_router("b", views)
-    router.on_rsync("a", ["rsync", views[-1].epoch, [["x/#", "a"]], []])
-    router.on_rdig("a", ["rdig", views[-1].epoch, route_digest([("x/#", "a")]), []])
-    assert links.take("rpull") == []
-    router.on_rdig("a", ["rdig", views[-1].epoch,
-                         route_digest([("x/#", "a"), ("y", "a")]), []])
-    assert links.take("rpull") == [("a", ["rpull"])]
+    router.on_rsync("a", RouteSync(views[-1].epoch, [("x/#", "a")], []))
+    router.on_rdig("a", RouteDigest(views[-1].epoch, route_digest([("x/#", "a")]), []))
+    assert links.take(RoutePull) == []
+    router.on_rdig("a", RouteDigest(views[-1].epoch,
+                                    route_digest([("x/#", "a"), ("y", "a")]), []))
+    assert links.take(RoutePull) == [("a", RoutePull())]
 
 
 def test_session_shard_routes_survive_the_move_between_homes() -> None:
@@ -184,21 +185,21 @@ def test_session_shard_routes_survive_the_move_between_homes() -> None:
     meta = Metadata("a", "b", "c")
     views = [meta.view()]
     router, links = make_router("c", views)
-    route = ["+/temp", "s:7"]
-    router.on_rsync("a", ["rsync", 5, [route, ["x", "a"]], [7]])  # a: home of shard 7
+    route = ("+/temp", "s:7")
+    router.on_rsync("a", RouteSync(5, [route, ("x", "a")], [7]))  # a: home of shard 7
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("a", ["rsync", 6, [["x", "a"]], []])  # a unloaded shard 7: silent on it
+    router.on_rsync("a", RouteSync(6, [("x", "a")], []))  # a unloaded shard 7: silent on it
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("b", ["rsync", 6, [], []])  # b owns 7 but is still loading it
+    router.on_rsync("b", RouteSync(6, [], []))  # b owns 7 but is still loading it
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("b", ["rsync", 6, [route], [7]])  # loaded: b asserts the same route
+    router.on_rsync("b", RouteSync(6, [route], [7]))  # loaded: b asserts the same route
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("b", ["rsync", 7, [], [7]])  # its last subscriber left
+    router.on_rsync("b", RouteSync(7, [], [7]))  # its last subscriber left
     assert router.routes.nodes_for("k/temp") == set()
     # the digest covers the home's shards too
-    router.on_rsync("b", ["rsync", 7, [route], [7]])
-    router.on_rdig("b", ["rdig", 7, route_digest([tuple(route)]), [7]])
-    assert links.take("rpull") == []
+    router.on_rsync("b", RouteSync(7, [route], [7]))
+    router.on_rdig("b", RouteDigest(7, route_digest([route]), [7]))
+    assert links.take(RoutePull) == []
 
 
 def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
@@ -209,9 +210,9 @@ def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     view = views[-1]
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     assert not router.routes_complete(shard, view)
-    router.on_rsync("b", ["rsync", view.epoch, [], []])
+    router.on_rsync("b", RouteSync(view.epoch, [], []))
     assert not router.routes_complete(shard, view)
-    router.on_rsync("c", ["rsync", view.epoch, [], []])
+    router.on_rsync("c", RouteSync(view.epoch, [], []))
     assert router.routes_complete(shard, view)
     # c is declared down: it no longer counts.  It restarts: its new life must sync again.
     meta.down("c")
@@ -222,7 +223,7 @@ def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     views.append(meta.view())
     router.on_view(views[-2], views[-1])
     assert not router.routes_complete(shard, views[-1])
-    router.on_rsync("c", ["rsync", views[-1].epoch, [], []])
+    router.on_rsync("c", RouteSync(views[-1].epoch, [], []))
     assert router.routes_complete(shard, views[-1])
 
 
@@ -235,7 +236,7 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     with pytest.raises(RoutesIncomplete):
         await router._await_routes(shard)
-    router.on_rsync("b", ["rsync", view.epoch, [], []])
+    router.on_rsync("b", RouteSync(view.epoch, [], []))
     assert await router._await_routes(shard) is view
 
 

@@ -2,19 +2,19 @@
 
 The format is exercised end to end by the data-plane tests (three real nodes); these tests
 pin what those cannot reach deterministically: every malformed batch is refused, a batch
-survives the msgpack trip the link gives it, and a link never builds a frame its peer would
-refuse.
+survives the frame codec trip the link gives it, and a link never builds a frame its peer
+would refuse.
 """
 
 from __future__ import annotations
 
-import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqttring.cluster import wire
 from mqttring.cluster.links import Link, Links
+from mqttring.cluster.messages import Batch, Dlv, decode_frame, encode_frame
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.packets import Publish
 from mqttring.protocol.session import Message, Session, SessionLimits
@@ -24,7 +24,7 @@ entries = st.tuples(st.sampled_from([wire.ROUTE, wire.DELIVER]), topics,
                     st.binary(max_size=300))
 
 
-def build(items: list[tuple[int, str, bytes]]) -> list:
+def build(items: list[tuple[int, str, bytes]]) -> Batch:
     """The batch a link queue would hold after these pushes, one frame each."""
     batch = None
     for section, topic, payload in items:
@@ -37,15 +37,18 @@ def build(items: list[tuple[int, str, bytes]]) -> list:
     return batch
 
 
-def over_the_link(batch: list) -> list:
-    return msgpack.unpackb(msgpack.packb({"b": [batch]}, use_bin_type=True), raw=False)["b"][0]
+def over_the_link(batch: Batch) -> Batch:
+    received = decode_frame(encode_frame(1, 1, [batch])).messages[0]
+    assert isinstance(received, Batch)
+    return received
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(entries, min_size=1, max_size=40))
 def test_runs_give_back_every_frame_in_order(items: list[tuple[int, str, bytes]]) -> None:
-    kind, blob, count, index = over_the_link(build(items))
-    assert kind == wire.BATCH and count == len(items)
+    batch = over_the_link(build(items))
+    blob, index = batch.blob, batch.index
+    assert type(blob) is bytes and batch.count == len(items)
     seen: list[tuple[int, str, bytes]] = []
     previous: tuple[int, str] | None = None
     for section, topic, start, stop, n in wire.runs(blob, index):
@@ -66,15 +69,15 @@ def test_runs_give_back_every_frame_in_order(items: list[tuple[int, str, bytes]]
 def test_runs_group_consecutive_frames_of_one_topic_and_section() -> None:
     items = [(wire.ROUTE, "t", b"1"), (wire.ROUTE, "t", b"2"), (wire.DELIVER, "t", b"3"),
              (wire.DELIVER, "u", b"4"), (wire.DELIVER, "u", b"5"), (wire.ROUTE, "t", b"6")]
-    _, blob, _, index = over_the_link(build(items))
-    shape = [(s, t, n) for s, t, _, _, n in wire.runs(blob, index)]
+    batch = over_the_link(build(items))
+    shape = [(s, t, n) for s, t, _, _, n in wire.runs(batch.blob, batch.index)]
     assert shape == [(wire.ROUTE, "t", 2), (wire.DELIVER, "t", 1), (wire.DELIVER, "u", 2),
                      (wire.ROUTE, "t", 1)]
 
 
 def _valid() -> tuple[bytes, list]:
-    _, blob, _, index = over_the_link(build([(wire.ROUTE, "t", b"12"), (wire.DELIVER, "u", b"")]))
-    return blob, index
+    batch = over_the_link(build([(wire.ROUTE, "t", b"12"), (wire.DELIVER, "u", b"")]))
+    return batch.blob, batch.index
 
 
 @pytest.mark.parametrize(
@@ -139,27 +142,27 @@ def test_packed_frames_count_for_back_pressure() -> None:
     assert link.push_frames(wire.DELIVER, "t", frame * 2, 2)
     assert len(link.queue) == 1 and link.queued == 5  # one link message, five PUBLISHes
     assert not link.push_frames(wire.ROUTE, "t", frame, 1) and link.dropped == 1
-    assert link.push(["dlv"]) is False and link.dropped == 2
+    assert link.push(Dlv(0, "t", b"x", 0, [])) is False and link.dropped == 2
 
 
 def test_a_frame_never_exceeds_the_peer_limit() -> None:
     link = make_link(max_frame=10_000)
     for i in range(6):
-        assert link.push(["dlv", 0, "t", bytes([i]) * 3_000, 0, []])
+        assert link.push(Dlv(0, "t", bytes([i]) * 3_000, 0, []))
     batch = [link.queue.popleft() for _ in range(len(link.queue))]
     sent = []
     while True:
         payload = link._pack(batch)
         assert payload is not None and len(payload) <= 10_000
-        sent += msgpack.unpackb(payload, raw=False)["b"]
+        sent += decode_frame(payload).messages
         if not link.queue:
             break
         batch = [link.queue.popleft() for _ in range(len(link.queue))]
-    assert [m[3][0] for m in sent] == list(range(6))  # split, nothing lost, order kept
+    assert [m.payload[0] for m in sent] == list(range(6))  # split, nothing lost, order kept
 
 
 def test_a_message_too_big_for_any_frame_is_dropped_not_sent() -> None:
     link = make_link(max_frame=10_000)
-    link.push(["dlv", 0, "t", b"x" * 20_000, 0, []])
+    link.push(Dlv(0, "t", b"x" * 20_000, 0, []))
     assert link._pack([link.queue.popleft()]) is None
     assert link.dropped == 1 and link.queued == 0

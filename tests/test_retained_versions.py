@@ -30,9 +30,9 @@ from mqttring.analytics.export import export_snapshot
 from mqttring.analytics.schemas import decode_row
 from mqttring.broker.retained import RetainedStore, Version, make_row, parse_row
 from mqttring.broker.shard_writes import Op
+from mqttring.cluster.messages import Ack, CatchUp, Repl, ShardOps, decode_frame, encode_frame
 from mqttring.cluster.replication import CATCH_UP_CHUNK, ShardReplicator, encode_ops
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
-from mqttring.lsm.keys import decode_value, encode_value
 from mqttring.protocol.session import Message
 from mqttring.raft.view import EMPTY_VIEW
 
@@ -70,17 +70,22 @@ class Owner:
         self.retained = RetainedStore(self.store, NUM_SHARDS, self.writer,
                                       epoch=lambda: self.epoch)
 
-    async def publish(self, payload: bytes, topic: str = TOPIC, qos: int = 1) -> list[Any]:
+    async def publish(self, payload: bytes, topic: str = TOPIC, qos: int = 1) -> Repl:
         """Retain ``payload`` (empty: clear) and return the repl message it produced."""
         before = len(self.writer.batches)
         await self.retained.update(Message(topic, payload, qos, True))
         return repl_message(self.writer.batches[before:])
 
 
-def repl_message(batches: Sequence[tuple[int, list[Op]]], req: int = 7) -> list[Any]:
-    """``["repl", req, shard_ops, durable]`` as it crosses the wire (msgpack round trip)."""
-    message = ["repl", req, [[shard, encode_ops(ops)] for shard, ops in batches], True]
-    return decode_value(encode_value(message))
+def over_the_wire(message: Any) -> Any:
+    """A link message as the peer decodes it (through the frame codec)."""
+    return decode_frame(encode_frame(1, 1, [message])).messages[0]
+
+
+def repl_message(batches: Sequence[tuple[int, list[Op]]], req: int = 7) -> Repl:
+    """The ``Repl`` the owner's writes produce, as it crosses the wire."""
+    return over_the_wire(Repl(req, [ShardOps(shard, encode_ops(ops)) for shard, ops in batches],
+                              True))
 
 
 class FakeLinks:
@@ -97,14 +102,15 @@ class FakeLinks:
     def send(self, node: str, message: Any) -> bool:
         return True
 
-    async def request(self, node: str, message: list[Any], timeout: float = 10.0) -> Any:
+    async def request(self, node: str, message: CatchUp, timeout: float = 10.0,
+                      expect: type | None = None) -> Any:
         source = self.peers[node]
         links = source.links
         assert isinstance(links, FakeLinks)
-        await source.serve_catch_up("me", decode_value(encode_value(message)))
+        await source.serve_catch_up("me", over_the_wire(message))
         _node, _req, ok, body = links.replies.pop()
         assert ok, body
-        return decode_value(encode_value(body))
+        return over_the_wire(Ack(1, True, body)).body
 
 
 class Replica:

@@ -10,6 +10,7 @@ cannot read (a version skew or a bug), and it closes that peer's link.
 from __future__ import annotations
 
 from mqttring.broker.router import PublishRefused
+from mqttring.raft.rpc import ProtocolError
 
 
 class PeerFailure(PublishRefused):
@@ -18,6 +19,13 @@ class PeerFailure(PublishRefused):
     A ``PublishRefused`` too: one that reaches the broker core withholds the publisher's
     acknowledgement instead of being reported as an internal error.
     """
+
+
+class PeerProtocolError(ProtocolError):
+    """An authenticated peer sent a link frame we cannot read: another frame version, an
+    unknown message tag, a field of the wrong type, or a message whose content fails its
+    checks.  Not a ``PeerFailure``: nothing is retried; raised from ``Links.serve_stream``
+    (a ``ProtocolError``) it closes that peer's link and is counted there."""
 
 
 class PeerUnavailable(PeerFailure):
@@ -48,6 +56,7 @@ __all__ = [
     "Fenced",
     "NotOwner",
     "PeerFailure",
+    "PeerProtocolError",
     "PeerUnavailable",
     "RemoteError",
     "ReplicationIncomplete",

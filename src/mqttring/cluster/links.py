@@ -8,7 +8,9 @@ so a peer without the cluster secret is refused and logged there) switched into 
 ``data.link`` stream kind.  Messages travel one way on it: A's messages to B go on A's link
 to B, B's replies on B's link to A.  That keeps each link a plain FIFO with one writer task.
 
-Batching: ``send`` appends a message (a small list) to the link's queue and wakes its
+Messages are the typed structs of ``mqttring.cluster.messages``, and so are frames.
+
+Batching: ``send`` appends a message (a small struct) to the link's queue and wakes its
 writer, which sends everything queued as one frame; under load one write carries many
 messages, when idle a lone message leaves at once (no timer).  Plain QoS 0 publishes are
 packed even tighter: ``send_frames`` appends an encoded PUBLISH to the packed batch at the
@@ -20,10 +22,10 @@ counts the drop; ``send_wait`` (acknowledged traffic, control messages) waits fo
 instead, which slows exactly the publishers that feed a slow peer.  A frame never exceeds
 ``max_frame`` (sized from the broker's packet limit): the writer splits a batch that would.
 
-Requests: ``request(node, msg)`` puts a fresh request id in ``msg[1]``, sends it and waits
-for the matching ``ack`` from that node.  When the peer leaves the view, or its link breaks,
-its pending requests fail with ``PeerUnavailable`` so the caller can re-route by the newer
-epoch instead of waiting forever.
+Requests: ``request(node, msg)`` sends a copy of ``msg`` with a fresh request id in its
+``req`` field and waits for the matching ``Ack`` from that node.  When the peer leaves the
+view, or its link breaks, its pending requests fail with ``PeerUnavailable`` so the caller
+can re-route by the newer epoch instead of waiting forever.
 
 Reconnects: a writer that loses its connection reconnects with backoff for as long as the
 peer is in the view; what is queued meanwhile waits (bounded as above).  A message already
@@ -36,6 +38,11 @@ receiver asks ``admit(node, incarnation)`` before it applies anything: a frame f
 older incarnation of a node, or from a node that the receiver's view marks down in that
 incarnation, is refused and counted, and the link is closed.  So a node that was cut off
 and declared dead can never replay, after the heal, what it queued or decided meanwhile.
+
+Protocol errors: a frame that does not decode as a ``Frame`` of this version (unknown tag,
+wrong field type) or a message whose content fails its checks raises ``PeerProtocolError``,
+counted per peer (``protocol_errors``, in ``stats``), which closes that peer's link; the
+peer reconnects and the node keeps running.
 """
 
 from __future__ import annotations
@@ -45,14 +52,23 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, overload
 
-import msgpack
+import msgspec
 import trio
 
 from mqttring.cluster import wire
-from mqttring.cluster.errors import PeerUnavailable, RemoteError
-from mqttring.cluster.wire import BATCH, MAX_BATCH_BYTES
+from mqttring.cluster.errors import PeerProtocolError, PeerUnavailable, RemoteError
+from mqttring.cluster.messages import (
+    Ack,
+    Batch,
+    LinkMessage,
+    Reply,
+    Request,
+    decode_frame,
+    encode_frame,
+)
+from mqttring.cluster.wire import MAX_BATCH_BYTES
 from mqttring.raft.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
 
 log = logging.getLogger("mqttring.cluster.links")
@@ -72,11 +88,11 @@ def frame_limit(max_packet_size: int) -> int:
     """The link frame size that carries any PUBLISH the broker accepts from clients."""
     return max(MAX_FRAME, max_packet_size + FRAME_HEADROOM)
 
-Message = list[Any]
-#: Called for every inbound message, in order; it must not block: anything that waits
+R = TypeVar("R", bound=Reply)
+#: Called for every inbound message but ``Ack``, in order; it must not block: anything that waits
 #: (a store write, an answer from a third node) runs in a task it starts, or the link's
 #: reader would stall and two nodes waiting on each other's links would deadlock.
-MessageHandler = Callable[[str, Message], None]
+MessageHandler = Callable[[str, LinkMessage], None]
 #: (incarnation, epoch) of this node, stamped on every frame it sends.
 Stamp = Callable[[], tuple[int, int]]
 #: May frames from ``node`` in ``incarnation`` be applied here?
@@ -102,7 +118,7 @@ class _Pending:
         self.node = node
         self.done = trio.Event()
         self.ok = False
-        self.result: Any = None
+        self.result: Reply | str | Exception | None = None
 
 
 class Link:
@@ -112,7 +128,7 @@ class Link:
         self.owner = owner
         self.node_id = node_id
         self.address = address
-        self.queue: deque[Message] = deque()
+        self.queue: deque[LinkMessage] = deque()
         #: Messages queued, counting each PUBLISH in a packed batch: the back-pressure bound.
         self.queued = 0
         self.wakeup = trio.Event()
@@ -131,14 +147,14 @@ class Link:
         #: Bumped when the queue is discarded, so a batch in flight is not put back.
         self.generation = 0
 
-    def push(self, message: Message) -> bool:
+    def push(self, message: LinkMessage) -> bool:
         if self.queued >= self.owner.max_queued:
             self.dropped += 1
             return False
         self.append(message)
         return True
 
-    def append(self, message: Message) -> None:
+    def append(self, message: LinkMessage) -> None:
         """Queue one message whatever the bound (callers decide about back-pressure)."""
         self.queue.append(message)
         self.queued += 1
@@ -153,7 +169,7 @@ class Link:
             return False
         queue = self.queue
         last = queue[-1] if queue else None
-        if last is not None and last[0] == BATCH and len(last[1]) < MAX_BATCH_BYTES:
+        if type(last) is Batch and len(last.blob) < MAX_BATCH_BYTES:
             wire.append(last, section, topic, frames, count)
         else:
             queue.append(wire.new_batch(section, topic, frames, count))
@@ -161,7 +177,7 @@ class Link:
         self.wakeup.set()
         return True
 
-    async def push_wait(self, message: Message) -> None:
+    async def push_wait(self, message: LinkMessage) -> None:
         while self.queued >= self.owner.max_queued:
             if self.closed:
                 raise PeerUnavailable(self.node_id)
@@ -229,7 +245,7 @@ class Link:
                 continue
             # Packed batches count their PUBLISHes; the one at the tail of this frame is
             # closed now, so nothing is appended to it while it is being sent.
-            n = sum(m[2] if m[0] == BATCH else 1 for m in batch)
+            n = sum(m.count if type(m) is Batch else 1 for m in batch)
             self.queued -= n
             if self.queued < self.owner.max_queued:
                 self.room.set()
@@ -246,7 +262,7 @@ class Link:
             self.sent_messages += n
             self.sent_frames += 1
 
-    def _pack(self, batch: list[Message]) -> bytes | None:
+    def _pack(self, batch: list[LinkMessage]) -> bytes | None:
         """``batch`` packed into one frame the peer accepts, or None if there is nothing left.
 
         Too big a frame (many large payloads) gives back its second half to the queue and
@@ -257,17 +273,17 @@ class Link:
         limit = self.owner.max_frame
         incarnation, epoch = self.owner.stamp()
         while True:
-            payload: bytes = msgpack.packb({"b": batch, "i": incarnation, "e": epoch},
-                                           use_bin_type=True)
+            payload = encode_frame(incarnation, epoch, batch)
             if len(payload) <= limit:
                 return payload
             if len(batch) == 1:
                 dropped = batch.pop()
-                n = dropped[2] if dropped[0] == BATCH else 1
+                n = dropped.count if type(dropped) is Batch else 1
                 self.queued -= n
                 self.dropped += n
-                log.warning("link %s -> %s: dropped a %r message of %d bytes (frame limit %d)",
-                            self.owner.node_id, self.node_id, dropped[0], len(payload), limit)
+                log.warning("link %s -> %s: dropped a %s message of %d bytes (frame limit %d)",
+                            self.owner.node_id, self.node_id, type(dropped).__name__,
+                            len(payload), limit)
                 return None
             half = len(batch) // 2
             self.queue.extendleft(reversed(batch[half:]))
@@ -288,6 +304,9 @@ class Links:
         self.on_connected = on_connected
         #: Frames refused because their sender was fenced off (stale or down incarnation).
         self.refused_frames = 0
+        #: Per peer: frames or messages it sent that we could not read (``PeerProtocolError``;
+        #: each closed its link).
+        self.protocol_errors: dict[str, int] = {}
         self.key = key
         self.max_queued = max_queued
         #: Frame size limit both ways; nodes of one cluster must agree (same limits).
@@ -296,7 +315,7 @@ class Links:
         self._links: dict[str, Link] = {}
         self._pending: dict[int, _Pending] = {}
         #: Answers to peers we have no link to yet (see ``reply``), per peer.
-        self._early_replies: dict[str, list[Message]] = {}
+        self._early_replies: dict[str, list[LinkMessage]] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self.received_messages = 0
@@ -374,13 +393,14 @@ class Links:
         return {
             node: {"queued": link.queued, "sent": link.sent_messages,
                    "frames": link.sent_frames, "dropped": link.dropped,
-                   "connected": int(link.connected)}
+                   "connected": int(link.connected),
+                   "protocol_errors": self.protocol_errors.get(node, 0)}
             for node, link in self._links.items()
         }
 
     # -- sending --------------------------------------------------------------------------
 
-    def send(self, node_id: str, message: Message) -> bool:
+    def send(self, node_id: str, message: LinkMessage) -> bool:
         """Queue a message that may be dropped under back-pressure; False if it was."""
         link = self._links.get(node_id)
         return link.push(message) if link is not None else False
@@ -391,7 +411,7 @@ class Links:
         link = self._links.get(node_id)
         return link.push_frames(section, topic, frames, count) if link is not None else False
 
-    def send_control(self, node_id: str, message: Message) -> bool:
+    def send_control(self, node_id: str, message: LinkMessage) -> bool:
         """Queue a control message past the back-pressure bound (they are few and small,
         and dropping one, a route set say, would cost more than the room it takes)."""
         link = self._links.get(node_id)
@@ -400,19 +420,33 @@ class Links:
         link.append(message)
         return True
 
-    async def send_wait(self, node_id: str, message: Message) -> None:
+    async def send_wait(self, node_id: str, message: LinkMessage) -> None:
         link = self._links.get(node_id)
         if link is None:
             raise PeerUnavailable(node_id)
         await link.push_wait(message)
 
-    async def request(self, node_id: str, message: Message, timeout: float = 10.0) -> Any:
-        """Send ``message`` with a request id in slot 1 and wait for the peer's answer."""
+    @overload
+    async def request(self, node_id: str, message: Request, timeout: float = ...,
+                      *, expect: None = None) -> None: ...
+
+    @overload
+    async def request(self, node_id: str, message: Request, timeout: float = ...,
+                      *, expect: type[R]) -> R: ...
+
+    async def request(self, node_id: str, message: Request, timeout: float = 10.0,
+                      *, expect: type[R] | None = None) -> R | None:
+        """Send ``message`` with a fresh request id and wait for the peer's answer.
+
+        ``expect`` is the type of answer the caller needs; an acceptance with another body
+        (a peer's bug) is a ``RemoteError`` like a refusal, so the caller retries or gives up
+        the way it does for any refusal instead of tripping over the wrong type.
+        """
         link = self._links.get(node_id)
         if link is None or link.down:
             raise PeerUnavailable(f"{node_id}: no working link")
         req = next(self._ids)
-        message[1] = req
+        message = msgspec.structs.replace(message, req=req)
         pending = _Pending(node_id)
         self._pending[req] = pending
         try:
@@ -427,11 +461,16 @@ class Links:
             raise pending.result
         if not pending.ok:
             raise RemoteError(str(pending.result))
+        if expect is None:
+            return None
+        if not isinstance(pending.result, expect):
+            raise RemoteError(f"{node_id} answered {type(message).__name__} with "
+                              f"{type(pending.result).__name__}, not {expect.__name__}")
         return pending.result
 
-    def reply(self, node_id: str, req: int, ok: bool, body: Any = None) -> None:
+    def reply(self, node_id: str, req: int, ok: bool, body: Reply | str | None = None) -> None:
         if req:
-            answer = ["ack", req, ok, body]
+            answer = Ack(req, ok, body)
             link = self._links.get(node_id)
             if link is not None:
                 link.append(answer)  # never dropped: a requester waits for it
@@ -448,38 +487,42 @@ class Links:
         handler = self._handler
         stream.max_frame = self.max_frame
         while True:
-            frame = await stream.receive()
-            batch = frame.get("b")
-            if not isinstance(batch, list):
-                raise ProtocolError("data.link frame without a batch")
-            incarnation = frame.get("i", 0)
-            if not isinstance(incarnation, int) or not self.admit(node, incarnation):
+            try:
+                frame = decode_frame(await stream.receive_bytes())
+            except PeerProtocolError as exc:
+                raise self._protocol_error(node, exc) from None
+            incarnation = frame.incarnation
+            if not self.admit(node, incarnation):
                 self.refused_frames += 1
                 log.warning("refused a frame from %s (incarnation %r): fenced off", node,
                             incarnation)
                 raise ProtocolError(f"frame from a fenced-off incarnation of {node}")
-            for message in batch:
-                if not isinstance(message, list) or not message:
-                    raise ProtocolError("data.link message is not a list")
+            for message in frame.messages:
                 try:
-                    kind = message[0]
-                    if kind == "ack":
+                    if type(message) is Ack:
                         self._on_ack(message)
                     else:
                         handler(node, message)
-                    self.received_messages += message[2] if kind == BATCH else 1
                 except (ValueError, TypeError, KeyError, IndexError) as exc:
-                    # An authenticated peer sent something we cannot read (a version skew or
-                    # a bug): close its link, keep the node running.
-                    raise ProtocolError(f"bad {message[0]!r} message from {node}: {exc}") from None
+                    # Well-typed, yet its content fails a check (a batch index that does not
+                    # cover its blob, a database we do not replicate): a version skew or a
+                    # bug of an authenticated peer.  Close its link, keep the node running.
+                    raise self._protocol_error(node, PeerProtocolError(
+                        f"bad {type(message).__name__} message: {exc}")) from None
+                self.received_messages += message.count if type(message) is Batch else 1
 
-    def _on_ack(self, message: Message) -> None:
-        _, req, ok, body = message
-        pending = self._pending.pop(req, None)
+    def _protocol_error(self, node: str, exc: PeerProtocolError) -> PeerProtocolError:
+        """Count and log ``exc`` from ``node``; the caller raises it to close the link."""
+        self.protocol_errors[node] = self.protocol_errors.get(node, 0) + 1
+        log.warning("closing the link from %s: %s", node, exc)
+        return exc
+
+    def _on_ack(self, message: Ack) -> None:
+        pending = self._pending.pop(message.req, None)
         if pending is not None:
-            pending.ok = bool(ok)
-            pending.result = body
+            pending.ok = message.ok
+            pending.result = message.body
             pending.done.set()
 
 
-__all__ = ["STREAM_KIND", "Links", "PeerUnavailable", "RemoteError"]
+__all__ = ["STREAM_KIND", "Links", "PeerProtocolError", "PeerUnavailable", "RemoteError"]

@@ -44,10 +44,35 @@ from mqttring.broker.session_store import SessionStore
 from mqttring.cluster.errors import PeerFailure
 from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
+from mqttring.cluster.messages import (
+    Batch,
+    CatchUp,
+    Dlv,
+    Handoff,
+    InboundQos2,
+    LinkMessage,
+    Pub,
+    Repl,
+    RetainedQuery,
+    RouteAdd,
+    RouteDel,
+    RouteDigest,
+    RoutePull,
+    RouteSync,
+    SessionAck,
+    SessionBytes,
+    SessionClose,
+    SessionKick,
+    SessionOpen,
+    SessionSubscribe,
+    SessionUnsubscribe,
+    WillDelete,
+    WillRegister,
+    WireMessage,
+)
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter
 from mqttring.cluster.sessions import ClusterSessions, RemoteSession
-from mqttring.cluster.wire import BATCH
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
@@ -280,7 +305,7 @@ class DataPlane:
         """
         started = trio.current_time()
         try:
-            await self.links.request(previous, ["hoff", 0, sorted(shards), epoch],
+            await self.links.request(previous, Handoff(0, sorted(shards), epoch),
                                      self.router.request_timeout)
             log.info("node %s: %s handed %d shards over in %.3fs", self.node_id, previous,
                      len(shards), trio.current_time() - started)
@@ -299,12 +324,11 @@ class DataPlane:
         self.held.update(mine - gone)
         self.router.notify_changed()
 
-    async def on_hoff(self, node: str, msg: list[Any]) -> None:
+    async def on_hoff(self, node: str, msg: Handoff) -> None:
         """A new owner asks us to confirm we let go of shards (see ``_take_over``)."""
-        _, req, shards, epoch = msg
-        ok = await self.router.handed_off([int(s) for s in shards], int(epoch),
+        ok = await self.router.handed_off(msg.shards, msg.epoch,
                                           self.config.cluster_write_patience)
-        self.links.reply(node, req, ok, None if ok else "handoff not confirmed in time")
+        self.links.reply(node, msg.req, ok, None if ok else "handoff not confirmed in time")
 
     async def _load(self, shards: set[int]) -> None:
         stored = [s for s in await self.session_store.load_all()
@@ -416,44 +440,47 @@ class DataPlane:
 
     # -- inbound dispatch -------------------------------------------------------------------
 
-    def _dispatch_table(self) -> dict[str, Callable[[str, list[Any]], None]]:
+    def _dispatch_table(self) -> dict[type[WireMessage], Callable[[str, Any], None]]:
+        """Message type -> handler: quick ones inline, in arrival order; ``task`` for those
+        that wait.  Every type of ``LinkMessage`` but ``Ack`` (``Links`` handles it) is here;
+        ``tests/test_cluster_messages.py`` checks that none is missing."""
         router, sessions, replicator = self.router, self.sessions, self.replicator
 
         def task(fn: Callable[..., Awaitable[Any]], with_node: bool = True
-                 ) -> Callable[[str, list[Any]], None]:
+                 ) -> Callable[[str, Any], None]:
             if with_node:
                 return lambda node, msg: self.spawn(fn, node, msg)
             return lambda node, msg: self.spawn(fn, msg)
 
         return {
-            "pub": router.on_pub,
-            "dlv": router.on_dlv,
-            BATCH: router.on_batch,
-            "radd": router.on_route,
-            "rdel": router.on_route,
-            "hoff": task(self.on_hoff),
-            "rsync": router.on_rsync,
-            "rdig": router.on_rdig,
-            "rpull": router.on_rpull,
-            "retq": task(router.on_retained_query),
-            "repl": task(replicator.on_repl),
-            "cu": task(replicator.serve_catch_up),
-            "sopen": task(sessions.on_sopen),
-            "sclose": task(sessions.on_sclose, with_node=False),
-            "skick": lambda node, msg: sessions.on_skick(msg),
-            "wreg": lambda node, msg: sessions.on_wreg(msg),
-            "wdel": lambda node, msg: sessions.on_wdel(msg),
-            "sbytes": lambda node, msg: sessions.on_sbytes(msg),
-            "sack": task(sessions.on_sack, with_node=False),
-            "q2": task(sessions.on_q2),
-            "ssub": task(sessions.on_ssub, with_node=False),
-            "sunsub": task(sessions.on_sunsub, with_node=False),
+            Pub: router.on_pub,
+            Dlv: router.on_dlv,
+            Batch: router.on_batch,
+            RouteAdd: router.on_route,
+            RouteDel: router.on_route,
+            Handoff: task(self.on_hoff),
+            RouteSync: router.on_rsync,
+            RouteDigest: router.on_rdig,
+            RoutePull: router.on_rpull,
+            RetainedQuery: task(router.on_retained_query),
+            Repl: task(replicator.on_repl),
+            CatchUp: task(replicator.serve_catch_up),
+            SessionOpen: task(sessions.on_sopen),
+            SessionClose: task(sessions.on_sclose, with_node=False),
+            SessionKick: lambda node, msg: sessions.on_skick(msg),
+            WillRegister: lambda node, msg: sessions.on_wreg(msg),
+            WillDelete: lambda node, msg: sessions.on_wdel(msg),
+            SessionBytes: lambda node, msg: sessions.on_sbytes(msg),
+            SessionAck: task(sessions.on_sack, with_node=False),
+            InboundQos2: task(sessions.on_q2),
+            SessionSubscribe: task(sessions.on_ssub, with_node=False),
+            SessionUnsubscribe: task(sessions.on_sunsub, with_node=False),
         }
 
-    def _on_message(self, node: str, msg: list[Any]) -> None:
-        handler = self._handlers.get(msg[0])
+    def _on_message(self, node: str, msg: LinkMessage) -> None:
+        handler = self._handlers.get(type(msg))
         if handler is None:
-            raise ValueError(f"unknown message kind {msg[0]!r}")
+            raise ValueError(f"no handler for {type(msg).__name__} messages")
         handler(node, msg)
 
 

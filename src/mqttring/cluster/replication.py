@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import trio
 
 from mqttring.broker.shard_writes import Op
 from mqttring.cluster.errors import PeerFailure, ReplicationIncomplete
 from mqttring.cluster.links import Links
+from mqttring.cluster.messages import CatchUp, Repl, ShardOps, ShardRows, StoredOp
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.raft.view import ClusterView
 
@@ -45,17 +45,17 @@ CATCH_UP_CHUNK = 2000
 REPLICA_TIMEOUT = 5.0
 
 
-def encode_ops(ops: Sequence[Op]) -> list[list[Any]]:
-    return [[op.db, op.key, op.value] if isinstance(op, Put) else [op.db, op.key, None]
-            for op in ops]
+def encode_ops(ops: Sequence[Op]) -> list[StoredOp]:
+    return [StoredOp(op.db, op.key, op.value) if isinstance(op, Put)
+            else StoredOp(op.db, op.key, None) for op in ops]
 
 
-def decode_ops(raw: list[list[Any]]) -> list[Op]:
+def decode_ops(raw: list[StoredOp]) -> list[Op]:
     ops: list[Op] = []
-    for db, key, value in raw:
-        if db not in SHARD_DATABASES or not isinstance(key, bytes):
-            raise ValueError(f"bad replicated op for {db!r}")
-        ops.append(Delete(db, key) if value is None else Put(db, key, value))
+    for op in raw:
+        if op.db not in SHARD_DATABASES:
+            raise ValueError(f"bad replicated op for {op.db!r}")
+        ops.append(Delete(op.db, op.key) if op.value is None else Put(op.db, op.key, op.value))
     return ops
 
 
@@ -101,15 +101,14 @@ class ShardReplicator:
         if not all_ops:
             return
         view = self.view()
-        by_node: dict[str, list[list[Any]]] = {}
+        by_node: dict[str, list[ShardOps]] = {}
         for shard, ops in batches:
             for node in view.replicas(shard):
                 if node != self.node_id:
-                    by_node.setdefault(node, []).append([shard, encode_ops(ops)])
-        # ``by_node`` values hold the shard in slot 0 of each entry (see ``_replicate``).
+                    by_node.setdefault(node, []).append(ShardOps(shard, encode_ops(ops)))
         if durability is Durability.LAZY:
             for node, shard_ops in by_node.items():
-                self.links.send(node, ["repl", 0, shard_ops, False])
+                self.links.send(node, Repl(0, shard_ops, False))
             await self.store.write(all_ops, durability)
             return
         async with trio.open_nursery() as nursery:
@@ -118,12 +117,12 @@ class ShardReplicator:
                 nursery.start_soon(self._replicate, node, shard_ops)
         self.replicated_batches += 1
 
-    async def _replicate(self, node: str, shard_ops: list[list[Any]]) -> None:
-        shards = [shard for shard, _ in shard_ops]
+    async def _replicate(self, node: str, shard_ops: list[ShardOps]) -> None:
+        shards = [entry.shard for entry in shard_ops]
         deadline = trio.current_time() + self.patience
         while True:
             try:
-                await self.links.request(node, ["repl", 0, shard_ops, True], REPLICA_TIMEOUT)
+                await self.links.request(node, Repl(0, shard_ops, True), REPLICA_TIMEOUT)
                 return
             except PeerFailure as exc:
                 view = self.view()
@@ -140,31 +139,30 @@ class ShardReplicator:
 
     # -- the replica side -----------------------------------------------------------------
 
-    async def on_repl(self, node: str, message: list[Any]) -> None:
+    async def on_repl(self, node: str, message: Repl) -> None:
         """Apply a batch the owner replicated to us, then acknowledge it if asked to."""
-        _, req, shard_ops, durable = message
         ops: list[Op] = []
-        for shard, raw in shard_ops:
-            decoded = decode_ops(raw)
-            touched = self._touched.get(shard)
+        for entry in message.shards:
+            decoded = decode_ops(entry.ops)
+            touched = self._touched.get(entry.shard)
             if touched is not None:
                 touched.update((op.db, op.key) for op in decoded)
             ops.extend(decoded)
         ops = self.accept_ops(ops)
-        await self.store.write(ops, Durability.DURABLE if durable else Durability.LAZY)
+        await self.store.write(ops, Durability.DURABLE if message.durable else Durability.LAZY)
         self.on_applied(ops)
-        self.links.reply(node, req, True)
+        self.links.reply(node, message.req, True)
 
-    async def serve_catch_up(self, node: str, message: list[Any]) -> None:
-        """Answer ``["cu", req, shard, db, after]`` with the next chunk of rows."""
-        _, req, shard, db, after = message
+    async def serve_catch_up(self, node: str, message: CatchUp) -> None:
+        """Answer a ``CatchUp`` with the next chunk of rows."""
+        req, db, after = message.req, message.db, message.after
         if db not in SHARD_DATABASES:
             self.links.reply(node, req, False, f"unknown database {db!r}")
             return
-        prefix = shard_key(shard)
+        prefix = shard_key(message.shard)
         start = after + b"\x00" if after else prefix
         rows = await self.store.scan(db, prefix, start=start, limit=CATCH_UP_CHUNK)
-        self.links.reply(node, req, True, [[key, value] for key, value in rows])
+        self.links.reply(node, req, True, ShardRows(list(rows)))
 
     async def copy_shard(self, shard: int, source: str) -> int:
         """Copy one shard from ``source``; returns the number of rows written."""
@@ -174,7 +172,9 @@ class ShardReplicator:
             for db in SHARD_DATABASES:
                 after = b""
                 while True:
-                    rows = await self.links.request(source, ["cu", 0, shard, db, after])
+                    answer = await self.links.request(source, CatchUp(0, shard, db, after),
+                                                      expect=ShardRows)
+                    rows = answer.rows
                     ops: list[Op] = self.accept_ops([
                         Put(db, key, value) for key, value in rows if (db, key) not in touched
                     ])

@@ -55,6 +55,19 @@ from mqttring.cluster.errors import (
     RoutesIncomplete,
 )
 from mqttring.cluster.links import Links
+from mqttring.cluster.messages import (
+    Batch,
+    Dlv,
+    Pub,
+    RetainedQuery,
+    RetainedRow,
+    RetainedRows,
+    RouteAdd,
+    RouteDel,
+    RouteDigest,
+    RoutePull,
+    RouteSync,
+)
 from mqttring.cluster.routes import (
     RouteKey,
     RouteTable,
@@ -177,9 +190,9 @@ class ClusterRouter:
             return
         await self.forward(message, 1)
 
-    def _pub(self, message: Message, req: int, hops: int, view: ClusterView) -> list[Any]:
-        return ["pub", req, message.topic, message.payload, message.qos, message.retain,
-                self.node_id, view.epoch, hops]
+    def _pub(self, message: Message, req: int, hops: int, view: ClusterView) -> Pub:
+        return Pub(req, message.topic, message.payload, message.qos, message.retain,
+                   self.node_id, view.epoch, hops)
 
     async def forward(self, message: Message, hops: int) -> None:
         """Send to the shard's owner and wait until it accepted, following view changes.
@@ -276,7 +289,7 @@ class ClusterRouter:
                 self.links.send_frames(node, DELIVER, topic, frames, count)
                 continue
             for message in unpack(frames):
-                self.links.send(node, ["dlv", 0, message.topic, message.payload, 0, shards])
+                self.links.send(node, Dlv(0, message.topic, message.payload, 0, shards))
 
     def resolve(self, targets: set[str], view: ClusterView) -> dict[str, list[int]]:
         """Route targets to nodes: ``s:N`` (persistent sessions of shard N) means N's owner.
@@ -344,7 +357,7 @@ class ClusterRouter:
         while trio.current_time() < deadline:
             try:
                 await self.links.request(
-                    node, ["dlv", 0, message.topic, message.payload, message.qos, shards],
+                    node, Dlv(0, message.topic, message.payload, message.qos, shards),
                     self.request_timeout,
                 )
                 return
@@ -385,7 +398,7 @@ class ClusterRouter:
             await self.wait_for_view_change(0.2)
             try:
                 await self.links.request(
-                    node, ["dlv", 0, message.topic, message.payload, message.qos, []],
+                    node, Dlv(0, message.topic, message.payload, message.qos, []),
                     self.request_timeout,
                 )
                 return
@@ -395,31 +408,30 @@ class ClusterRouter:
 
     # -- inbound messages -------------------------------------------------------------------
 
-    def on_pub(self, node: str, msg: list[Any]) -> None:
-        _, req, topic, payload, qos, retain, _origin, _epoch, hops = msg
-        message = Message(topic, payload, qos, retain)
+    def on_pub(self, node: str, msg: Pub) -> None:
+        message = Message(msg.topic, msg.payload, msg.qos, msg.retain)
         view = self.view()
-        owner, targets = self.route(topic, view)
-        if req == 0 and qos == 0 and not retain and owner == self.node_id:
+        owner, targets = self.route(msg.topic, view)
+        if msg.req == 0 and msg.qos == 0 and not msg.retain and owner == self.node_id:
             # A QoS 0 publish re-sent by a node whose view was older: handled inline so that
             # arrival order is kept (first hops come in packed batches, see ``on_batch``).
             self._accept_plain(message, targets)
             return
-        self.spawn(self._pub_task, node, req, message, hops)
+        self.spawn(self._pub_task, node, msg.req, message, msg.hops)
 
-    def on_batch(self, node: str, msg: list[Any]) -> None:
+    def on_batch(self, node: str, msg: Batch) -> None:
         """A packed QoS 0 batch (``mqttring.cluster.wire``), one run of frames at a time.
 
         ROUTE runs come from an edge (first hop): ``on_pub``'s hot path, with one route
         lookup and one fan-out per run.  DELIVER runs are for this node's clean sessions.
         """
-        blob = msg[1]
+        blob = msg.blob
         view = self.view()
         archive = self.archive
         frames = memoryview(blob)
         deliver = self.local.deliver_frames
         with self.local.wakes_deferred():
-            for section, topic, start, stop, count in runs(blob, msg[3]):
+            for section, topic, start, stop, count in runs(blob, msg.index):
                 if section == DELIVER:
                     deliver(topic, frames[start:stop], count, unpack)
                     continue
@@ -450,13 +462,13 @@ class ClusterRouter:
             log.warning("publish to %r refused: %s", message.topic, exc)
             self.links.reply(node, req, False, str(exc))
 
-    def on_dlv(self, node: str, msg: list[Any]) -> None:
-        _, req, topic, payload, qos, shards = msg
+    def on_dlv(self, node: str, msg: Dlv) -> None:
+        req, shards = msg.req, msg.shards
         if shards and not all(self.holds(s) for s in shards):
             # Sessions of a shard we do not hold (yet): the sender re-resolves its owner.
             self.links.reply(node, req, False, "not the session shard's owner")
             return
-        to_persist = self.local.deliver_local(Message(topic, payload, qos, False))
+        to_persist = self.local.deliver_local(Message(msg.topic, msg.payload, msg.qos, False))
         if req == 0:
             return
         if not to_persist:
@@ -469,27 +481,25 @@ class ClusterRouter:
 
         self.spawn(persist_then_ack)
 
-    def on_route(self, node: str, msg: list[Any]) -> None:
-        kind, req, topic_filter, route_node = msg
-        registrar = registrar_for(route_node, node)
-        if kind == "radd":
-            self.routes.add(topic_filter, route_node, registrar)
+    def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
+        registrar = registrar_for(msg.target, node)
+        if type(msg) is RouteAdd:
+            self.routes.add(msg.topic_filter, msg.target, registrar)
         else:
-            self.routes.remove(topic_filter, route_node, registrar)
-        self.links.reply(node, req, True)
+            self.routes.remove(msg.topic_filter, msg.target, registrar)
+        self.links.reply(node, msg.req, True)
 
-    def on_rsync(self, node: str, msg: list[Any]) -> None:
+    def on_rsync(self, node: str, msg: RouteSync) -> None:
         """A peer's full route set for us: it replaces what that peer registered here in
         its own name, and, for each session shard it is the loaded home of, what is
         registered in that home's name."""
-        _, epoch, raw, homes = msg
         by_registrar: dict[str, set[RouteKey]] = {node: set()}
-        for shard in homes:
-            by_registrar[f"home:{int(shard)}"] = set()
-        for f, t in raw:
-            keys = by_registrar.get(registrar_for(str(t), node))
+        for shard in msg.homes:
+            by_registrar[f"home:{shard}"] = set()
+        for key in msg.routes:
+            keys = by_registrar.get(registrar_for(key[1], node))
             if keys is not None:
-                keys.add((str(f), str(t)))
+                keys.add(key)
         added = removed = 0
         for registrar, keys in by_registrar.items():
             a, r = self.routes.replace(registrar, keys)
@@ -497,25 +507,24 @@ class ClusterRouter:
         if added or removed:
             log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
             self.route_repairs += 1
-        self.synced[node] = int(epoch)
+        self.synced[node] = msg.epoch
         self._signal_routes()
 
-    def on_rdig(self, node: str, msg: list[Any]) -> None:
+    def on_rdig(self, node: str, msg: RouteDigest) -> None:
         """A peer's digest of its route set for us: ask for the set if ours differs."""
-        _, _epoch, digest, homes = msg
         ours = self.routes.digest_of(node)
-        for shard in homes:
-            ours ^= self.routes.digest_of(f"home:{int(shard)}")
-        if ours != digest:
-            self.links.send(node, ["rpull"])
+        for shard in msg.homes:
+            ours ^= self.routes.digest_of(f"home:{shard}")
+        if ours != msg.digest:
+            self.links.send(node, RoutePull())
 
-    def on_rpull(self, node: str, msg: list[Any]) -> None:
+    def on_rpull(self, node: str, msg: RoutePull) -> None:
         self.sync_to(node)
 
-    async def on_retained_query(self, node: str, msg: list[Any]) -> None:
-        _, req, topic_filter = msg
-        rows = [[m.topic, m.payload, m.qos] for m in self._owned_retained(topic_filter)]
-        self.links.reply(node, req, True, rows)
+    async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
+        rows = [RetainedRow(m.topic, m.payload, m.qos)
+                for m in self._owned_retained(msg.topic_filter)]
+        self.links.reply(node, msg.req, True, RetainedRows(rows))
 
     # -- subscriptions ----------------------------------------------------------------------
 
@@ -588,7 +597,8 @@ class ClusterRouter:
                 self.routes.remove(topic_filter, target, registrar)
             return
         try:
-            await self.links.request(node, [kind, 0, topic_filter, target])
+            change = RouteAdd if kind == "radd" else RouteDel
+            await self.links.request(node, change(0, topic_filter, target))
         except (PeerUnavailable, RemoteError) as exc:
             # Not lost: the next digest round (or the rsync after the link or the view
             # changes) finds the difference and repairs it.
@@ -628,12 +638,13 @@ class ClusterRouter:
                     found[message.topic] = message
                 return
             try:
-                rows = await self.links.request(node, ["retq", 0, topic_filter])
+                answer = await self.links.request(node, RetainedQuery(0, topic_filter),
+                                                  expect=RetainedRows)
             except (PeerUnavailable, RemoteError) as exc:
                 log.info("retained query %r at %s failed: %s", topic_filter, node, exc)
                 return
-            for topic, payload, qos in rows:
-                found[topic] = Message(topic, payload, qos, True)
+            for row in answer.rows:
+                found[row.topic] = Message(row.topic, row.payload, row.qos, True)
 
         async with trio.open_nursery() as nursery:
             for node in targets:
@@ -691,8 +702,7 @@ class ClusterRouter:
         if node not in view.members:
             return
         keys = self.expected_at(node, view)
-        self.links.send_control(node, ["rsync", view.epoch, [list(k) for k in sorted(keys)],
-                                       sorted(self.held())])
+        self.links.send_control(node, RouteSync(view.epoch, sorted(keys), sorted(self.held())))
         self.route_syncs_sent += 1
 
     def send_digests(self) -> None:
@@ -705,7 +715,7 @@ class ClusterRouter:
             if cached is None or cached[0] != key:
                 digest = route_digest(self.expected_at(node, view))
                 cached = self._digest_cache[node] = (key, digest)
-            self.links.send(node, ["rdig", view.epoch, cached[1], homes])
+            self.links.send(node, RouteDigest(view.epoch, cached[1], homes))
 
     def routes_complete(self, shard: int, view: ClusterView) -> bool:
         """Has every live peer told us its routes since we became this shard's replica?"""

@@ -48,6 +48,21 @@ from mqttring.broker.router import PublishRefused
 from mqttring.broker.sessions import LocalSessions, SessionUnavailable
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
+from mqttring.cluster.messages import (
+    InboundQos2,
+    LinkMessage,
+    SessionAck,
+    SessionBytes,
+    SessionClose,
+    SessionKick,
+    SessionOpen,
+    SessionOpened,
+    SessionSubscribe,
+    SessionUnsubscribe,
+    WillDelete,
+    WillRegister,
+    WillSpec,
+)
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
 from mqttring.protocol.packets import Connect, SubAck, UnsubAck, Will
@@ -69,12 +84,12 @@ class Registration:
     clean: bool
 
 
-def will_to_wire(will: Will | None) -> list[Any] | None:
-    return None if will is None else [will.topic, will.payload, will.qos, will.retain]
+def will_to_wire(will: Will | None) -> WillSpec | None:
+    return None if will is None else WillSpec(will.topic, will.payload, will.qos, will.retain)
 
 
-def will_from_wire(raw: list[Any] | None) -> Will | None:
-    return None if raw is None else Will(raw[0], raw[1], int(raw[2]), bool(raw[3]))
+def will_from_wire(spec: WillSpec | None) -> Will | None:
+    return None if spec is None else Will(spec.topic, spec.payload, spec.qos, spec.retain)
 
 
 class RemoteSession(Session):
@@ -108,19 +123,19 @@ class RemoteSession(Session):
                 now: float = 0.0) -> None:
         raise RuntimeError("messages for a remote session are routed to its home")
 
-    def _send(self, message: list[Any]) -> None:
+    def _send(self, message: LinkMessage) -> None:
         self.links.send(self.home, message)
 
     def on_puback(self, packet_id: int) -> bool:
-        self._send(["sack", self.client_id, self.token, 4, packet_id])
+        self._send(SessionAck(self.client_id, self.token, 4, packet_id))
         return True
 
     def on_pubrec(self, packet_id: int) -> bool:
-        self._send(["sack", self.client_id, self.token, 5, packet_id])
+        self._send(SessionAck(self.client_id, self.token, 5, packet_id))
         return True
 
     def on_pubcomp(self, packet_id: int) -> bool:
-        self._send(["sack", self.client_id, self.token, 7, packet_id])
+        self._send(SessionAck(self.client_id, self.token, 7, packet_id))
         return True
 
     def begin_inbound_qos2(self, packet_id: int) -> bool:
@@ -143,10 +158,10 @@ class RemoteSession(Session):
         return {}, changes
 
     def forward_subscribe(self, packet_id: int, topics: tuple[tuple[str, int], ...]) -> None:
-        self._send(["ssub", self.client_id, self.token, packet_id, [list(t) for t in topics]])
+        self._send(SessionSubscribe(self.client_id, self.token, packet_id, list(topics)))
 
     def forward_unsubscribe(self, packet_id: int, topics: tuple[str, ...]) -> None:
-        self._send(["sunsub", self.client_id, self.token, packet_id, list(topics)])
+        self._send(SessionUnsubscribe(self.client_id, self.token, packet_id, list(topics)))
 
 
 class SessionProxy:
@@ -163,7 +178,8 @@ class SessionProxy:
 
     def wake(self) -> None:
         if self.output:
-            self.links.send(self.node, ["sbytes", self.client_id, self.token, bytes(self.output)])
+            self.links.send(self.node, SessionBytes(self.client_id, self.token,
+                                                    bytes(self.output)))
             self.output.clear()
 
 
@@ -226,18 +242,19 @@ class ClusterSessions(LocalSessions):
             stand_in = RemoteSession(client_id, home, token, self.links, {}, ())
             self.remote[(client_id, token)] = stand_in
         try:
-            answer = await self.links.request(home, ["sopen", 0, client_id, self.node_id, token,
-                                                     packet.clean_session,
-                                                     will_to_wire(packet.will)])
+            answer = await self.links.request(
+                home, SessionOpen(0, client_id, self.node_id, token, packet.clean_session,
+                                  will_to_wire(packet.will)),
+                expect=SessionOpened)
         except (PeerUnavailable, RemoteError) as exc:
             self.remote.pop((client_id, token), None)
             self.by_token.pop(token, None)
             raise SessionUnavailable(f"home {home} of {client_id!r}: {exc}") from exc
         if stand_in is None:
             return await self.bind(client_id, True)
-        stand_in.subscriptions = {f: int(q) for f, q in answer["subs"]}
-        stand_in.inbound_qos2 = set(answer["qos2"])
-        return stand_in, bool(answer["present"])
+        stand_in.subscriptions = dict(answer.subscriptions)
+        stand_in.inbound_qos2 = set(answer.inbound_qos2)
+        return stand_in, answer.present
 
     async def close(self, handler: ClientHandler) -> None:
         self.by_token.pop(handler.token, None)
@@ -254,7 +271,7 @@ class ClusterSessions(LocalSessions):
         if home is None or home == self.node_id:
             await self.unregister(session.client_id, handler.token, owed_will)
         else:
-            self.links.send(home, ["sclose", session.client_id, handler.token, owed_will])
+            self.links.send(home, SessionClose(session.client_id, handler.token, owed_will))
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         local = []
@@ -263,7 +280,7 @@ class ClusterSessions(LocalSessions):
                 _, changes = session.take_changes()
                 if not changes:
                     continue
-                message = ["q2", 0, session.client_id, session.token, list(changes.items())]
+                message = InboundQos2(0, session.client_id, session.token, list(changes.items()))
                 if durability is Durability.DURABLE:
                     await self.links.request(session.home, message)
                 else:
@@ -273,16 +290,14 @@ class ClusterSessions(LocalSessions):
         if local:
             await super().persist(local, durability)
 
-    def on_sbytes(self, message: list[Any]) -> None:
-        _, client_id, token, data = message
-        stand_in = self.remote.get((client_id, token))
+    def on_sbytes(self, message: SessionBytes) -> None:
+        stand_in = self.remote.get((message.client_id, message.token))
         if stand_in is not None and stand_in.output is not None:
-            stand_in.output += data
-            self.core.wake(client_id)
+            stand_in.output += message.data
+            self.core.wake(message.client_id)
 
-    def on_skick(self, message: list[Any]) -> None:
-        _, _client_id, token = message
-        self._kick_token(token)
+    def on_skick(self, message: SessionKick) -> None:
+        self._kick_token(message.token)
 
     def _kick_token(self, token: str) -> None:
         handler = self.by_token.pop(token, None)
@@ -321,8 +336,8 @@ class ClusterSessions(LocalSessions):
         async with lock:
             previous = self.registrations.get(client_id)
             self.registrations[client_id] = Registration(node, token, will, clean)
-            self._replicate(client_id, ["wreg", client_id, node, token, will_to_wire(will),
-                                        clean])
+            self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
+                                                    clean))
             if previous is not None and previous.token != token:
                 log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node)
                 self._detach_proxy(client_id, previous.token)
@@ -333,7 +348,7 @@ class ClusterSessions(LocalSessions):
                         if old.session is not None:
                             await self.core.connection_lost(old)
                 else:
-                    self.links.send(previous.node, ["skick", client_id, previous.token])
+                    self.links.send(previous.node, SessionKick(client_id, previous.token))
                 await self._publish_will(previous.will)
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
@@ -343,28 +358,26 @@ class ClusterSessions(LocalSessions):
         if current is None or current.token != token:
             return  # a connection that was already replaced
         del self.registrations[client_id]
-        self._replicate(client_id, ["wdel", client_id, token])
+        self._replicate(client_id, WillDelete(client_id, token))
         self._detach_proxy(client_id, token)
         if publish_will:
             await self._publish_will(current.will)
 
-    def _replicate(self, client_id: str, message: list[Any]) -> None:
+    def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
         view = self.view()
         for node in view.replicas(view.shard_for_client(client_id))[1:]:
             if node != self.node_id:
                 self.links.send(node, message)
 
-    def on_wreg(self, message: list[Any]) -> None:
-        _, client_id, node, token, raw_will, clean = message
-        self.replica_registrations[client_id] = Registration(
-            node, token, will_from_wire(raw_will), bool(clean)
+    def on_wreg(self, message: WillRegister) -> None:
+        self.replica_registrations[message.client_id] = Registration(
+            message.node, message.token, will_from_wire(message.will), message.clean
         )
 
-    def on_wdel(self, message: list[Any]) -> None:
-        _, client_id, token = message
-        current = self.replica_registrations.get(client_id)
-        if current is not None and current.token == token:
-            del self.replica_registrations[client_id]
+    def on_wdel(self, message: WillDelete) -> None:
+        current = self.replica_registrations.get(message.client_id)
+        if current is not None and current.token == message.token:
+            del self.replica_registrations[message.client_id]
 
     async def _publish_will(self, will: Will | None) -> None:
         if will is not None and self.fenced():
@@ -408,30 +421,28 @@ class ClusterSessions(LocalSessions):
         if session is not None and session.output is proxy.output:
             session.detach()
 
-    async def on_sopen(self, node: str, message: list[Any]) -> None:
-        _, req, client_id, edge, token, clean, raw_will = message
+    async def on_sopen(self, node: str, message: SessionOpen) -> None:
+        req, client_id, edge, token, clean = (message.req, message.client_id, message.edge,
+                                              message.token, message.clean)
         if self.fenced():
             self.links.reply(node, req, False, f"{self.node_id} is cut off from the majority")
             return
         try:
             await self._await_loaded(client_id)
-            await self.register(client_id, edge, token, will_from_wire(raw_will), clean)
+            await self.register(client_id, edge, token, will_from_wire(message.will), clean)
             session, present = await self.bind(client_id, clean)
             if clean:
                 # The clean session itself lives at the edge: nothing stays here but the
                 # registration (the bind above discarded any stored session).
                 if self.core.sessions.get(client_id) is session:
                     del self.core.sessions[client_id]
-                self.links.reply(node, req, True, {"present": False, "subs": [], "qos2": []})
+                self.links.reply(node, req, True, SessionOpened(False, [], []))
                 return
             proxy = SessionProxy(self.links, edge, client_id, token)
             self.proxies[client_id] = proxy
             self.core.wakers[client_id] = proxy
-            self.links.reply(node, req, True, {
-                "present": present,
-                "subs": [[f, q] for f, q in session.subscriptions.items()],
-                "qos2": sorted(session.inbound_qos2),
-            })
+            self.links.reply(node, req, True, SessionOpened(
+                present, list(session.subscriptions.items()), sorted(session.inbound_qos2)))
             # Resends inflight with DUP, fills the window; drops queued messages whose
             # wall-clock deadline passed while the client was away.
             session.attach(proxy.output, time.time())
@@ -444,9 +455,8 @@ class ClusterSessions(LocalSessions):
             self.links.reply(node, req, False, "internal error")  # never leave it waiting
             raise
 
-    async def on_sclose(self, message: list[Any]) -> None:
-        _, client_id, token, publish_will = message
-        await self.unregister(client_id, token, bool(publish_will))
+    async def on_sclose(self, message: SessionClose) -> None:
+        await self.unregister(message.client_id, message.token, message.publish_will)
 
     def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
         proxy = self.proxies.get(client_id)
@@ -455,25 +465,25 @@ class ClusterSessions(LocalSessions):
             return None
         return session, proxy
 
-    async def on_sack(self, message: list[Any]) -> None:
-        _, client_id, token, kind, packet_id = message
-        found = self._proxied(client_id, token)
+    async def on_sack(self, message: SessionAck) -> None:
+        found = self._proxied(message.client_id, message.token)
         if found is None:
             return
         session, proxy = found
-        {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}[kind](packet_id)
+        acknowledge = {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}
+        acknowledge[message.packet_type](message.packet_id)
         proxy.wake()
         if session.has_changes():
             await self.core.session_store.save_changes([session], Durability.LAZY)
 
-    async def on_q2(self, node: str, message: list[Any]) -> None:
-        _, req, client_id, token, changes = message
-        found = self._proxied(client_id, token)
+    async def on_q2(self, node: str, message: InboundQos2) -> None:
+        req = message.req
+        found = self._proxied(message.client_id, message.token)
         if found is None:
             self.links.reply(node, req, False, "not the registered connection")
             return
         session, _ = found
-        for packet_id, added in changes:
+        for packet_id, added in message.changes:
             if added:
                 session.begin_inbound_qos2(packet_id)
             else:
@@ -482,28 +492,26 @@ class ClusterSessions(LocalSessions):
         await self.core.session_store.save_changes([session], durability)
         self.links.reply(node, req, True)
 
-    async def on_ssub(self, message: list[Any]) -> None:
-        _, client_id, token, packet_id, topics = message
-        found = self._proxied(client_id, token)
+    async def on_ssub(self, message: SessionSubscribe) -> None:
+        found = self._proxied(message.client_id, message.token)
         if found is None:
             return
         session, proxy = found
-        pairs = tuple((str(f), int(q)) for f, q in topics)
+        pairs = tuple(message.topics)
         codes = await self.core.subscribe(session, pairs)
-        proxy.output += encode(SubAck(packet_id, tuple(codes)))
+        proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
         proxy.wake()
         await self.core.deliver_retained(session, pairs, codes)
 
-    async def on_sunsub(self, message: list[Any]) -> None:
-        _, client_id, token, packet_id, topics = message
-        found = self._proxied(client_id, token)
+    async def on_sunsub(self, message: SessionUnsubscribe) -> None:
+        found = self._proxied(message.client_id, message.token)
         if found is None:
             return
         session, proxy = found
-        for topic_filter in topics:
+        for topic_filter in message.topics:
             self.core.router.unsubscribe(session, topic_filter)
         await self.core.session_store.save_subscriptions(session)
-        proxy.output += encode(UnsubAck(packet_id))
+        proxy.output += encode(UnsubAck(message.packet_id))
         proxy.wake()
 
     # -- membership changes -----------------------------------------------------------------
@@ -529,8 +537,8 @@ class ClusterSessions(LocalSessions):
             shard = new.shard_for_client(client_id)
             fresh = set(new.replicas(shard)[1:]) - set(old.replicas(shard) if old.epoch else ())
             for node in fresh - {me}:  # a new replica gets the will keeper's copy too
-                self.links.send(node, ["wreg", client_id, reg.node, reg.token,
-                                       will_to_wire(reg.will), reg.clean])
+                self.links.send(node, WillRegister(client_id, reg.node, reg.token,
+                                                   will_to_wire(reg.will), reg.clean))
         gone = {n for n in old.members if n not in new.live_members()}
         for client_id, reg in list(self.registrations.items()):
             if reg.node in gone:
@@ -557,7 +565,7 @@ class ClusterSessions(LocalSessions):
                 await self.register(handler.client_id, self.node_id, handler.token,
                                     handler.will, True)
             else:
-                await self.links.request(home, ["sopen", 0, handler.client_id, self.node_id,
-                                                handler.token, True, will])
+                await self.links.request(home, SessionOpen(0, handler.client_id, self.node_id,
+                                                           handler.token, True, will))
         except (PeerUnavailable, RemoteError) as exc:
             log.warning("could not re-register %r at %s: %s", handler.client_id, home, exc)

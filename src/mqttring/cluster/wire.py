@@ -1,12 +1,12 @@
 """Packed QoS 0 batches: the form plain QoS 0 traffic takes on a cluster link.
 
-Why not one msgpack list per message like every other link message: QoS 0 publishes are
-most of the traffic and need nothing but topic and payload, and the PUBLISH a subscriber is
-sent is the same bytes on every node.  So the edge sends the owner, and the owner sends each
-subscribing node, the encoded MQTT PUBLISH itself (QoS 0, RETAIN 0), appended to the packed
-batch at the tail of the link's queue: one link message carries a whole burst::
+Why not one ``Pub``/``Dlv`` message per publish like other link traffic: QoS 0 publishes
+are most of the traffic and need nothing but topic and payload, and the PUBLISH a subscriber
+is sent is the same bytes on every node.  So the edge sends the owner, and the owner sends
+each subscribing node, the encoded MQTT PUBLISH itself (QoS 0, RETAIN 0), appended to the
+packed batch at the tail of the link's queue: one link message carries a whole burst
+(``messages.Batch``, on the wire ``["q0", blob, count, index]``)::
 
-    ["q0", blob, count, index]
     blob:  the PUBLISH frames back to back
     index: [section, topic, frames, bytes, section, topic, frames, bytes, ...]
 
@@ -17,18 +17,17 @@ byte for byte as it arrived, and msgpack decodes the index at C speed.
 
 Sections say what a run is for:
 
-* ``ROUTE`` (0): edge -> owner of the topic's shard, first hop (a ``pub`` with hops=1);
-* ``DELIVER`` (1): owner -> a node with routes to clean sessions only (a ``dlv`` without
+* ``ROUTE`` (0): edge -> owner of the topic's shard, first hop (a ``Pub`` with hops=1);
+* ``DELIVER`` (1): owner -> a node with routes to clean sessions only (a ``Dlv`` without
   shards).
 
 Both share one batch so that traffic of both kinds to one peer stays in one piece and in
 order.  Any other QoS, RETAIN, or a delivery that must check session shards travels as its
 own message as before.
 
-The batch comes from an authenticated peer, which built it from packets its own decoder
-checked, so the index is trusted as the fields of any other link message are; ``runs``
-still checks its shape and that it covers the blob exactly with PUBLISH frames, so a bug or
-version skew closes the link (``ValueError`` -> ``ProtocolError`` in
+The frame codec checks the batch's types (``messages.Batch``); what types cannot say,
+``runs`` checks: the index's shape and that it covers the blob exactly with PUBLISH frames,
+so a bug or version skew closes the link (``ValueError`` -> ``PeerProtocolError`` in
 ``Links.serve_stream``) instead of delivering garbled bytes.
 """
 
@@ -37,13 +36,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from mqttring.cluster.messages import Batch
 from mqttring.protocol.decoder import PacketDecoder
 from mqttring.protocol.errors import MQTTError
 from mqttring.protocol.packets import Publish
 from mqttring.protocol.session import Message
 
-#: The link message kind of a packed batch.
-BATCH = "q0"
 #: Sections.
 ROUTE = 0
 DELIVER = 1
@@ -56,19 +54,20 @@ MAX_BATCH_BYTES = 256 * 1024
 Run = tuple[int, str, int, int, int]
 
 
-def new_batch(section: int, topic: str, frames: bytes | memoryview, count: int) -> list[Any]:
+def new_batch(section: int, topic: str, frames: bytes | memoryview, count: int) -> Batch:
     """The link message for a first run; ``append`` adds to it while it is queued."""
-    return [BATCH, bytearray(frames), count, [section, topic, count, len(frames)]]
+    return Batch(bytearray(frames), count, [section, topic, count, len(frames)])
 
 
-def append(batch: list[Any], section: int, topic: str, frames: bytes | memoryview,
+def append(batch: Batch, section: int, topic: str, frames: bytes | memoryview,
            count: int) -> None:
-    batch[1] += frames
-    batch[2] += count
-    index = batch[3]
+    # A bytearray while queued (``new_batch``): extended in place, no attribute rebinding.
+    batch.blob.extend(frames)  # type: ignore[attr-defined]
+    batch.count += count
+    index = batch.index
     if index[-3] == topic and index[-4] == section:
-        index[-2] += count
-        index[-1] += len(frames)
+        index[-2] += count  # type: ignore[operator]
+        index[-1] += len(frames)  # type: ignore[operator]
     else:
         index += (section, topic, count, len(frames))
 
@@ -111,5 +110,5 @@ def unpack(frames: bytes | bytearray | memoryview) -> Iterator[Message]:
         raise ValueError("QoS 0 batch run ends in a truncated frame")
 
 
-__all__ = ["BATCH", "DELIVER", "MAX_BATCH_BYTES", "ROUTE", "Run", "append", "new_batch",
+__all__ = ["DELIVER", "MAX_BATCH_BYTES", "ROUTE", "Run", "append", "new_batch",
            "runs", "unpack"]

@@ -110,7 +110,9 @@ class FramedStream:
                 raise EOFError("connection closed by peer")
             self._buffer += chunk
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive_bytes(self) -> bytes:
+        """The next frame's payload, undecoded: for a stream handler with its own codec
+        (the data links decode typed frames, ``mqttring.cluster.messages``)."""
         await self._fill(4)
         (size,) = _LEN.unpack_from(self._buffer)
         if size > self.max_frame:
@@ -118,6 +120,10 @@ class FramedStream:
         await self._fill(4 + size)
         payload = bytes(self._buffer[4 : 4 + size])
         del self._buffer[: 4 + size]
+        return payload
+
+    async def receive(self) -> dict[str, Any]:
+        payload = await self.receive_bytes()
         try:
             message = msgpack.unpackb(payload, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types

@@ -1,0 +1,497 @@
+"""Every message that travels on a cluster data link, as types, and the one codec for them.
+
+Why types: a message used to be a positional msgpack list unpacked by hand at the receiver,
+so a field added at one end broke the other silently, and a malformed message surfaced as an
+``IndexError`` somewhere in a handler.  Here each message is a ``msgspec.Struct``: the link
+decodes a whole frame against these definitions before anything is applied, so a frame that
+does not match (another version, an unknown tag, a field of the wrong type) is refused as a
+whole with ``PeerProtocolError``, and a handler only ever sees a well-formed message of the
+one type it handles (``DataPlane`` dispatches by type).
+
+Wire form: every message is ``array_like`` and tagged, so on the wire it is still a compact
+msgpack array whose first element names the kind (``["pub", req, topic, ...]``): the same
+bytes the lists had, but now checked.  The frame around them is a ``Frame`` (version, the
+sender's incarnation and view epoch for fencing, the messages).
+
+Requests carry ``req`` (0 for a message nobody answers); ``Links.request`` fills it with
+``msgspec.structs.replace`` and the peer answers with an ``Ack`` naming it.  Messages are
+frozen, except the packed QoS 0 ``Batch``, which ``wire.append`` grows in place while it sits
+at the tail of a link queue (the hot path: no copy per PUBLISH).
+
+Each docstring says who sends the message, when, and what the receiver must do; the same
+table is in docs/design.md ("Messages on the data links").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeAlias
+
+import msgspec
+
+from mqttring.cluster.errors import PeerProtocolError
+
+#: Version of the frame format; a frame of any other version is refused.  Version 1 was the
+#: untyped map of positional lists: nodes of the two versions refuse each other's links.
+FRAME_VERSION = 2
+
+QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
+#: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).
+RouteKey: TypeAlias = tuple[str, str]
+
+
+class WireMessage(msgspec.Struct, array_like=True, gc=False):
+    """Base of every link message: the codec options live here, once.
+
+    ``gc=False``: messages hold only strings, bytes, numbers and lists of them, never a
+    reference back, so the cycle collector need not track the thousands per second the
+    links carry.
+    """
+
+
+class _Frozen(WireMessage, frozen=True):
+    """A message never changed after it is built (all but ``Batch``)."""
+
+
+class WillSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A client's will as the will keepers hold it (``mqttring.protocol.packets.Will``)."""
+
+    topic: str
+    payload: bytes
+    qos: QoS
+    retain: bool
+
+
+# -- publish routing (``mqttring.cluster.router``) --------------------------------------------
+
+
+class Pub(_Frozen, tag="pub"):
+    """Edge -> owner of the topic's shard: route this publish (QoS >= 1, or RETAIN).
+
+    Also sent by a node that got a ``Pub`` for a shard it no longer owns (the view changed
+    in flight), with ``hops`` incremented.  The receiver routes it as the owner (``accept``)
+    or passes it on by its own view, refuses it past ``MAX_HOPS``, and, when ``req`` is set,
+    answers once every node with subscribers accepted it.  Plain QoS 0 first hops travel in
+    a ``Batch`` instead.
+    """
+
+    req: int
+    topic: str
+    payload: bytes
+    qos: QoS
+    retain: bool
+    #: The node that took the publish from its client (for logs only).
+    origin: str
+    #: The sender's view epoch when it chose this owner (for logs only).
+    epoch: int
+    hops: int
+
+
+class Dlv(_Frozen, tag="dlv"):
+    """Owner -> a node with subscribers: deliver to your local sessions, never route again.
+
+    ``shards`` lists the session shards whose persistent sessions the receiver must hold
+    (it is their owner); if it does not hold them yet it refuses, and the owner re-resolves.
+    With ``req`` set the receiver answers once the copies it queued for persistent sessions
+    are stored.  A delivery to clean sessions only at QoS 0 travels in a ``Batch`` instead.
+    """
+
+    req: int
+    topic: str
+    payload: bytes
+    qos: QoS
+    shards: list[int]
+
+
+class Batch(WireMessage, tag="q0"):
+    """Packed plain QoS 0 PUBLISHes, edge -> owner (ROUTE runs) and owner -> subscriber's
+    node (DELIVER runs); format and checks in ``mqttring.cluster.wire``.
+
+    The receiver routes each ROUTE run as the owner (re-sending it as ``Pub`` if it no longer
+    owns the shard) and appends each DELIVER run to its clean sessions.  Nothing is answered.
+    Mutable on purpose: ``wire.append`` grows the batch at the tail of a link queue.
+    """
+
+    #: The PUBLISH frames back to back (a ``bytearray`` while it is being filled).
+    blob: bytes
+    #: PUBLISHes in ``blob``: the back-pressure count of this one message.
+    count: int
+    #: ``[section, topic, frames, bytes, ...]``: the runs, four entries each.
+    index: list[int | str]
+
+
+# -- routes (``mqttring.cluster.routes``, anti-entropy in ``router``) ------------------------
+
+
+class RouteAdd(_Frozen, tag="radd"):
+    """A node with a new local subscription -> every node that must hold its route (the
+    replicas of the filter's shard, or every live node for a wildcard filter).
+
+    The receiver adds ``(topic_filter, target)`` registered by the sender and answers; the
+    subscriber's SUBACK waits for that answer.
+    """
+
+    req: int
+    topic_filter: str
+    target: str
+
+
+class RouteDel(_Frozen, tag="rdel"):
+    """Like ``RouteAdd``, when the last local subscription of a filter goes: the receiver
+    removes the sender's registration of the route (others' stay) and answers."""
+
+    req: int
+    topic_filter: str
+    target: str
+
+
+class RouteSync(_Frozen, tag="rsync"):
+    """Every node -> each live peer, after every view change and link (re)connection, and
+    on ``RoutePull``: the full set of routes the peer should hold for the sender.
+
+    The receiver replaces exactly what the sender had registered with it in its own name,
+    and, for each session shard in ``homes`` (those the sender is the loaded home of), what
+    is registered in that home's name (``registrar_for``); it records that the sender's
+    routes are complete as of ``epoch`` (``ClusterRouter.routes_complete``).
+    """
+
+    epoch: int
+    routes: list[RouteKey]
+    homes: list[int]
+
+
+class RouteDigest(_Frozen, tag="rdig"):
+    """Every node -> each live peer, every ``route_sync_interval``: a digest of the route set
+    the peer should hold for the sender; the receiver answers ``RoutePull`` if its own copy
+    has another digest."""
+
+    epoch: int
+    digest: int
+    #: The session shards the sender is the loaded home of (their routes are in ``digest``).
+    homes: list[int]
+
+
+class RoutePull(_Frozen, tag="rpull"):
+    """The answer to a ``RouteDigest`` that did not match: the receiver sends ``RouteSync``."""
+
+
+class Handoff(_Frozen, tag="hoff"):
+    """New owner of shards -> their previous owner, still alive: confirm you let go.
+
+    The receiver answers once its view has reached ``epoch`` (so it takes no more
+    deliveries for the shards' sessions) and none of its durable writes to them is in
+    flight; only then does the new owner load the shards' sessions
+    (``DataPlane._take_over``), so nothing the old owner acknowledged is missing from them.
+    """
+
+    req: int
+    shards: list[int]
+    epoch: int
+
+
+class RetainedQuery(_Frozen, tag="retq"):
+    """A node whose client subscribed -> the owners that may hold matching retained
+    messages: the receiver answers with ``RetainedRows`` of the shards it owns."""
+
+    req: int
+    topic_filter: str
+
+
+# -- shard replication (``mqttring.cluster.replication``) ------------------------------------
+
+
+class StoredOp(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One replicated store operation: a put, or a delete when ``value`` is None.
+
+    ``value`` is whatever the store holds (``mqttring.lsm.Put``: any msgpack-able object);
+    its shape is the store's business, checked where the rows are read back.
+    """
+
+    db: str
+    key: bytes
+    value: Any
+
+
+class ShardOps(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The operations of one shard in a ``Repl``."""
+
+    shard: int
+    ops: list[StoredOp]
+
+
+class Repl(_Frozen, tag="repl"):
+    """Owner of shards -> each other replica of them: apply these writes.
+
+    The receiver writes them (durably if ``durable``), keeps its in-memory mirrors in step,
+    and answers when ``req`` is set; the owner's durable write waits for every answer.
+    """
+
+    req: int
+    shards: list[ShardOps]
+    durable: bool
+
+
+class CatchUp(_Frozen, tag="cu"):
+    """A node catching up on a shard -> its owner: the next chunk of ``db`` rows of
+    ``shard`` after key ``after`` (empty: from the start).  The receiver answers with
+    ``ShardRows`` (fewer than a chunk means the end)."""
+
+    req: int
+    shard: int
+    db: str
+    after: bytes
+
+
+# -- sessions (``mqttring.cluster.sessions``) ------------------------------------------------
+
+
+class SessionOpen(_Frozen, tag="sopen"):
+    """Edge -> home of a client id, on CONNECT (and again with the same token when the home
+    moves under a live clean session).
+
+    The home serializes registrations of one id, takes over any other connection with it
+    (``SessionKick``, publishes its will), keeps the will, binds the session and answers
+    ``SessionOpened``; a fenced home refuses.
+    """
+
+    req: int
+    client_id: str
+    edge: str
+    token: str
+    clean: bool
+    will: WillSpec | None
+
+
+class SessionClose(_Frozen, tag="sclose"):
+    """Edge -> home when a connection ends: unregister it if ``token`` is still the
+    registered one, and publish its will if ``publish_will`` (no clean DISCONNECT)."""
+
+    client_id: str
+    token: str
+    publish_will: bool
+
+
+class SessionKick(_Frozen, tag="skick"):
+    """Home -> the edge of a connection that was taken over: close connection ``token``
+    (its will is the home's to publish)."""
+
+    client_id: str
+    token: str
+
+
+class WillRegister(_Frozen, tag="wreg"):
+    """Home -> the other replicas of a client's shard, on every registration (and to a new
+    replica): keep this copy, so the will outlives the home."""
+
+    client_id: str
+    node: str
+    token: str
+    will: WillSpec | None
+    clean: bool
+
+
+class WillDelete(_Frozen, tag="wdel"):
+    """Home -> the other replicas: forget the copy if ``token`` is still the one held."""
+
+    client_id: str
+    token: str
+
+
+class SessionBytes(_Frozen, tag="sbytes"):
+    """Home of a persistent session -> the edge its client is connected to: the session's
+    encoded output; the edge appends it to connection ``token``'s output, if still open."""
+
+    client_id: str
+    token: str
+    data: bytes
+
+
+class SessionAck(_Frozen, tag="sack"):
+    """Edge -> home: the client acknowledged an outbound message; the home applies it to the
+    session machine (``packet_type``: 4 PUBACK, 5 PUBREC, 7 PUBCOMP)."""
+
+    client_id: str
+    token: str
+    packet_type: Literal[4, 5, 7]
+    packet_id: int
+
+
+class InboundQos2(_Frozen, tag="q2"):
+    """Edge -> home: inbound QoS 2 packet ids begun (True) or released (False) by the
+    client; the home stores them (durably and answering when ``req`` is set)."""
+
+    req: int
+    client_id: str
+    token: str
+    changes: list[tuple[int, bool]]
+
+
+class SessionSubscribe(_Frozen, tag="ssub"):
+    """Edge -> home: the client's SUBSCRIBE; the home subscribes the session, writes the
+    SUBACK and then the retained messages into the session's byte stream."""
+
+    client_id: str
+    token: str
+    packet_id: int
+    topics: list[tuple[str, int]]
+
+
+class SessionUnsubscribe(_Frozen, tag="sunsub"):
+    """Edge -> home: the client's UNSUBSCRIBE; the home unsubscribes and writes UNSUBACK."""
+
+    client_id: str
+    token: str
+    packet_id: int
+    topics: list[str]
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+
+class RetainedRow(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    topic: str
+    payload: bytes
+    qos: QoS
+
+
+class RetainedRows(_Frozen, tag="retained"):
+    """The answer to ``RetainedQuery``."""
+
+    rows: list[RetainedRow]
+
+
+class ShardRows(_Frozen, tag="rows"):
+    """The answer to ``CatchUp``: ``(key, value)`` rows in key order (values as in
+    ``StoredOp``)."""
+
+    rows: list[tuple[bytes, Any]]
+
+
+class SessionOpened(_Frozen, tag="opened"):
+    """The answer to ``SessionOpen``: what the edge's stand-in of a persistent session
+    needs (empty for a clean session)."""
+
+    present: bool
+    subscriptions: list[tuple[str, int]]
+    inbound_qos2: list[int]
+
+
+#: What an ``Ack`` may carry besides a refusal's reason.
+Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened
+
+
+class Ack(_Frozen, tag="ack"):
+    """Any node -> the sender of a request (``req`` != 0): the answer to it.
+
+    ``ok`` False means refused, ``body`` then says why.  Handled inside ``Links``: it wakes
+    the waiting ``request``.  Never dropped (the requester waits for it).
+    """
+
+    req: int
+    ok: bool
+    body: Reply | str | None = None
+
+
+#: Every message a link carries.
+LinkMessage: TypeAlias = (
+    Pub | Dlv | Batch | RouteAdd | RouteDel | RouteSync | RouteDigest | RoutePull | Handoff
+    | RetainedQuery | Repl | CatchUp | SessionOpen | SessionClose | SessionKick
+    | WillRegister | WillDelete | SessionBytes | SessionAck | InboundQos2 | SessionSubscribe
+    | SessionUnsubscribe | Ack
+)
+#: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
+Request: TypeAlias = (
+    Pub | Dlv | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
+    | InboundQos2
+)
+
+
+class Frame(msgspec.Struct, array_like=True, gc=False):
+    """One write on a link: the messages the writer had queued, stamped for fencing.
+
+    The receiver refuses the whole frame (and closes the link) if ``version`` is not
+    ``FRAME_VERSION`` or if ``admit(sender, incarnation)`` says the sender's life ended.
+    """
+
+    version: int
+    incarnation: int
+    epoch: int
+    messages: list[LinkMessage]
+
+
+class _FrameHead(msgspec.Struct, array_like=True):
+    """The version alone, to say why a frame that did not decode was refused."""
+
+    version: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Frame)
+_head_decoder = msgspec.msgpack.Decoder(_FrameHead)
+
+
+def encode_frame(incarnation: int, epoch: int, messages: list[Any]) -> bytes:
+    """The bytes of one link frame carrying ``messages``."""
+    return _encoder.encode(Frame(FRAME_VERSION, incarnation, epoch, messages))
+
+
+def decode_frame(payload: bytes) -> Frame:
+    """A received frame, checked against the types above; ``PeerProtocolError`` if it is not
+    one of ours (never a half-applied frame: nothing is dispatched before this returns)."""
+    try:
+        frame = _decoder.decode(payload)
+    except msgspec.MsgspecError as exc:
+        try:
+            version = _head_decoder.decode(payload).version
+        except msgspec.MsgspecError:
+            version = None
+        if version is not None and version != FRAME_VERSION:
+            raise PeerProtocolError(
+                f"frame version {version}, this node speaks {FRAME_VERSION}") from None
+        raise PeerProtocolError(f"undecodable frame: {exc}") from None
+    if frame.version != FRAME_VERSION:
+        raise PeerProtocolError(f"frame version {frame.version}, this node speaks "
+                                f"{FRAME_VERSION}")
+    return frame
+
+
+__all__ = [
+    "FRAME_VERSION",
+    "Ack",
+    "Batch",
+    "CatchUp",
+    "Dlv",
+    "Frame",
+    "Handoff",
+    "InboundQos2",
+    "LinkMessage",
+    "Pub",
+    "Repl",
+    "Reply",
+    "Request",
+    "RetainedQuery",
+    "RetainedRow",
+    "RetainedRows",
+    "RouteAdd",
+    "RouteDel",
+    "RouteDigest",
+    "RouteKey",
+    "RoutePull",
+    "RouteSync",
+    "SessionAck",
+    "SessionBytes",
+    "SessionClose",
+    "SessionKick",
+    "SessionOpen",
+    "SessionOpened",
+    "SessionSubscribe",
+    "SessionUnsubscribe",
+    "ShardOps",
+    "ShardRows",
+    "StoredOp",
+    "WillDelete",
+    "WillRegister",
+    "WillSpec",
+    "WireMessage",
+    "decode_frame",
+    "encode_frame",
+]
