@@ -178,10 +178,10 @@ async def _serve(links: Links, *payloads: bytes) -> Exception | None:
 async def test_a_bad_frame_is_counted_and_closes_the_link_after_the_good_ones() -> None:
     got: list[tuple[str, Any]] = []
     links = make_links(lambda node, msg: got.append((node, msg)))
-    good = m.encode_frame(0, 0, [m.RoutePull(), m.SessionKick("c", "a:1")])
+    good = m.encode_frame(0, 0, [m.RoutePull(), m.SessionKick(0, "c", "a:1")])
     error = await _serve(links, good, BAD_FRAMES["unknown-tag"], good)
     assert isinstance(error, PeerProtocolError)
-    assert got == [("peer", m.RoutePull()), ("peer", m.SessionKick("c", "a:1"))]
+    assert got == [("peer", m.RoutePull()), ("peer", m.SessionKick(0, "c", "a:1"))]
     assert links.protocol_errors == {"peer": 1} and links.received_messages == 2
 
 

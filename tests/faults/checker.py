@@ -67,6 +67,7 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
     delivered_anywhere: set[tuple[str, int]] = set()
     dups = reorders = 0
     samples: list[dict[str, Any]] = []
+    acked_at = {(a.pub, a.seq): (a.t_sent, a.t_ack) for a in acked}
     for sub in subs:
         delivered: dict[tuple[str, int], int] = defaultdict(int)
         for d in sub.deliveries:
@@ -75,6 +76,7 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
         sub_dups = sum(n - 1 for n in delivered.values() if n > 1)
         # order per (topic, publisher, connection)
         highest: dict[tuple[str, str, int], int] = {}
+        highest_t: dict[tuple[str, str, int], float] = {}
         seen: set[tuple[str, int]] = set()
         sub_reorders = 0
         for d in sub.deliveries:
@@ -82,8 +84,15 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
             if d.seq < highest.get(key, 0) and (d.pub, d.seq) not in seen:
                 sub_reorders += 1
                 if len(samples) < SAMPLE:
+                    ack = acked_at.get((d.pub, d.seq))
                     samples.append({"kind": "reorder", "sub": sub.name, "topic": d.topic,
-                                    "pub": d.pub, "seq": d.seq, "after": highest[key]})
+                                    "pub": d.pub, "seq": d.seq, "after": highest[key],
+                                    "t": round(d.t, 3), "dup": d.dup,
+                                    "t_after": round(highest_t[key], 3),
+                                    "t_sent": None if ack is None else round(ack[0], 3),
+                                    "t_ack": None if ack is None else round(ack[1], 3)})
+            if d.seq >= highest.get(key, 0):
+                highest_t[key] = d.t
             highest[key] = max(highest.get(key, 0), d.seq)
             seen.add((d.pub, d.seq))
         due = owed(sub, acked)

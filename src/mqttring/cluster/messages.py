@@ -272,8 +272,11 @@ class SessionClose(_Frozen, tag="sclose"):
 
 class SessionKick(_Frozen, tag="skick"):
     """Home -> the edge of a connection that was taken over: close connection ``token``
-    (its will is the home's to publish)."""
+    (its will is the home's to publish), then answer.  The home lets the new connection
+    in only after that answer, or once the view declares the edge down (a cut-off edge
+    has fenced itself by then): never two live connections for one client id."""
 
+    req: int
     client_id: str
     token: str
 
@@ -401,7 +404,7 @@ LinkMessage: TypeAlias = (
 #: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
 Request: TypeAlias = (
     Pub | Dlv | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
-    | InboundQos2
+    | SessionKick | InboundQos2
 )
 
 

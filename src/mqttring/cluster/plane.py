@@ -467,7 +467,7 @@ class DataPlane:
             CatchUp: task(replicator.serve_catch_up),
             SessionOpen: task(sessions.on_sopen),
             SessionClose: task(sessions.on_sclose, with_node=False),
-            SessionKick: lambda node, msg: sessions.on_skick(msg),
+            SessionKick: sessions.on_skick,
             WillRegister: lambda node, msg: sessions.on_wreg(msg),
             WillDelete: lambda node, msg: sessions.on_wdel(msg),
             SessionBytes: lambda node, msg: sessions.on_sbytes(msg),

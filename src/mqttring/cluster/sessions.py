@@ -245,7 +245,9 @@ class ClusterSessions(LocalSessions):
             answer = await self.links.request(
                 home, SessionOpen(0, client_id, self.node_id, token, packet.clean_session,
                                   will_to_wire(packet.will)),
-                expect=SessionOpened)
+                # The home may wait for its shard to load and for a previous connection to
+                # be closed, each up to ``patience``: never give up before it answers.
+                timeout=2 * self.patience + 5.0, expect=SessionOpened)
         except (PeerUnavailable, RemoteError) as exc:
             self.remote.pop((client_id, token), None)
             self.by_token.pop(token, None)
@@ -296,8 +298,9 @@ class ClusterSessions(LocalSessions):
             stand_in.output += message.data
             self.core.wake(message.client_id)
 
-    def on_skick(self, message: SessionKick) -> None:
+    def on_skick(self, node: str, message: SessionKick) -> None:
         self._kick_token(message.token)
+        self.links.reply(node, message.req, True)
 
     def _kick_token(self, token: str) -> None:
         handler = self.by_token.pop(token, None)
@@ -335,6 +338,10 @@ class ClusterSessions(LocalSessions):
         lock = self._locks.setdefault(client_id, trio.Lock())
         async with lock:
             previous = self.registrations.get(client_id)
+            if (previous is not None and previous.token != token
+                    and previous.node != self.node_id):
+                # Before the new connection counts: the old one must be closed (confirmed).
+                await self._kick_remote(client_id, previous)
             self.registrations[client_id] = Registration(node, token, will, clean)
             self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
                                                     clean))
@@ -347,11 +354,32 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                else:
-                    self.links.send(previous.node, SessionKick(client_id, previous.token))
                 await self._publish_will(previous.will)
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
+
+    async def _kick_remote(self, client_id: str, previous: Registration) -> None:
+        """Close a taken-over connection on another node, and know it is closed.
+
+        The edge answers once the connection is closed.  An edge that does not answer is
+        waited for until the view declares it down: a node cut off from the majority fences
+        itself (closes every connection) before it can be declared down.  Past ``patience``
+        the new connection is refused instead (``SessionUnavailable``: CONNACK 3).
+        """
+        deadline = trio.current_time() + self.patience
+        while True:
+            if previous.node not in self.view().live_members():
+                return
+            try:
+                await self.links.request(previous.node,
+                                         SessionKick(0, client_id, previous.token), 2.0)
+                return
+            except (PeerUnavailable, RemoteError) as exc:
+                if trio.current_time() >= deadline:
+                    raise SessionUnavailable(
+                        f"{previous.node} did not confirm closing the previous connection of "
+                        f"{client_id!r}: {exc}") from exc
+                await self.wait_for_view_change(0.5)
 
     async def unregister(self, client_id: str, token: str, publish_will: bool) -> None:
         current = self.registrations.get(client_id)
