@@ -196,7 +196,7 @@ async def test_a_message_whose_content_fails_its_checks_is_a_protocol_error() ->
 
 
 async def test_a_fenced_off_frame_is_refused_not_a_protocol_error() -> None:
-    links = Links("me", b"k" * 32, lambda node, msg: None, admit=lambda node, inc: inc >= 2)
+    links = Links("me", b"k" * 32, lambda node, msg: None, admit=lambda node, inc, epoch: inc >= 2)
     error = await _serve(links, m.encode_frame(1, 0, [m.RoutePull()]))
     assert isinstance(error, ProtocolError) and not isinstance(error, PeerProtocolError)
     assert links.refused_frames == 1 and links.protocol_errors == {}

@@ -246,14 +246,31 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
 def test_frames_of_an_ended_life_are_refused() -> None:
     meta = Metadata("a", "b", "c")
     view = meta.view()
+    epoch = view.epoch
     first = view.members["c"].incarnation
-    assert admit_frame(view, "c", first)
+    assert admit_frame(view, "a", "c", first, epoch)
     meta.down("c")  # cut off, declared down: what it sends in that life is refused
-    assert not admit_frame(meta.view(), "c", first)
+    assert not admit_frame(meta.view(), "a", "c", first, epoch)
     meta.join("c")  # rejoined in a new incarnation
     view = meta.view()
-    assert admit_frame(view, "c", view.members["c"].incarnation)
-    assert not admit_frame(view, "c", first)
+    assert admit_frame(view, "a", "c", view.members["c"].incarnation, view.epoch)
+    assert not admit_frame(view, "a", "c", first, epoch)
     # A node our view does not know yet, or a newer life of one it does: joining.
-    assert admit_frame(view, "d", 1)
-    assert admit_frame(view, "c", view.members["c"].incarnation + 1)
+    assert admit_frame(view, "a", "d", 1, view.epoch)
+    assert admit_frame(view, "a", "c", view.members["c"].incarnation + 1, view.epoch)
+
+
+def test_frames_packed_for_the_receivers_previous_life_are_refused() -> None:
+    """A frame that sat in a send buffer across a partition reaches the healed node's new
+    life stamped with an epoch from before it rejoined: the new life refuses it, whoever
+    (legitimately) sent it."""
+    meta = Metadata("a", "b", "c")
+    before = meta.view().epoch
+    meta.down("c")
+    meta.join("c")
+    view = meta.view()
+    since = view.members["c"].since
+    assert since > before
+    assert not admit_frame(view, "c", "a", view.members["a"].incarnation, before)
+    assert admit_frame(view, "c", "a", view.members["a"].incarnation, since)
+    assert admit_frame(view, "b", "a", view.members["a"].incarnation, before)  # not c's life

@@ -8,7 +8,12 @@ raises every time a node rejoins), and the receiver judges it against its own vi
 * a newer incarnation than the view knows, or a node the view does not know yet, is a node
   joining or rejoining whose admission the receiver has not applied yet: admitted;
 * an older incarnation is an ended life: refused;
-* the view's incarnation is admitted unless the view declared that incarnation down.
+* the view's incarnation is admitted unless the view declared that incarnation down;
+* whoever sent it, a frame stamped with an epoch older than the one in which the receiver's
+  own current incarnation began was packed for the receiver's previous life (the sender
+  had not seen it rejoin): refused too.  This is what stops data that sat in a kernel's
+  send buffer across a partition, or on a link to a node's earlier process, from being
+  applied by the node's new life after the heal.
 
 Refusal is final for that frame (it is counted and the link is closed); the sender learns
 from the view that it was declared down, drops its queues and rejoins in a new incarnation.
@@ -19,8 +24,12 @@ from __future__ import annotations
 from mqttring.raft.view import ClusterView, MemberState
 
 
-def admit_frame(view: ClusterView, node: str, incarnation: int) -> bool:
-    """May a frame that ``node`` stamped with ``incarnation`` be applied under ``view``?"""
+def admit_frame(view: ClusterView, me: str, node: str, incarnation: int, epoch: int) -> bool:
+    """May a frame that ``node`` stamped with ``(incarnation, epoch)`` be applied by ``me``
+    under ``view``?"""
+    mine = view.members.get(me)
+    if mine is not None and epoch < mine.since:
+        return False
     member = view.members.get(node)
     if member is None or incarnation > member.incarnation:
         return True

@@ -96,10 +96,10 @@ MessageHandler = Callable[[str, LinkMessage], None]
 #: (incarnation, epoch) of this node, stamped on every frame it sends.
 Stamp = Callable[[], tuple[int, int]]
 #: May frames from ``node`` in ``incarnation`` be applied here?
-Admit = Callable[[str, int], bool]
+Admit = Callable[[str, int, int], bool]
 
 
-def _always(node: str, incarnation: int) -> bool:
+def _always(node: str, incarnation: int, epoch: int) -> bool:
     return True
 
 
@@ -492,11 +492,11 @@ class Links:
             except PeerProtocolError as exc:
                 raise self._protocol_error(node, exc) from None
             incarnation = frame.incarnation
-            if not self.admit(node, incarnation):
+            if not self.admit(node, incarnation, frame.epoch):
                 self.refused_frames += 1
-                log.warning("refused a frame from %s (incarnation %r): fenced off", node,
-                            incarnation)
-                raise ProtocolError(f"frame from a fenced-off incarnation of {node}")
+                log.warning("refused a frame from %s (incarnation %d, epoch %d): fenced off",
+                            node, incarnation, frame.epoch)
+                raise ProtocolError(f"frame from a fenced-off life of {node} or of this node")
             for message in frame.messages:
                 try:
                     if type(message) is Ack:

@@ -154,8 +154,8 @@ class DataPlane:
         me = self.view.members.get(self.node_id)
         return (me.incarnation if me is not None else 0, self.view.epoch)
 
-    def _admit(self, node: str, incarnation: int) -> bool:
-        return admit_frame(self.view, node, incarnation)
+    def _admit(self, node: str, incarnation: int, epoch: int) -> bool:
+        return admit_frame(self.view, self.node_id, node, incarnation, epoch)
 
     def _on_link_connected(self, node: str) -> None:
         if self.view.epoch and not self.fenced:
@@ -258,7 +258,7 @@ class DataPlane:
                         "rejoining", self.node_id, new.epoch, dropped)
         self.links.update_peers({
             node: member.cluster for node, member in new.members.items()
-            if member.state is not MemberState.DOWN
+            if member.state in (MemberState.UP, MemberState.LEAVING)
         })
         # Peers hold routes of our previous life until our first full route set replaces
         # them: ``router.on_view`` sends it (and again on every link connection).

@@ -585,15 +585,27 @@ class ClusterSessions(LocalSessions):
                 handler.kick()  # its session moved; the client reconnects to the new home
 
     async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
-        if handler.client_id is None or home is None:
-            return
-        will = will_to_wire(handler.will)
-        try:
-            if home == self.node_id:
-                await self.register(handler.client_id, self.node_id, handler.token,
-                                    handler.will, True)
-            else:
-                await self.links.request(home, SessionOpen(0, handler.client_id, self.node_id,
-                                                           handler.token, True, will))
-        except (PeerUnavailable, RemoteError) as exc:
-            log.warning("could not re-register %r at %s: %s", handler.client_id, home, exc)
+        """Register a clean session's connection (and will) at its new home.
+
+        Retried while the connection lives, bounded by ``patience``: the new home may
+        still be loading its shard or not yet serving, and a will must not be lost to that.
+        """
+        deadline = trio.current_time() + self.patience
+        while handler.client_id is not None and home is not None and not handler.finished:
+            will = will_to_wire(handler.will)
+            try:
+                if home == self.node_id:
+                    await self.register(handler.client_id, self.node_id, handler.token,
+                                        handler.will, True)
+                else:
+                    await self.links.request(home, SessionOpen(
+                        0, handler.client_id, self.node_id, handler.token, True, will))
+                return
+            except (PeerUnavailable, RemoteError, SessionUnavailable) as exc:
+                if trio.current_time() >= deadline:
+                    log.warning("could not re-register %r at %s: %s", handler.client_id,
+                                home, exc)
+                    return
+                log.info("re-registering %r at %s: %s; retrying", handler.client_id, home, exc)
+            await self.wait_for_view_change(0.5)
+            home = self.home(handler.client_id)

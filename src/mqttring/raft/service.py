@@ -455,6 +455,8 @@ class MetadataService:
                                   if m.node_id != self.node_id] or self._join_via
                 with contextlib.suppress(trio.TooSlowError):
                     await self._join()
+                    # Admitted again by the leader: that is a proof of quorum.
+                    self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
                 continue
             leader = view.members.get(view.leader or "")
             if leader is None or leader.node_id == self.node_id:

@@ -153,7 +153,7 @@ class MetadataState:
         num_shards, replication = int(c["num_shards"]), int(c["replication"])
         if num_shards < 1 or replication < 1:
             raise CommandRejected("num_shards and replication must be >= 1")
-        member = self._member_from(c["member"], MemberState.UP, incarnation=1)
+        member = replace(self._member_from(c["member"], MemberState.UP, incarnation=1), since=1)
         self.num_shards, self.replication = num_shards, replication
         self.members[member.node_id] = member
         # No data exists yet, so the first node holds every shard without catching up.
@@ -173,7 +173,8 @@ class MetadataState:
         member = self._member(c["node_id"])
         if member.state is not MemberState.JOINING:
             raise CommandRejected(f"{member.node_id} is {member.state}, not joining")
-        up = replace(member, state=MemberState.UP, incarnation=member.incarnation + 1)
+        up = replace(member, state=MemberState.UP, incarnation=member.incarnation + 1,
+                     since=self.epoch + 1)
         self.members[up.node_id] = up
         return {"incarnation": up.incarnation}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -43,6 +43,21 @@ class Member:
     state: MemberState
     incarnation: int
     weight: int = 1
+    #: The epoch in which this incarnation began (its ``up``): frames stamped with an older
+    #: epoch were packed for an earlier life of this member and are refused by it.
+    since: int = 0
+
+    def __setstate__(self, state: list[Any]) -> None:
+        """Unpickle (pysyncobj dumps), also a state written before ``since`` existed."""
+        names = [f.name for f in fields(self)]
+        defaults = {"weight": 1, "since": 0}
+        for name, value in zip(names, state, strict=False):
+            object.__setattr__(self, name, value)
+        for name in names[len(state):]:
+            object.__setattr__(self, name, defaults[name])
+
+    def __getstate__(self) -> list[Any]:
+        return [getattr(self, f.name) for f in fields(self)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +153,8 @@ def view_to_wire(view: ClusterView) -> dict[str, Any]:
         "leader": view.leader,
         "num_shards": view.num_shards,
         "replication": view.replication,
-        "members": {n: {"state": m.state.value, "incarnation": m.incarnation, "mqtt": m.mqtt,
+        "members": {n: {"state": m.state.value, "incarnation": m.incarnation, "since": m.since,
+                        "mqtt": m.mqtt,
                         "cluster": m.cluster, "raft": m.raft, "weight": m.weight}
                     for n, m in view.members.items()},
         "shard_counts": view.shard_counts(),
