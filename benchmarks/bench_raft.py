@@ -27,10 +27,10 @@ import trio
 
 from mqttring.raft.localcluster import LocalCluster
 from mqttring.raft.replicated import DEFAULT_TIMEOUTS
-from mqttring.raft.rpc import RpcClient
 from mqttring.raft.state import MetadataState, cmd_bootstrap, cmd_caught_up, cmd_joining, cmd_up
 from mqttring.raft.state import member_info as info
 from mqttring.ring.placement import place_shards
+from mqttring.rpc import RpcClient
 
 RESULTS = Path(__file__).resolve().parent / "results" / "raft.json"
 

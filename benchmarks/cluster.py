@@ -127,8 +127,7 @@ def start_nodes(
 def wait_settled(node: BrokerHandle, timeout: float = 60.0) -> float:
     """Wait until no shard is catching up any more (joins copy shards for a while after
     formation); measuring before that would bill the copy to the idle cluster."""
-    from mqttring.raft.rpc import call_once, derive_key
-    from mqttring.raft.service import RPC_KEY_PURPOSE
+    from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
 
     key = derive_key(str(node.extra["secret"]), RPC_KEY_PURPOSE)
     start = time.monotonic()

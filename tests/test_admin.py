@@ -8,8 +8,7 @@ import trio
 
 from mqttring import BrokerConfig, MqttRingBroker
 from mqttring.lsm import open_snapshot
-from mqttring.raft.rpc import AuthError, RpcError, call_once, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE
+from mqttring.rpc import RPC_KEY_PURPOSE, AuthError, RpcError, call_once, derive_key
 
 SECRET = "admin-test-secret"
 

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from mqttring.raft.localcluster import LocalCluster
-from mqttring.raft.rpc import RpcError
+from mqttring.rpc import RpcError
 
 pytestmark = pytest.mark.timeout(120)
 

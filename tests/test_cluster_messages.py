@@ -25,7 +25,7 @@ from mqttring.cluster import messages as m
 from mqttring.cluster.errors import PeerProtocolError
 from mqttring.cluster.links import Links, _Pending
 from mqttring.cluster.plane import DataPlane
-from mqttring.raft.rpc import FramedStream, Peer, ProtocolError
+from mqttring.rpc import FramedStream, Peer, ProtocolError
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(m.LinkMessage)
 REQUEST_TYPES: tuple[type, ...] = typing.get_args(m.Request)

@@ -40,8 +40,7 @@ from mqttring.analytics.export import (
 from mqttring.analytics.schemas import TABLES, decode_row
 from mqttring.cli import main
 from mqttring.lsm import DbFile, LsmStore, Manifest, Put, Snapshot, open_snapshot, shard_key
-from mqttring.raft.rpc import call_once, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE
+from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
 
 SECRET = "analytics-test-secret"
 WAIT = 10.0

@@ -22,9 +22,8 @@ from typing import Any
 
 import trio
 
-from mqttring.raft.rpc import call_once, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE
 from mqttring.ring.hashing import shard_of
+from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
 
 from .netns import IP, Topology
 

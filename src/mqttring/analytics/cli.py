@@ -16,8 +16,7 @@ from typing import Any
 import trio
 
 from mqttring.analytics import ExportError
-from mqttring.raft.rpc import AuthError, RpcError
-from mqttring.raft.service import SECRET_ENV
+from mqttring.rpc import SECRET_ENV, AuthError, RpcError
 
 
 def _error(message: str) -> int:

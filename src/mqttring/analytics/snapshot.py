@@ -24,8 +24,7 @@ from typing import Any
 
 import trio
 
-from mqttring.raft.rpc import call_once, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE
+from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
 
 #: Written by ``--all`` next to the node snapshots; read by the export (owners per shard).
 SNAPSHOT_SET = "SNAPSHOT-SET.json"

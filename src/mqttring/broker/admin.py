@@ -1,4 +1,4 @@
-"""Node-side admin requests on the authenticated RPC port (``mqttring.raft.rpc``).
+"""Node-side admin requests on the authenticated RPC port (``mqttring.rpc``).
 
 A cluster node serves them on its cluster address; a single node on ``admin`` if set.
 Both need the cluster secret (``cluster_secret`` / ``$MQTTRING_CLUSTER_SECRET``): a snapshot
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mqttring.raft.rpc import Peer, RpcError, RpcServer
+from mqttring.rpc import Peer, RpcError, RpcServer
 
 if TYPE_CHECKING:
     from mqttring.broker.server import MqttRingBroker

@@ -43,9 +43,8 @@ from mqttring.broker.sys_topics import publish_sys_topics
 from mqttring.broker.transport import TcpTransport, WebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
-from mqttring.raft.rpc import RpcServer, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE, cluster_secret
 from mqttring.ring.hashing import shard_of
+from mqttring.rpc import RPC_KEY_PURPOSE, RpcServer, cluster_secret, derive_key
 
 if TYPE_CHECKING:
     from mqttring.cluster.plane import DataPlane

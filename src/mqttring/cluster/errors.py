@@ -10,7 +10,7 @@ cannot read (a version skew or a bug), and it closes that peer's link.
 from __future__ import annotations
 
 from mqttring.broker.router import PublishRefused
-from mqttring.raft.rpc import ProtocolError
+from mqttring.rpc import ProtocolError
 
 
 class PeerFailure(PublishRefused):

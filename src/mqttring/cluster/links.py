@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Every node keeps one *outbound* link to every other live member.  A link is a connection to
-the peer's cluster port (the RPC server of ``mqttring.raft.rpc``: HMAC challenge both ways,
+the peer's cluster port (the RPC server of ``mqttring.rpc``: HMAC challenge both ways,
 so a peer without the cluster secret is refused and logged there) switched into the
 ``data.link`` stream kind.  Messages travel one way on it: A's messages to B go on A's link
 to B, B's replies on B's link to A.  That keeps each link a plain FIFO with one writer task.
@@ -69,7 +69,7 @@ from mqttring.cluster.messages import (
     encode_frame,
 )
 from mqttring.cluster.wire import MAX_BATCH_BYTES
-from mqttring.raft.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
+from mqttring.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
 
 log = logging.getLogger("mqttring.cluster.links")
 

@@ -76,14 +76,9 @@ from mqttring.cluster.sessions import ClusterSessions, RemoteSession
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
-from mqttring.raft.rpc import derive_key
-from mqttring.raft.service import (
-    RPC_KEY_PURPOSE,
-    CommitError,
-    MetadataService,
-    cluster_secret,
-)
+from mqttring.raft.service import CommitError, MetadataService
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
+from mqttring.rpc import RPC_KEY_PURPOSE, cluster_secret, derive_key
 
 log = logging.getLogger("mqttring.cluster")
 

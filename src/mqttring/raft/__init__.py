@@ -7,13 +7,11 @@ shell around it (``replicated.py``).  See ``docs/cluster.md``.
 
 from __future__ import annotations
 
-from mqttring.raft.rpc import AuthError, Peer, ProtocolError, RpcClient, RpcError, RpcServer
 from mqttring.raft.service import CatchUp, CommitError, MetadataService
 from mqttring.raft.state import MetadataState
 from mqttring.raft.view import ClusterView, Member, MemberState, ShardAssignment, ShardState
 
 __all__ = [
-    "AuthError",
     "CatchUp",
     "ClusterView",
     "CommitError",
@@ -21,11 +19,6 @@ __all__ = [
     "MemberState",
     "MetadataService",
     "MetadataState",
-    "Peer",
-    "ProtocolError",
-    "RpcClient",
-    "RpcError",
-    "RpcServer",
     "ShardAssignment",
     "ShardState",
 ]

@@ -18,8 +18,7 @@ from typing import Any
 
 import trio
 
-from mqttring.raft.rpc import AuthError, RpcError, call_once, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE, SECRET_ENV
+from mqttring.rpc import RPC_KEY_PURPOSE, SECRET_ENV, AuthError, RpcError, call_once, derive_key
 
 
 def _key(args: argparse.Namespace) -> bytes:

@@ -22,8 +22,7 @@ from typing import Any
 
 import trio
 
-from mqttring.raft.rpc import call_once, derive_key
-from mqttring.raft.service import RPC_KEY_PURPOSE
+from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
 
 
 def free_port() -> int:

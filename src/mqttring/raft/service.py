@@ -44,7 +44,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -63,17 +62,23 @@ from mqttring.raft.replicated import (
     ReplicatedMetadata,
     make_syncobj,
 )
-from mqttring.raft.rpc import Peer, RpcClient, RpcError, RpcServer, call_once, derive_key
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
+from mqttring.rpc import (
+    RPC_KEY_PURPOSE,
+    Peer,
+    RpcClient,
+    RpcError,
+    RpcServer,
+    call_once,
+    cluster_secret,
+    derive_key,
+)
 
 log = logging.getLogger(__name__)
 
-RPC_KEY_PURPOSE = "mqttring-rpc-v1"
-SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
 #: Metadata RPC kinds served on the cluster port (the data plane adds its own).
 RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_up", "pin",
              "unpin")
-
 
 class CatchUp(enum.Enum):
     DATA_PLANE = "data-plane"  # the data plane calls mark_caught_up after copying a shard
@@ -82,13 +87,6 @@ class CatchUp(enum.Enum):
 
 class CommitError(Exception):
     """Raft did not commit a command (no leader, leader changed) or the state refused it."""
-
-
-def cluster_secret(config: BrokerConfig) -> str:
-    secret = config.cluster_secret or os.environ.get(SECRET_ENV)
-    if not secret:
-        raise ConfigError(f"a cluster needs cluster_secret (or ${SECRET_ENV})")
-    return secret
 
 
 def default_raft_address(cluster: str) -> str:

@@ -7,7 +7,7 @@ import logging
 import pytest
 import trio
 
-from mqttring.raft.rpc import (
+from mqttring.rpc import (
     AuthError,
     FramedStream,
     Peer,

@@ -5,7 +5,9 @@ Why this exists
 Joining, leaving, heartbeats, status and "I caught up" reports need a way to talk to a
 member before (or besides) Raft.  pysyncobj's own port is not it: its transport unpickles
 what it receives and is keyed by Raft addresses.  This is a small, explicit protocol that
-the data plane (issue 5) is meant to share: one TCP port per node, ``config.cluster``.
+the data plane shares: one TCP port per node, ``config.cluster``.  It lives apart from
+``mqttring.raft`` because both the metadata service and the data links (and a single
+node's admin port) speak it; consensus does not own its transport.
 
 Framing
 -------
@@ -51,9 +53,21 @@ from typing import Any
 import msgpack
 import trio
 
-from mqttring.config import parse_hostport
+from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 
 log = logging.getLogger(__name__)
+
+#: The RPC key is derived from the cluster secret for this purpose only.
+RPC_KEY_PURPOSE = "mqttring-rpc-v1"
+SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
+
+
+def cluster_secret(config: BrokerConfig) -> str:
+    """The cluster secret from the config, else from ``$MQTTRING_CLUSTER_SECRET``."""
+    secret = config.cluster_secret or os.environ.get(SECRET_ENV)
+    if not secret:
+        raise ConfigError(f"a cluster needs cluster_secret (or ${SECRET_ENV})")
+    return secret
 
 MAX_FRAME = 16 * 1024 * 1024
 PROTOCOL_VERSION = 1
