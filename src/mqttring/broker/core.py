@@ -200,9 +200,8 @@ class BrokerCore:
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
         assert session is not None
-        if session.remote:
-            session.forward_subscribe(event.packet_id, event.topics)  # its home answers
-            return
+        if self.manager.forward_subscribe(session, event.packet_id, event.topics):
+            return  # the session lives on another node, which answers
         codes = await self.subscribe(session, event.topics)
         handler.conn.send_suback(event.packet_id, codes)
         await self.deliver_retained(session, event.topics, codes)
@@ -245,8 +244,7 @@ class BrokerCore:
     async def on_unsubscribe(self, handler: ClientHandler, event: UnsubscribeRequested) -> None:
         session = handler.session
         assert session is not None
-        if session.remote:
-            session.forward_unsubscribe(event.packet_id, event.topics)
+        if self.manager.forward_unsubscribe(session, event.packet_id, event.topics):
             return
         for topic_filter in event.topics:
             self.router.unsubscribe(session, topic_filter)

@@ -49,10 +49,27 @@ class SessionManager(Protocol):
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         """Store what changed in these sessions."""
 
+    def forward_subscribe(self, session: Session, packet_id: int,
+                          topics: tuple[tuple[str, int], ...]) -> bool:
+        """True if the session lives on another node, which then answers the SUBSCRIBE
+        (in the session's own byte stream); False: the broker core handles it here."""
+
+    def forward_unsubscribe(self, session: Session, packet_id: int,
+                            topics: tuple[str, ...]) -> bool:
+        """As ``forward_subscribe``, for UNSUBSCRIBE."""
+
 
 class LocalSessions:
     def __init__(self, core: BrokerCore) -> None:
         self.core = core
+
+    def forward_subscribe(self, session: Session, packet_id: int,
+                          topics: tuple[tuple[str, int], ...]) -> bool:
+        return False  # every session of a single node lives here
+
+    def forward_unsubscribe(self, session: Session, packet_id: int,
+                            topics: tuple[str, ...]) -> bool:
+        return False
 
     async def open(
         self, handler: ClientHandler, client_id: str, packet: Connect

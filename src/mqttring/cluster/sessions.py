@@ -50,7 +50,6 @@ from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
     InboundQos2,
-    LinkMessage,
     SessionAck,
     SessionBytes,
     SessionClose,
@@ -93,20 +92,27 @@ def will_from_wire(spec: WillSpec | None) -> Will | None:
 
 
 class RemoteSession(Session):
-    """Edge-side stand-in for a persistent session whose home is another node."""
+    """Edge-side stand-in for a persistent session whose home is another node.
 
-    remote = True
-    __slots__ = ("home", "links", "pending", "q2_changes", "token")
+    The protocol machine at the edge talks to it like to any session; it does no I/O of its
+    own.  What the client acknowledges (PUBACK, PUBREC, PUBCOMP) and the inbound QoS 2 ids
+    it opens and releases are recorded as changes, which ``ClusterSessions.persist`` (called
+    by the broker core after every batch of packets, durably before a PUBREC) forwards to
+    the home, where the real session is.
+    """
 
-    def __init__(self, client_id: str, home: str, token: str, links: Links,
+    __slots__ = ("acks", "home", "pending", "q2_changes", "token")
+
+    def __init__(self, client_id: str, home: str, token: str,
                  subscriptions: dict[str, int], inbound_qos2: Iterable[int]) -> None:
         super().__init__(client_id, False)
         self.home = home
         self.token = token
-        self.links = links
         self.subscriptions = dict(subscriptions)
         self.inbound_qos2 = set(inbound_qos2)
         self.q2_changes: dict[int, bool] = {}
+        #: (packet type, packet id) acknowledgements owed to the home, in arrival order.
+        self.acks: list[tuple[int, int]] = []
         #: Bytes from the home that arrived before the connection was accepted.
         self.pending = bytearray()
         self.output = self.pending  # sbytes land here until attach()
@@ -123,19 +129,16 @@ class RemoteSession(Session):
                 now: float = 0.0) -> None:
         raise RuntimeError("messages for a remote session are routed to its home")
 
-    def _send(self, message: LinkMessage) -> None:
-        self.links.send(self.home, message)
-
     def on_puback(self, packet_id: int) -> bool:
-        self._send(SessionAck(self.client_id, self.token, 4, packet_id))
+        self.acks.append((4, packet_id))
         return True
 
     def on_pubrec(self, packet_id: int) -> bool:
-        self._send(SessionAck(self.client_id, self.token, 5, packet_id))
+        self.acks.append((5, packet_id))
         return True
 
     def on_pubcomp(self, packet_id: int) -> bool:
-        self._send(SessionAck(self.client_id, self.token, 7, packet_id))
+        self.acks.append((7, packet_id))
         return True
 
     def begin_inbound_qos2(self, packet_id: int) -> bool:
@@ -151,17 +154,15 @@ class RemoteSession(Session):
             self.q2_changes[packet_id] = False
 
     def has_changes(self) -> bool:
-        return bool(self.q2_changes)
+        return bool(self.q2_changes or self.acks)
 
     def take_changes(self) -> tuple[dict[int, Any], dict[int, bool]]:
         changes, self.q2_changes = self.q2_changes, {}
         return {}, changes
 
-    def forward_subscribe(self, packet_id: int, topics: tuple[tuple[str, int], ...]) -> None:
-        self._send(SessionSubscribe(self.client_id, self.token, packet_id, list(topics)))
-
-    def forward_unsubscribe(self, packet_id: int, topics: tuple[str, ...]) -> None:
-        self._send(SessionUnsubscribe(self.client_id, self.token, packet_id, list(topics)))
+    def take_acks(self) -> list[tuple[int, int]]:
+        acks, self.acks = self.acks, []
+        return acks
 
 
 class SessionProxy:
@@ -239,7 +240,7 @@ class ClusterSessions(LocalSessions):
             return await self.bind(client_id, packet.clean_session)
         stand_in = None
         if not packet.clean_session:
-            stand_in = RemoteSession(client_id, home, token, self.links, {}, ())
+            stand_in = RemoteSession(client_id, home, token, {}, ())
             self.remote[(client_id, token)] = stand_in
         try:
             answer = await self.links.request(
@@ -279,6 +280,9 @@ class ClusterSessions(LocalSessions):
         local = []
         for session in sessions:
             if isinstance(session, RemoteSession):
+                for kind, packet_id in session.take_acks():
+                    self.links.send(session.home, SessionAck(session.client_id, session.token,
+                                                             kind, packet_id))
                 _, changes = session.take_changes()
                 if not changes:
                     continue
@@ -291,6 +295,22 @@ class ClusterSessions(LocalSessions):
                 local.append(session)
         if local:
             await super().persist(local, durability)
+
+    def forward_subscribe(self, session: Session, packet_id: int,
+                          topics: tuple[tuple[str, int], ...]) -> bool:
+        if not isinstance(session, RemoteSession):
+            return False
+        self.links.send(session.home, SessionSubscribe(session.client_id, session.token,
+                                                       packet_id, list(topics)))
+        return True
+
+    def forward_unsubscribe(self, session: Session, packet_id: int,
+                            topics: tuple[str, ...]) -> bool:
+        if not isinstance(session, RemoteSession):
+            return False
+        self.links.send(session.home, SessionUnsubscribe(session.client_id, session.token,
+                                                         packet_id, list(topics)))
+        return True
 
     def on_sbytes(self, message: SessionBytes) -> None:
         stand_in = self.remote.get((message.client_id, message.token))

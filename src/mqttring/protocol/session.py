@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import ClassVar
 
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
@@ -158,9 +157,6 @@ class SessionLimits:
 
 @dataclass(slots=True)
 class Session:
-    #: True for a stand-in whose state lives on another node (see mqttring.cluster).
-    remote: ClassVar[bool] = False
-
     client_id: str
     clean_session: bool
     limits: SessionLimits = field(default_factory=SessionLimits)
