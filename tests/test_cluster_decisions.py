@@ -1,4 +1,4 @@
-"""Route state and its anti-entropy, decided without processes or sockets.
+"""Cluster decisions without processes or sockets: routes, anti-entropy, hops, fencing.
 
 The multi-process tests show that routes heal in a running cluster; these pin the decisions
 that make it so, on real ``ClusterView``s built by the metadata state machine:
@@ -23,9 +23,10 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.cluster.errors import RoutesIncomplete
 from mqttring.cluster.fencing import admit_frame
-from mqttring.cluster.messages import Ack, LinkMessage, RouteDigest, RoutePull, RouteSync
-from mqttring.cluster.router import ClusterRouter
+from mqttring.cluster.messages import Ack, LinkMessage, Pub, RouteDigest, RoutePull, RouteSync
+from mqttring.cluster.router import MAX_HOPS, ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
+from mqttring.protocol.session import Message
 from mqttring.raft import state as sm
 from mqttring.raft.view import ClusterView
 
@@ -48,6 +49,12 @@ class RecordingLinks:
 
     def reply(self, node: str, req: int, ok: bool, body: Any = None) -> None:
         self.sent.append((node, Ack(req, ok, body)))
+
+    async def request(self, node: str, message: Any, timeout: float = 10.0,
+                      *, expect: type | None = None) -> Any:
+        """As if ``node`` accepted at once (the decisions under test are the sender's)."""
+        self.sent.append((node, message))
+        return None
 
     def take(self, kind: type) -> list[tuple[str, Any]]:
         found = [(n, m) for n, m in self.sent if type(m) is kind]
@@ -238,6 +245,40 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
         await router._await_routes(shard)
     router.on_rsync("b", RouteSync(view.epoch, [], []))
     assert await router._await_routes(shard) is view
+
+
+# -- routing across an epoch change -------------------------------------------------------
+
+
+def moved_topic(view: ClusterView, away_from: str) -> str:
+    return next(t for t in (f"t/{i}" for i in range(1000))
+                if view.owner(view.shard_for_topic(t)) not in (away_from, None))
+
+
+async def test_a_publish_for_a_shard_that_moved_is_passed_on_with_one_more_hop() -> None:
+    """The edge routed by an older epoch; we no longer own the shard: the owner of our
+    (newer) epoch gets it, one hop further, and the edge hears it was accepted."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    topic = moved_topic(views[-1], "a")
+    owner = views[-1].owner(views[-1].shard_for_topic(topic))
+    await router._pub_task("b", 41, Message(topic, b"x", 1, False), 1)
+    forwarded = links.take(Pub)
+    assert [(n, m.topic, m.hops) for n, m in forwarded] == [(owner, topic, 2)]
+    assert links.take(Ack) == [("b", Ack(41, True, None))]
+
+
+async def test_a_publish_past_max_hops_is_refused_not_passed_on() -> None:
+    """Views that disagree for a moment must not bounce a message around forever."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    topic = moved_topic(views[-1], "a")
+    await router._pub_task("b", 42, Message(topic, b"x", 1, False), MAX_HOPS)
+    assert links.take(Pub) == []
+    [(node, ack)] = links.take(Ack)
+    assert node == "b" and ack.req == 42 and not ack.ok
 
 
 # -- fencing ------------------------------------------------------------------------------
