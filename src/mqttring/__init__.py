@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from mqttring.broker.server import BoundPorts, MqttRingBroker
 from mqttring.config import BrokerConfig, ConfigError, Limits, StoreSettings
+from mqttring.embedded import BoundPorts, MqttRingBroker
 
 __all__ = [
     "BoundPorts",

@@ -24,8 +24,8 @@ from typing import Any
 
 import trio
 
-from mqttring.broker.server import MqttRingBroker
 from mqttring.config import BrokerConfig, ConfigError
+from mqttring.embedded import MqttRingBroker
 
 log = logging.getLogger("mqttring.node")
 

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 from mqttring.rpc import Peer, RpcError, RpcServer
 
 if TYPE_CHECKING:
-    from mqttring.broker.server import MqttRingBroker
+    from mqttring.broker.server import BrokerNode
 
 
-def register_admin(rpc: RpcServer, broker: MqttRingBroker) -> None:
+def register_admin(rpc: RpcServer, broker: BrokerNode) -> None:
     async def stats(body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         result: dict[str, Any] = {"node_id": broker.config.node_id,
                                   "metrics": broker.metrics.as_dict()}
         if broker.plane is not None:
-            result["links"] = broker.plane.links.stats()
+            result["links"] = broker.plane.link_stats()
         if broker.store is not None:
             result["store"] = broker.store.stats()
         if broker.archive is not None:
@@ -49,9 +49,7 @@ def register_admin(rpc: RpcServer, broker: MqttRingBroker) -> None:
         shards = None
         if broker.plane is not None:
             # A node's own shards: those it owns or replicates in the current view.
-            view = broker.plane.current_view()
-            me = broker.config.node_id
-            shards = [s for s in range(view.num_shards) if me in view.replicas(s)]
+            shards = broker.plane.replica_shards()
         manifest = await store.snapshot(dest, shards=shards, node_id=broker.config.node_id)
         return {"path": str(dest), "manifest": manifest.to_json()}
 

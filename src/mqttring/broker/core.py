@@ -32,6 +32,7 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.broker.metrics import BrokerMetrics
@@ -57,9 +58,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttring.broker")
 
 
+RouterFactory = Callable[["BrokerCore"], Router]
+ManagerFactory = Callable[["BrokerCore"], SessionManager]
+
+
 class BrokerCore:
+    """See the module docstring.
+
+    The router and the session manager need the core (its sessions, its ``wake``) and the
+    core needs them, so the core takes *factories* and calls them at the end of its own
+    construction: when the constructor returns the core is complete, and nobody assigns
+    its parts afterwards.  ``LocalRouter``/``LocalSessions`` on one node; a cluster member
+    supplies its own (``mqttring.broker.membership``).
+    """
+
     def __init__(
-        self, config: BrokerConfig, session_store: SessionStore, metrics: BrokerMetrics
+        self, config: BrokerConfig, session_store: SessionStore, metrics: BrokerMetrics,
+        router: RouterFactory, manager: ManagerFactory = LocalSessions,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -76,9 +91,9 @@ class BrokerCore:
         #: client id -> whatever must be woken when that session appends output: the local
         #: connection, or (cluster) the proxy that ships it to the client's node.
         self.wakers: dict[str, Waker] = {}
-        self.router: Router  # set by the server once the router exists (it needs `wake`)
-        self.manager: SessionManager = LocalSessions(self)
         self.shutting_down = False
+        self.router: Router = router(self)
+        self.manager: SessionManager = manager(self)
 
     # -- plumbing used by the router --------------------------------------------------------
 

@@ -1,4 +1,8 @@
-"""``MqttRingBroker``: one node, embeddable in a trio program or in plain Python.
+"""``BrokerNode``: one node, embeddable in a trio program or in plain Python.
+
+(Applications use ``mqttring.MqttRingBroker``, the composition root that hands this node the
+cluster data plane when the configuration asks for one; this layer knows clustering only
+through ``mqttring.broker.membership``.)
 
 Lifecycle (all under one nursery, so shutdown is just cancellation):
 
@@ -25,7 +29,7 @@ from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
@@ -34,6 +38,7 @@ from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.client import ClientHandler
 from mqttring.broker.core import BrokerCore
+from mqttring.broker.membership import ClusterFactory, ClusterMember
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter, Router
@@ -45,9 +50,6 @@ from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
 from mqttring.ring.hashing import shard_of
 from mqttring.rpc import RPC_KEY_PURPOSE, RpcServer, cluster_secret, derive_key
-
-if TYPE_CHECKING:
-    from mqttring.cluster.plane import DataPlane
 
 log = logging.getLogger("mqttring.broker")
 
@@ -63,11 +65,16 @@ class BoundPorts:
     ws: int | None
 
 
-class MqttRingBroker:
-    """A single MQTT 3.1.1 node; see ``docs/embedding.md`` for both ways of running it."""
+class BrokerNode:
+    """One MQTT 3.1.1 node; see ``docs/embedding.md`` for both ways of running it.
 
-    def __init__(self, config: BrokerConfig | None = None) -> None:
+    ``cluster`` builds the node's cluster membership when ``config.cluster`` is set.
+    """
+
+    def __init__(self, config: BrokerConfig | None = None, *,
+                 cluster: ClusterFactory | None = None) -> None:
         self.config = config or BrokerConfig()
+        self._cluster_factory = cluster
         self.metrics = BrokerMetrics()
         self.ports: BoundPorts | None = None
         self.store: LsmStore | None = None
@@ -78,8 +85,8 @@ class MqttRingBroker:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread_scope: trio.CancelScope | None = None
-        #: The cluster data plane, when ``config.cluster`` is set.
-        self.plane: DataPlane | None = None
+        #: The node's cluster membership (the data plane), when ``config.cluster`` is set.
+        self.plane: ClusterMember | None = None
         #: The telemetry archive, when ``config.archive`` lists topic filters.
         self.archive: TelemetryArchive | None = None
         #: The admin RPC server (the cluster RPC in a cluster, ``config.admin`` alone).
@@ -101,32 +108,42 @@ class MqttRingBroker:
             store.start()
         self.store = store
         try:
-            core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics)
+            plane: ClusterMember | None = None
+            if config.cluster is not None:
+                if store is None:
+                    raise ConfigError("a cluster node needs a data_dir")
+                if self._cluster_factory is None:
+                    raise ConfigError("this node was built without cluster support; use "
+                                      "mqttring.MqttRingBroker for a cluster member")
+                plane = self._cluster_factory(config, store, self.metrics)
+                self.plane = plane
+                core = BrokerCore(config, plane.session_store, self.metrics,
+                                  router=plane.make_router, manager=plane.make_sessions)
+                retained = plane.retained
+            else:
+                retained = RetainedStore(store, config.num_shards)
+                metrics = self.metrics
+
+                def local_router(core: BrokerCore) -> Router:
+                    return LocalRouter(core.sessions, retained, core.session_store, metrics,
+                                       core.wake)
+
+                core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics,
+                                  router=local_router)
             self.core = core
             async with trio.open_nursery() as nursery:
                 tcp_listeners: list[trio.SocketListener] | None = None
-                if config.cluster is not None:
-                    if store is None:
-                        raise ConfigError("a cluster node needs a data_dir")
-                    from mqttring.cluster.plane import DataPlane
-
-                    plane = DataPlane(config, store, core, self.metrics)
-                    self.plane = plane
-                    retained = plane.retained
-                    self.admin = plane.metadata.rpc
+                if plane is not None:
+                    self.admin = plane.admin
                     register_admin(self.admin, self)
                     if config.mqtt is not None:
                         # Bind first, so members see the real port (config may say :0).
                         host, port = parse_hostport(config.mqtt)
                         tcp_listeners = await trio.open_tcp_listeners(port, host=host)
                         bound = tcp_listeners[0].socket.getsockname()[1]
-                        plane.metadata.advertised_mqtt = f"{host}:{bound}"
+                        plane.advertise_mqtt(f"{host}:{bound}")
                     await nursery.start(plane.run)
                 else:
-                    retained = RetainedStore(store, config.num_shards)
-                    core.router = LocalRouter(
-                        core.sessions, retained, core.session_store, self.metrics, core.wake
-                    )
                     n_retained = await retained.load()
                     n_sessions = await core.restore_sessions()
                     log.info("node %s: %d retained, %d sessions restored", config.node_id,
@@ -185,7 +202,7 @@ class MqttRingBroker:
         if plane is not None:
             writer: ShardWriter = plane.replicator
             shard_for_topic = plane.retained.shard_for_topic
-            owned: Callable[[], Iterable[int]] = lambda: sorted(plane.held)  # noqa: E731
+            owned: Callable[[], Iterable[int]] = lambda: sorted(plane.owned_shards())  # noqa: E731
         else:
             writer = LocalShardWriter(store)
             shard_for_topic = partial(shard_of, num_shards=config.num_shards)

@@ -89,12 +89,18 @@ CATCH_UP_RETRY_MAX = 2.0
 
 
 class DataPlane:
-    def __init__(self, config: BrokerConfig, store: LsmStore, core: BrokerCore,
-                 metrics: BrokerMetrics) -> None:
+    """A node's cluster membership (``mqttring.broker.membership.ClusterMember``).
+
+    Built before the broker core (it supplies the core's stores), then asked by the core for
+    its router and session manager (``make_router``/``make_sessions``), which need the core.
+    """
+
+    def __init__(self, config: BrokerConfig, store: LsmStore, metrics: BrokerMetrics) -> None:
         self.config = config
         self.node_id = config.node_id
-        self.core = core
+        self.metrics = metrics
         self.metadata = MetadataService(config)
+        self.admin = self.metadata.rpc
         key = derive_key(cluster_secret(config), RPC_KEY_PURPOSE)
         self.links = Links(self.node_id, key, self._on_message,
                            max_frame=frame_limit(config.limits.max_packet_size),
@@ -113,26 +119,49 @@ class DataPlane:
                                       lambda topic: self.current_view().shard_for_topic(topic),
                                       lambda: self.current_view().epoch)
         self.session_store = SessionStore(store, config.num_shards, self.replicator)
-        core.session_store = self.session_store
-        local = LocalRouter(core.sessions, self.retained, self.session_store, metrics, core.wake)
         #: Shards this node owns and whose persistent sessions are loaded in memory.
         self.held: set[int] = set()
-        self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
-                                    self.current_view, metrics, self._persist, self.spawn,
-                                    self.held.__contains__, lambda: self.held,
-                                    routes_wait=config.cluster_write_patience,
-                                    delivery_patience=config.cluster_write_patience)
-        core.router = self.router
-        self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
-                                        self.spawn, self.is_fenced, self.held.__contains__,
-                                        self._wait_for_view_change,
-                                        config.cluster_write_patience)
-        core.manager = self.sessions
         self._nursery: trio.Nursery | None = None
         self._copying: set[int] = set()
         #: Shards whose stale local rows were already dropped by the current catch-up.
         self._dropped: set[int] = set()
         self._handlers = self._dispatch_table()
+
+    # -- the parts the broker core asks for (it calls these from its constructor) ----------
+
+    def make_router(self, core: BrokerCore) -> ClusterRouter:
+        config = self.config
+        local = LocalRouter(core.sessions, self.retained, self.session_store, self.metrics,
+                            core.wake)
+        self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
+                                    self.current_view, self.metrics, self._persist, self.spawn,
+                                    self.held.__contains__, lambda: self.held,
+                                    routes_wait=config.cluster_write_patience,
+                                    delivery_patience=config.cluster_write_patience)
+        return self.router
+
+    def make_sessions(self, core: BrokerCore) -> ClusterSessions:
+        self.core = core
+        self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
+                                        self.spawn, self.is_fenced, self.held.__contains__,
+                                        self._wait_for_view_change,
+                                        self.config.cluster_write_patience)
+        return self.sessions
+
+    # -- what the node asks of its membership ----------------------------------------------
+
+    def advertise_mqtt(self, address: str) -> None:
+        self.metadata.advertised_mqtt = address
+
+    def owned_shards(self) -> list[int]:
+        return sorted(self.held)
+
+    def replica_shards(self) -> list[int]:
+        view, me = self.view, self.node_id
+        return [s for s in range(view.num_shards) if me in view.replicas(s)]
+
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        return self.links.stats()
 
     def current_view(self) -> ClusterView:
         return self.view
@@ -192,7 +221,7 @@ class DataPlane:
                 self.router.send_digests()
 
     async def _persist(self, sessions: list[Session]) -> None:
-        await self.core.manager.persist(sessions, Durability.DURABLE)
+        await self.sessions.persist(sessions, Durability.DURABLE)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         assert self._nursery is not None
