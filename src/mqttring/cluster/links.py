@@ -209,8 +209,11 @@ class Link:
                         self.connection_scope = nursery.cancel_scope
                         nursery.start_soon(self._watch, stream, nursery.cancel_scope)
                         await self._drain(stream)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id, exc)
+                except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+                    # The nursery wraps what its tasks raise in an ExceptionGroup: a broken
+                    # connection must end this connection only, never the node.
+                    log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id,
+                             group.exceptions[0])
                 finally:
                     self.connection_scope = None
                     self.connected = False
