@@ -293,8 +293,8 @@ async def test_a_peer_failure_in_a_nursery_reaches_the_caller_as_itself() -> Non
     async def crash() -> None:
         raise KeyError("a bug")
 
-    with pytest.raises(BaseExceptionGroup):  # anything else stays what trio made it
-        with peer_failures_unwrapped():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(crash)
-                nursery.start_soon(refuse)
+    # Anything else stays what trio made it.
+    with pytest.raises(BaseExceptionGroup), peer_failures_unwrapped():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(crash)
+            nursery.start_soon(refuse)
