@@ -17,11 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
-from mqttring.cluster.errors import RoutesIncomplete
+from mqttring.cluster.errors import RoutesIncomplete, peer_failures_unwrapped
 from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.messages import Ack, LinkMessage, Pub, RouteDigest, RoutePull, RouteSync
 from mqttring.cluster.router import MAX_HOPS, ClusterRouter
@@ -315,3 +316,26 @@ def test_frames_packed_for_the_receivers_previous_life_are_refused() -> None:
     assert not admit_frame(view, "c", "a", view.members["a"].incarnation, before)
     assert admit_frame(view, "c", "a", view.members["a"].incarnation, since)
     assert admit_frame(view, "b", "a", view.members["a"].incarnation, before)  # not c's life
+
+
+# -- errors across nurseries ---------------------------------------------------------------
+
+
+async def test_a_peer_failure_in_a_nursery_reaches_the_caller_as_itself() -> None:
+    """trio wraps task errors in an ExceptionGroup; a refused publish must still be one."""
+
+    async def refuse() -> None:
+        raise RoutesIncomplete("no route set yet")
+
+    with pytest.raises(RoutesIncomplete), peer_failures_unwrapped():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(refuse)
+
+    async def crash() -> None:
+        raise KeyError("a bug")
+
+    # Anything else stays what trio made it.
+    with pytest.raises(BaseExceptionGroup), peer_failures_unwrapped():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(crash)
+            nursery.start_soon(refuse)

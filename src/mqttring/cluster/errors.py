@@ -9,6 +9,9 @@ cannot read (a version skew or a bug), and it closes that peer's link.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from mqttring.broker.router import PublishRefused
 from mqttring.rpc import ProtocolError
 
@@ -52,6 +55,24 @@ class Fenced(PeerFailure):
     """This node cannot prove it is in the majority's view, so it refuses to act."""
 
 
+@contextlib.contextmanager
+def peer_failures_unwrapped() -> Iterator[None]:
+    """Around a nursery whose tasks may fail with ``PeerFailure``: re-raise the first one as
+    itself.  trio wraps what a nursery's tasks raise in an ``ExceptionGroup``, which the
+    callers' ``except PeerFailure`` (a refused publish, a retry by the newer view) would
+    otherwise miss, turning a peer's refusal into an internal error."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        failures, rest = group.split(PeerFailure)
+        if failures is None or rest is not None:
+            raise
+        leaf: BaseException = failures
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from group
+
+
 __all__ = [
     "Fenced",
     "NotOwner",
@@ -61,4 +82,5 @@ __all__ = [
     "RemoteError",
     "ReplicationIncomplete",
     "RoutesIncomplete",
+    "peer_failures_unwrapped",
 ]

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from mqttring.broker.shard_writes import Op
-from mqttring.cluster.errors import PeerFailure, ReplicationIncomplete
+from mqttring.cluster.errors import PeerFailure, ReplicationIncomplete, peer_failures_unwrapped
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import CatchUp, Repl, ShardOps, ShardRows, StoredOp
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
@@ -111,10 +111,11 @@ class ShardReplicator:
                 self.links.send(node, Repl(0, shard_ops, False))
             await self.store.write(all_ops, durability)
             return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.store.write, all_ops, durability)
-            for node, shard_ops in by_node.items():
-                nursery.start_soon(self._replicate, node, shard_ops)
+        with peer_failures_unwrapped():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.store.write, all_ops, durability)
+                for node, shard_ops in by_node.items():
+                    nursery.start_soon(self._replicate, node, shard_ops)
         self.replicated_batches += 1
 
     async def _replicate(self, node: str, shard_ops: list[ShardOps]) -> None:

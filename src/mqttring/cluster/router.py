@@ -53,6 +53,7 @@ from mqttring.cluster.errors import (
     PeerUnavailable,
     RemoteError,
     RoutesIncomplete,
+    peer_failures_unwrapped,
 )
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
@@ -247,11 +248,12 @@ class ClusterRouter:
                 continue
             self.metrics.deliveries_to_nodes += 1
             acked.append((node, shards))
-        async with trio.open_nursery() as nursery:
-            if local_shards is not None:
-                nursery.start_soon(self._deliver_here, message, local_shards)
-            for node, shards in acked:
-                nursery.start_soon(self._deliver_acked, node, shards, message)
+        with peer_failures_unwrapped():
+            async with trio.open_nursery() as nursery:
+                if local_shards is not None:
+                    nursery.start_soon(self._deliver_here, message, local_shards)
+                for node, shards in acked:
+                    nursery.start_soon(self._deliver_acked, node, shards, message)
 
     def _accept_plain(self, message: Message, by_node: dict[str, list[int]]) -> None:
         """``accept`` for QoS 0 (retained state already updated): nothing to wait for."""
@@ -370,12 +372,14 @@ class ClusterRouter:
                 moved = self.resolve({f"s:{s}" for s in shards}, view)
                 if node in moved and len(moved) == 1:
                     continue  # same owner: it is still loading them, ask again
-                async with trio.open_nursery() as nursery:
-                    for other, other_shards in moved.items():
-                        if other == self.node_id:
-                            nursery.start_soon(self._deliver_here, message, other_shards)
-                        else:
-                            nursery.start_soon(self._deliver_acked, other, other_shards, message)
+                with peer_failures_unwrapped():
+                    async with trio.open_nursery() as nursery:
+                        for other, other_shards in moved.items():
+                            if other == self.node_id:
+                                nursery.start_soon(self._deliver_here, message, other_shards)
+                            else:
+                                nursery.start_soon(self._deliver_acked, other, other_shards,
+                                                   message)
                 return
         raise PeerUnavailable(f"delivery of {message.topic!r} to sessions of shards {shards} "
                               f"not confirmed within {self.delivery_patience}s")
