@@ -316,6 +316,9 @@ def test_frames_packed_for_the_receivers_previous_life_are_refused() -> None:
     assert not admit_frame(view, "c", "a", view.members["a"].incarnation, before)
     assert admit_frame(view, "c", "a", view.members["a"].incarnation, since)
     assert admit_frame(view, "b", "a", view.members["a"].incarnation, before)  # not c's life
+    meta.down("c")  # between lives: nothing is applied
+    view = meta.view()
+    assert not admit_frame(view, "c", "a", view.members["a"].incarnation, view.epoch)
 
 
 # -- errors across nurseries ---------------------------------------------------------------

@@ -9,6 +9,7 @@ raises every time a node rejoins), and the receiver judges it against its own vi
   joining or rejoining whose admission the receiver has not applied yet: admitted;
 * an older incarnation is an ended life: refused;
 * the view's incarnation is admitted unless the view declared that incarnation down;
+* a node that knows it was declared down applies nothing until it has rejoined;
 * whoever sent it, a frame stamped with an epoch older than the one in which the receiver's
   own current incarnation began was packed for the receiver's previous life (the sender
   had not seen it rejoin): refused too.  This is what stops data that sat in a kernel's
@@ -28,8 +29,8 @@ def admit_frame(view: ClusterView, me: str, node: str, incarnation: int, epoch: 
     """May a frame that ``node`` stamped with ``(incarnation, epoch)`` be applied by ``me``
     under ``view``?"""
     mine = view.members.get(me)
-    if mine is not None and epoch < mine.since:
-        return False
+    if mine is not None and (epoch < mine.since or mine.state is MemberState.DOWN):
+        return False  # for an earlier life of ours, or we are between lives
     member = view.members.get(node)
     if member is None or incarnation > member.incarnation:
         return True

@@ -122,6 +122,8 @@ class DataPlane:
         #: Shards this node owns and whose persistent sessions are loaded in memory.
         self.held: set[int] = set()
         self._nursery: trio.Nursery | None = None
+        #: The cancel scopes of the tasks this life of the node started (``_end_life``).
+        self._life_tasks: set[trio.CancelScope] = set()
         self._copying: set[int] = set()
         #: Shards whose stale local rows were already dropped by the current catch-up.
         self._dropped: set[int] = set()
@@ -228,13 +230,32 @@ class DataPlane:
         self._nursery.start_soon(self._guarded, fn, *args)
 
     async def _guarded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        # Each task belongs to this life of the node: ``_end_life`` cancels them all.
+        scope = trio.CancelScope()
+        self._life_tasks.add(scope)
         try:
-            await fn(*args)
+            with scope:
+                await fn(*args)
         except trio.Cancelled:
             raise
         except Exception:
             # One message's failure must not take the node down with it.
             log.exception("cluster task %s failed", getattr(fn, "__name__", fn))
+        finally:
+            self._life_tasks.discard(scope)
+
+    def _end_life(self) -> int:
+        """Declared down: cancel what this life started, drop what it queued.
+
+        A task started before (a publish being accepted on a view the cluster has moved
+        past) would otherwise go on after the node rejoins, and its messages would leave
+        stamped with the new incarnation, which peers accept.
+        """
+        for scope in list(self._life_tasks):
+            scope.cancel()
+        self._life_tasks.clear()
+        self.sessions.forget_owed_wills()
+        return self.links.clear()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -276,8 +297,7 @@ class DataPlane:
         if (me_now is not None and me_now.state is MemberState.DOWN
                 and (me_before is None or me_before.state is not MemberState.DOWN)):
             # Declared down while cut off: what we queued belongs to an ended life.
-            dropped = self.links.clear()
-            self.sessions.forget_owed_wills()
+            dropped = self._end_life()
             log.warning("node %s was declared down (epoch %d): dropped %d queued messages; "
                         "rejoining", self.node_id, new.epoch, dropped)
         self.links.update_peers({
