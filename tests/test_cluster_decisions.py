@@ -210,6 +210,20 @@ def test_session_shard_routes_survive_the_move_between_homes() -> None:
     assert links.take(RoutePull) == []
 
 
+def test_a_route_set_from_a_newer_view_never_removes_routes_we_still_need() -> None:
+    """The sender already sees our shard elsewhere and leaves its route out; we still own
+    it until our own view catches up, and must keep delivering to the sender."""
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    epoch = views[-1].epoch
+    router.on_rsync("b", RouteSync(epoch, [("t/1", "b"), ("x/#", "b")], []))
+    router.on_rsync("b", RouteSync(epoch + 1, [("x/#", "b")], []))  # a newer view than ours
+    assert router.routes.nodes_for("t/1") == {"b"}
+    router.on_rsync("b", RouteSync(epoch, [("x/#", "b")], []))  # same view: exact set
+    assert router.routes.nodes_for("t/1") == set()
+
+
 def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     meta = Metadata("a", "b", "c")
     views = [meta.view()]

@@ -504,9 +504,14 @@ class ClusterRouter:
             keys = by_registrar.get(registrar_for(key[1], node))
             if keys is not None:
                 keys.add(key)
+        # A set computed under a newer view than ours may leave out routes that our view
+        # still needs (a shard we still own, that the sender already sees elsewhere): add
+        # what it has, remove nothing; our own view change drops what we no longer hold,
+        # and the next digest round settles the rest.
+        remove = msg.epoch <= self.view().epoch
         added = removed = 0
         for registrar, keys in by_registrar.items():
-            a, r = self.routes.replace(registrar, keys)
+            a, r = self.routes.replace(registrar, keys, remove)
             added, removed = added + a, removed + r
         if added or removed:
             log.info("routes from %s repaired: %d added, %d removed", node, added, removed)

@@ -178,10 +178,13 @@ class RouteTable:
             self._forget_registration(registrar, key)
         self._delete(*key)
 
-    def replace(self, registrar: str, keys: set[RouteKey]) -> tuple[int, int]:
-        """Make ``keys`` exactly what ``registrar`` holds here (anti-entropy); (added, removed)."""
+    def replace(self, registrar: str, keys: set[RouteKey],
+                remove: bool = True) -> tuple[int, int]:
+        """Make ``keys`` exactly what ``registrar`` holds here (anti-entropy); (added, removed).
+
+        ``remove=False`` only adds (see ``ClusterRouter.on_rsync``)."""
         current = self._by_registrar.get(registrar, set())
-        stale = current - keys
+        stale = current - keys if remove else set()
         fresh = keys - current
         for topic_filter, target in stale:
             self.remove(topic_filter, target, registrar)
