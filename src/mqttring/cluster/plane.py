@@ -127,7 +127,9 @@ class DataPlane:
         self._copying: set[int] = set()
         #: Shards whose stale local rows were already dropped by the current catch-up.
         self._dropped: set[int] = set()
-        self._handlers = self._dispatch_table()
+        #: Message type -> handler; filled by ``make_sessions``, the last part the core asks
+        #: for (the handlers belong to the router and session manager).
+        self._handlers: dict[type, Callable[[str, Any], None]] = {}
 
     # -- the parts the broker core asks for (it calls these from its constructor) ----------
 
@@ -148,6 +150,7 @@ class DataPlane:
                                         self.spawn, self.is_fenced, self.held.__contains__,
                                         self._wait_for_view_change,
                                         self.config.cluster_write_patience)
+        self._handlers = self._dispatch_table()
         return self.sessions
 
     # -- what the node asks of its membership ----------------------------------------------
