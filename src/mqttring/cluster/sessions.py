@@ -95,24 +95,25 @@ class RemoteSession(Session):
     """Edge-side stand-in for a persistent session whose home is another node.
 
     The protocol machine at the edge talks to it like to any session; it does no I/O of its
-    own.  What the client acknowledges (PUBACK, PUBREC, PUBCOMP) and the inbound QoS 2 ids
-    it opens and releases are recorded as changes, which ``ClusterSessions.persist`` (called
-    by the broker core after every batch of packets, durably before a PUBREC) forwards to
-    the home, where the real session is.
+    own.  What the client acknowledges (PUBACK, PUBREC, PUBCOMP) is handed at once to
+    ``on_ack`` (the cluster session manager forwards it to the home, whose window it
+    frees); the inbound QoS 2 ids the client opens and releases are recorded as changes,
+    which ``ClusterSessions.persist`` forwards (durably before a PUBREC).
     """
 
-    __slots__ = ("acks", "home", "pending", "q2_changes", "token")
+    __slots__ = ("home", "on_ack", "pending", "q2_changes", "token")
 
     def __init__(self, client_id: str, home: str, token: str,
-                 subscriptions: dict[str, int], inbound_qos2: Iterable[int]) -> None:
+                 subscriptions: dict[str, int], inbound_qos2: Iterable[int],
+                 on_ack: Callable[[RemoteSession, int, int], None]) -> None:
         super().__init__(client_id, False)
         self.home = home
         self.token = token
         self.subscriptions = dict(subscriptions)
         self.inbound_qos2 = set(inbound_qos2)
         self.q2_changes: dict[int, bool] = {}
-        #: (packet type, packet id) acknowledgements owed to the home, in arrival order.
-        self.acks: list[tuple[int, int]] = []
+        #: Called with (this session, packet type, packet id) for each acknowledgement.
+        self.on_ack = on_ack
         #: Bytes from the home that arrived before the connection was accepted.
         self.pending = bytearray()
         self.output = self.pending  # sbytes land here until attach()
@@ -130,15 +131,15 @@ class RemoteSession(Session):
         raise RuntimeError("messages for a remote session are routed to its home")
 
     def on_puback(self, packet_id: int) -> bool:
-        self.acks.append((4, packet_id))
+        self.on_ack(self, 4, packet_id)
         return True
 
     def on_pubrec(self, packet_id: int) -> bool:
-        self.acks.append((5, packet_id))
+        self.on_ack(self, 5, packet_id)
         return True
 
     def on_pubcomp(self, packet_id: int) -> bool:
-        self.acks.append((7, packet_id))
+        self.on_ack(self, 7, packet_id)
         return True
 
     def begin_inbound_qos2(self, packet_id: int) -> bool:
@@ -154,15 +155,11 @@ class RemoteSession(Session):
             self.q2_changes[packet_id] = False
 
     def has_changes(self) -> bool:
-        return bool(self.q2_changes or self.acks)
+        return bool(self.q2_changes)
 
     def take_changes(self) -> tuple[dict[int, Any], dict[int, bool]]:
         changes, self.q2_changes = self.q2_changes, {}
         return {}, changes
-
-    def take_acks(self) -> list[tuple[int, int]]:
-        acks, self.acks = self.acks, []
-        return acks
 
 
 class SessionProxy:
@@ -240,7 +237,7 @@ class ClusterSessions(LocalSessions):
             return await self.bind(client_id, packet.clean_session)
         stand_in = None
         if not packet.clean_session:
-            stand_in = RemoteSession(client_id, home, token, {}, ())
+            stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
             self.remote[(client_id, token)] = stand_in
         try:
             answer = await self.links.request(
@@ -280,9 +277,6 @@ class ClusterSessions(LocalSessions):
         local = []
         for session in sessions:
             if isinstance(session, RemoteSession):
-                for kind, packet_id in session.take_acks():
-                    self.links.send(session.home, SessionAck(session.client_id, session.token,
-                                                             kind, packet_id))
                 _, changes = session.take_changes()
                 if not changes:
                     continue
@@ -295,6 +289,12 @@ class ClusterSessions(LocalSessions):
                 local.append(session)
         if local:
             await super().persist(local, durability)
+
+    def _forward_ack(self, session: RemoteSession, kind: int, packet_id: int) -> None:
+        """The client acknowledged a message its home sent: tell the home (it frees the
+        window and forgets the message there)."""
+        self.links.send(session.home, SessionAck(session.client_id, session.token, kind,
+                                                 packet_id))
 
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...]) -> bool:
@@ -362,6 +362,9 @@ class ClusterSessions(LocalSessions):
                     and previous.node != self.node_id):
                 # Before the new connection counts: the old one must be closed (confirmed).
                 await self._kick_remote(client_id, previous)
+                # Its close may have reached us meanwhile and unregistered it, publishing
+                # its will: then it is no longer ours to publish.
+                previous = self.registrations.get(client_id)
             self.registrations[client_id] = Registration(node, token, will, clean)
             self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
                                                     clean))
