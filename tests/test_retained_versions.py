@@ -127,13 +127,7 @@ class Replica:
                                           accept_ops=self.retained.accept_ops)
 
     def _on_applied(self, ops: list[Op]) -> None:
-        for op in ops:
-            if op.db != "retained":
-                continue
-            if isinstance(op, Put):
-                self.retained.apply_row(op.value)
-            else:
-                self.retained.apply_row(None, RetainedStore.topic_of_key(op.key))
+        self.retained.apply_ops(ops)
 
 
 def key(topic: str = TOPIC) -> bytes:

@@ -200,6 +200,19 @@ class Role(threading.Thread):
     def body(self) -> None:
         raise NotImplementedError
 
+    def connect_from(self, start: int) -> Conn | None:
+        """A clean connection to the first node answering CONNACK 0, trying ``order`` from
+        ``start`` round; None (and ``gave_up`` noted) if none did within ``GIVE_UP``."""
+        order = self.order[start:] + self.order[:start]
+        conn = connect_any(lambda: Conn("", True), order, self.addresses, self.stop,
+                           time.monotonic() + GIVE_UP)
+        if conn is None:
+            if not self.stop.is_set():
+                self.gave_up = time.monotonic()
+            return None
+        self.connections.append((conn.node, time.monotonic()))
+        return conn
+
 
 class Publisher(Role):
     def __init__(self, name: str, order: list[str], addresses: dict[str, tuple[str, int]],
@@ -219,15 +232,10 @@ class Publisher(Role):
         while not self.stop.is_set():
             # after a failed connection, start with the next node: the same node may well
             # answer CONNACK 0 again and stall again (an isolated node does)
-            start = conn_no % len(self.order)
-            conn = connect_any(lambda: Conn("", True), self.order[start:] + self.order[:start],
-                               self.addresses, self.stop, time.monotonic() + GIVE_UP)
+            conn = self.connect_from(conn_no % len(self.order))
             if conn is None:
-                if not self.stop.is_set():
-                    self.gave_up = time.monotonic()
                 return
             conn_no += 1
-            self.connections.append((conn.node, time.monotonic()))
             sent: dict[int, tuple[int, str, float]] = {}
             self.per_conn.append((conn, sent))
             self._stream(conn, conn_no, sent)
@@ -296,14 +304,10 @@ class Retainer(Role):
     def body(self) -> None:
         self.value = 1
         while not self.stop.is_set():
-            start = len(self.connections) % len(self.order)  # next node after a failure
-            conn = connect_any(lambda: Conn("", True), self.order[start:] + self.order[:start],
-                               self.addresses, self.stop, time.monotonic() + GIVE_UP)
+            # the next node after a failure
+            conn = self.connect_from(len(self.connections) % len(self.order))
             if conn is None:
-                if not self.stop.is_set():
-                    self.gave_up = time.monotonic()
                 return
-            self.connections.append((conn.node, time.monotonic()))
             try:
                 while not self.stop.is_set() and not conn.closed.is_set():
                     info = conn.paho.publish(self.topic, str(self.value).encode(), 1,

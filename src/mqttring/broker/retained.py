@@ -48,7 +48,7 @@ from functools import partial
 from typing import Any
 
 from mqttring.broker.shard_writes import LocalShardWriter, Op, ShardWriter
-from mqttring.lsm import Durability, LsmStore, Put, shard_key
+from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message
 from mqttring.protocol.topics import TopicIndex
 from mqttring.ring.hashing import shard_of
@@ -143,6 +143,16 @@ class RetainedStore:
         else:
             self._index.discard(topic)
         return True
+
+    def apply_ops(self, ops: Sequence[Put | Delete]) -> None:
+        """Mirror the retained rows among stored ops (replicated, copied) into memory."""
+        for op in ops:
+            if op.db != _DB:
+                continue
+            if isinstance(op, Put):
+                self.apply_row(op.value)
+            else:
+                self.apply_row(None, self.topic_of_key(op.key))
 
     def apply_row(self, row: Sequence[Any] | None, topic: str | None = None) -> bool:
         """Mirror one stored row (or its deletion: ``row`` None) into memory.

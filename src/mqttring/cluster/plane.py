@@ -477,13 +477,7 @@ class DataPlane:
         return self.retained.accept_ops(ops)
 
     def _on_replicated(self, ops: list[Put | Delete]) -> None:
-        for op in ops:
-            if op.db != "retained":
-                continue
-            if isinstance(op, Put):
-                self.retained.apply_row(op.value)
-            else:
-                self.retained.apply_row(None, RetainedStore.topic_of_key(op.key))
+        self.retained.apply_ops(ops)
 
     # -- inbound dispatch -------------------------------------------------------------------
 
