@@ -114,12 +114,13 @@ class ViewInfo:
 class NodeCluster(LocalCluster):
     """Full ``mqttring.node`` processes on loopback, driven synchronously."""
 
-    # grace 3 s: a node fences itself (fence_after = grace - heartbeat, proofs dated
-    # grace/4 back) about 2 s after its last answered heartbeat, which must comfortably
-    # outlast a Raft election (0.4-0.8 s) when the leader is killed, or every survivor
-    # would drop its clients during an ordinary failover.
+    # grace 4 s: a node fences itself (fence_after = grace - heartbeat, proofs dated
+    # grace/4 back) about 2.8 s after its last answered heartbeat, which must comfortably
+    # outlast a Raft election (0.4-0.8 s, more on a loaded 2-core runner) when the leader
+    # is killed, or every survivor would drop its clients during an ordinary failover
+    # (with 3 s, 2 s of slack was once not enough under the full suite's load).
     def __init__(self, root: Path, *, num_shards: int = NUM_SHARDS, replication: int = 2,
-                 heartbeat: float = 0.2, grace: float = 3.0,
+                 heartbeat: float = 0.2, grace: float = 4.0,
                  sys_interval: float = SYS_INTERVAL, secret: str = "test-secret") -> None:
         super().__init__(root, secret, num_shards=num_shards, replication=replication,
                          heartbeat=heartbeat, grace=grace, entry="node")
