@@ -1,7 +1,7 @@
 """Faults on a real cluster (issue 5): kill -9 during a QoS 1 stream, the Raft leader killed
 during traffic, a node stopped and restarted (handoff and hand-back), a peer with the wrong
 secret.  Each test owns its cluster (``python -m mqttring.node`` processes, 64 shards, R=2,
-heartbeat 0.2 s, failure grace 1.5 s) and kills it whatever happens.
+heartbeat 0.2 s, failure grace 4 s) and kills it whatever happens.
 
 The promise checked after a kill -9 is MQTT's own: every QoS 1 message whose PUBLISH the
 broker acknowledged is delivered to every persistent session it was queued for, at least
