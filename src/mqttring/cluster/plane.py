@@ -241,6 +241,9 @@ class DataPlane:
                 await fn(*args)
         except trio.Cancelled:
             raise
+        except PeerFailure as exc:
+            # A peer's failure is an expected event under faults, not a bug of ours.
+            log.warning("cluster task %s: %s", getattr(fn, "__name__", fn), exc)
         except Exception:
             # One message's failure must not take the node down with it.
             log.exception("cluster task %s failed", getattr(fn, "__name__", fn))

@@ -480,7 +480,12 @@ class ClusterRouter:
             return
 
         async def persist_then_ack() -> None:
-            await self._persist_tracked(to_persist, shards)
+            try:
+                await self._persist_tracked(to_persist, shards)
+            except PeerFailure as exc:
+                # Not durable on every replica: the sender must not count it accepted.
+                self.links.reply(node, req, False, str(exc))
+                return
             self.links.reply(node, req, True)
 
         self.spawn(persist_then_ack)
