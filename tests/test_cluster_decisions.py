@@ -14,6 +14,7 @@ that make it so, on real ``ClusterView``s built by the metadata state machine:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,12 +23,22 @@ import trio
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
-from mqttring.cluster.errors import RoutesIncomplete, peer_failures_unwrapped
+from mqttring.broker.session_store import SessionStore
+from mqttring.cluster.errors import PeerUnavailable, RoutesIncomplete, peer_failures_unwrapped
 from mqttring.cluster.fencing import admit_frame
-from mqttring.cluster.messages import Ack, LinkMessage, Pub, RouteDigest, RoutePull, RouteSync
-from mqttring.cluster.router import MAX_HOPS, ClusterRouter
+from mqttring.cluster.messages import (
+    Ack,
+    Delivered,
+    Dlv,
+    LinkMessage,
+    Pub,
+    RouteDigest,
+    RoutePull,
+    RouteSync,
+)
+from mqttring.cluster.router import MAX_HOPS, ClusterRouter, NodeTargets
 from mqttring.cluster.routes import RouteTable, route_digest
-from mqttring.protocol.session import Message
+from mqttring.protocol.session import Message, Session
 from mqttring.raft import state as sm
 from mqttring.raft.view import ClusterView
 
@@ -39,6 +50,9 @@ class RecordingLinks:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, LinkMessage]] = []
+        #: node -> answers to its next requests (an exception is raised, a callable called
+        #: first, so it can change the world the way the peer's answer would).
+        self.answers: dict[str, list[Any]] = {}
 
     def send(self, node: str, message: LinkMessage) -> bool:
         self.sent.append((node, message))
@@ -53,9 +67,18 @@ class RecordingLinks:
 
     async def request(self, node: str, message: Any, timeout: float = 10.0,
                       *, expect: type | None = None) -> Any:
-        """As if ``node`` accepted at once (the decisions under test are the sender's)."""
+        """As scripted in ``answers``, else as if ``node`` accepted all at once (the
+        decisions under test are the sender's)."""
         self.sent.append((node, message))
-        return None
+        scripted = self.answers.get(node)
+        if scripted:
+            answer = scripted.pop(0)
+            if callable(answer):
+                answer = answer()
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return Delivered([]) if expect is Delivered else None
 
     def take(self, kind: type) -> list[tuple[str, Any]]:
         found = [(n, m) for n, m in self.sent if type(m) is kind]
@@ -93,9 +116,14 @@ class Metadata:
         return self.state.view()
 
 
-def make_router(node: str, views: list[ClusterView]) -> tuple[ClusterRouter, RecordingLinks]:
+def make_router(node: str, views: list[ClusterView], *,
+                holds: Callable[[int], bool] = lambda shard: True,
+                sessions: dict[str, Session] | None = None,
+                ) -> tuple[ClusterRouter, RecordingLinks]:
     links = RecordingLinks()
-    local = LocalRouter({}, RetainedStore(None, NUM_SHARDS), None,  # type: ignore[arg-type]
+    local = LocalRouter({} if sessions is None else sessions,
+                        RetainedStore(None, NUM_SHARDS),
+                        SessionStore(None, NUM_SHARDS, None),  # type: ignore[arg-type]
                         BrokerMetrics(), lambda client_id: None)
 
     def spawn(fn: Any, *args: Any) -> None:
@@ -103,7 +131,7 @@ def make_router(node: str, views: list[ClusterView]) -> tuple[ClusterRouter, Rec
 
     router = ClusterRouter(node, local, RetainedStore(None, NUM_SHARDS), links,  # type: ignore[arg-type]
                            lambda: views[-1], BrokerMetrics(), lambda sessions: None, spawn,
-                           lambda shard: True, routes_wait=0.2)
+                           holds, routes_wait=0.2)
     return router, links
 
 
@@ -294,6 +322,80 @@ async def test_a_publish_past_max_hops_is_refused_not_passed_on() -> None:
     assert links.take(Pub) == []
     [(node, ack)] = links.take(Ack)
     assert node == "b" and ack.req == 42 and not ack.ok
+
+
+# -- deliveries whose session shard moves in flight ----------------------------------------
+
+
+def test_resolve_names_each_nodes_clean_sessions_and_session_shards() -> None:
+    meta = Metadata("a", "b", "c")
+    view = meta.view()
+    of_b, of_c = (next(s for s in range(NUM_SHARDS) if view.owner(s) == n) for n in "bc")
+    by_node = make_router("a", [view])[0].resolve({"b", f"s:{of_b}", f"s:{of_c}"}, view)
+    assert by_node == {"b": NodeTargets(True, [of_b]), "c": NodeTargets(False, [of_c])}
+
+
+def shard_moving(before: ClusterView, after: ClusterView, frm: str, to: str) -> int:
+    return next(s for s in range(NUM_SHARDS)
+                if before.owner(s) == frm and after.owner(s) == to)
+
+
+async def test_a_session_shard_gone_in_flight_follows_its_owner_and_spares_clean_sessions(
+        autojump_clock: trio.abc.Clock) -> None:
+    """One Dlv to c named c's clean sessions and the persistent sessions of a shard c
+    handed to d in flight: c serves its clean sessions and names the shard; the owner then
+    sends d that shard only (not c's clean sessions again, and not d's: one copy each)."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    meta.join("d")
+    shard = shard_moving(views[0], meta.view(), "c", "d")
+
+    def moved() -> Delivered:
+        views.append(meta.view())
+        return Delivered([shard])
+
+    links.answers["c"] = [moved]
+    message = Message("t/1", b"x", 1)
+    await router._deliver_to("c", NodeTargets(True, [shard]), message)
+    assert [(n, m.shards, m.clean) for n, m in links.take(Dlv)] == [
+        ("c", [shard], True), ("d", [shard], False)]
+
+
+async def test_clean_sessions_are_owed_a_delivery_while_their_node_is_in_the_view(
+        autojump_clock: trio.abc.Clock) -> None:
+    """A broken link does not end c's clean subscribers; c's death does."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    message = Message("t/1", b"x", 1)
+    links.answers["c"] = [PeerUnavailable("c: link broke"), Delivered([])]
+    await router._deliver_to("c", NodeTargets(True, []), message)
+    assert [m.clean for _, m in links.take(Dlv)] == [True, True]
+
+    def dies() -> PeerUnavailable:
+        meta.down("c")
+        views.append(meta.view())
+        return PeerUnavailable("c: no answer")
+
+    links.answers["c"] = [dies]
+    await router._deliver_to("c", NodeTargets(True, []), message)
+    assert len(links.take(Dlv)) == 1
+
+
+async def test_a_receiver_serves_what_it_holds_and_names_the_shards_it_does_not() -> None:
+    meta = Metadata("a", "b")
+    view = meta.view()
+    subscriber = Session("clean-sub", True)
+    router, links = make_router("b", [view], holds=lambda shard: shard != 3,
+                                sessions={"clean-sub": subscriber})
+    router.local.add_subscription(subscriber, "t/#", 1)
+    router.on_dlv("a", Dlv(9, "t/1", b"x", 1, [3], True))
+    assert links.take(Ack) == [("a", Ack(9, True, Delivered([3])))]
+    assert [e.message.topic for e in subscriber.queue] == ["t/1"]
+    router.on_dlv("a", Dlv(10, "t/1", b"y", 1, [3], False))  # the clean sessions had it
+    assert links.take(Ack) == [("a", Ack(10, True, Delivered([3])))]
+    assert [e.message.payload for e in subscriber.queue] == [b"x"]
 
 
 # -- fencing ------------------------------------------------------------------------------

@@ -107,8 +107,8 @@ def test_a_frame_of_mixed_messages_keeps_their_order(messages: list[Any]) -> Non
 
 def test_the_wire_form_is_a_tagged_array() -> None:
     """Compact as the lists it replaced: the tag first, then the fields in order."""
-    raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, "t", b"p", 1, [2])]))
-    assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, "t", b"p", 1, [2]]]]
+    raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, "t", b"p", 1, [2], False)]))
+    assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, "t", b"p", 1, [2], False]]]
 
 
 def _raw_frame(*messages: Any, version: int = m.FRAME_VERSION, incarnation: Any = 1) -> bytes:

@@ -27,7 +27,7 @@ The hot path does one trie walk, one dict per publish and one bytes append per s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -113,8 +113,14 @@ class LocalRouter:
             await self._retained.update(message, persist=False)
         self.deliver_local(message)
 
-    def deliver_local(self, message: Message) -> list[Session]:
-        """Hand ``message`` to every matching local session; returns those needing a write."""
+    def deliver_local(self, message: Message, *, clean: bool = True,
+                      shards: Container[int] | None = None) -> list[Session]:
+        """Hand ``message`` to matching local sessions; returns those needing a write.
+
+        By default every matching session.  A cluster names them exactly instead (one copy
+        per session however many nodes ask, which QoS 2 needs): clean sessions only if
+        ``clean``, persistent ones only of the session shards in ``shards``.
+        """
         targets = self._targets(message.topic)
         if not targets:
             return []
@@ -127,6 +133,11 @@ class LocalRouter:
         for cid, granted in targets.items():
             session = sessions.get(cid)
             if session is None:
+                continue
+            if session.clean_session:
+                if not clean:
+                    continue
+            elif shards is not None and self._session_store.shard(cid) not in shards:
                 continue
             qos = granted if granted < pub_qos else pub_qos
             dropped = session.dropped

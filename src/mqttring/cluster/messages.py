@@ -31,8 +31,10 @@ import msgspec
 from mqttring.cluster.errors import PeerProtocolError
 
 #: Version of the frame format; a frame of any other version is refused.  Version 1 was the
-#: untyped map of positional lists: nodes of the two versions refuse each other's links.
-FRAME_VERSION = 2
+#: untyped map of positional lists; version 2 had a ``Dlv`` that was refused whole when the
+#: receiver lacked one of its session shards (version 3 delivers the rest, see ``Dlv``).
+#: Nodes of different versions refuse each other's links.
+FRAME_VERSION = 3
 
 QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
 #: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).
@@ -89,10 +91,14 @@ class Pub(_Frozen, tag="pub"):
 class Dlv(_Frozen, tag="dlv"):
     """Owner -> a node with subscribers: deliver to your local sessions, never route again.
 
-    ``shards`` lists the session shards whose persistent sessions the receiver must hold
-    (it is their owner); if it does not hold them yet it refuses, and the owner re-resolves.
-    With ``req`` set the receiver answers once the copies it queued for persistent sessions
-    are stored.  A delivery to clean sessions only at QoS 0 travels in a ``Batch`` instead.
+    The message names exactly which sessions: the receiver's clean sessions if ``clean``,
+    and the persistent sessions of the session shards in ``shards`` (the receiver is their
+    owner).  Each session gets one copy however many paths lead to it, which QoS 2 needs.
+    A shard the receiver does not hold (still loading, or moved away in flight) is left out
+    and named in the answer (``Delivered``), so the owner follows it to its current home
+    while the rest, the clean sessions above all, are served at once.  With ``req`` set the
+    receiver answers once the copies it queued for persistent sessions are stored.  A
+    delivery to clean sessions only at QoS 0 travels in a ``Batch`` instead.
     """
 
     req: int
@@ -100,6 +106,7 @@ class Dlv(_Frozen, tag="dlv"):
     payload: bytes
     qos: QoS
     shards: list[int]
+    clean: bool = True
 
 
 class Batch(WireMessage, tag="q0"):
@@ -379,7 +386,14 @@ class SessionOpened(_Frozen, tag="opened"):
 
 
 #: What an ``Ack`` may carry besides a refusal's reason.
-Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened
+class Delivered(_Frozen, tag="delivered"):
+    """The answer to ``Dlv``: the listed session shards the receiver did not hold (their
+    sessions got nothing; the owner delivers them where they are now)."""
+
+    unheld: list[int]
+
+
+Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened | Delivered
 
 
 class Ack(_Frozen, tag="ack"):
@@ -462,6 +476,7 @@ __all__ = [
     "Ack",
     "Batch",
     "CatchUp",
+    "Delivered",
     "Dlv",
     "Frame",
     "Handoff",

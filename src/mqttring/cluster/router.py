@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -58,6 +58,7 @@ from mqttring.cluster.errors import (
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
     Batch,
+    Delivered,
     Dlv,
     Pub,
     RetainedQuery,
@@ -85,10 +86,22 @@ log = logging.getLogger("mqttring.cluster.router")
 #: Rebuilds the ``Message`` objects of encoded QoS 0 frames (see ``LocalRouter.deliver_frames``).
 Unpack = Callable[[memoryview | bytes], Iterable[Message]]
 
+
+class NodeTargets(NamedTuple):
+    """The sessions of one node a message goes to (what a ``Dlv`` names)."""
+
+    #: The node's clean sessions subscribe (they live and die with it).
+    clean: bool
+    #: Session shards the node owns whose persistent sessions subscribe.
+    shards: list[int]
+
+
+#: Node -> its targets, for one topic under one view.
+ByNode = dict[str, NodeTargets]
+
 MAX_HOPS = 4
 #: Topics whose routing answer is cached (cleared when full, a new epoch, a route change).
 ROUTE_CACHE_SIZE = 50_000
-FORWARD_ATTEMPTS = 20
 #: A request to another node may take as long as that node's own patience (it waits for
 #: replicas and deliveries on our behalf) plus this; a shorter timeout would re-send a
 #: message still being accepted, and the late first copy could overtake newer ones.
@@ -158,8 +171,9 @@ class ClusterRouter:
         self.route_syncs_sent = 0
         self.route_repairs = 0
 
-    def route(self, topic: str, view: ClusterView) -> tuple[str | None, dict[str, list[int]]]:
-        """(owner of the topic's shard, {target node: session shards}) under ``view``."""
+    def route(self, topic: str, view: ClusterView) -> tuple[str | None, ByNode]:
+        """(owner of the topic's shard, {node: the sessions there to deliver to}) under
+        ``view``."""
         cache = self._route_cache
         epoch, version = self._cache_key
         if view.epoch != epoch or self.routes.version != version or len(cache) >= ROUTE_CACHE_SIZE:
@@ -240,22 +254,13 @@ class ClusterRouter:
             return
         if self.archive is not None:
             self.archive.append(message)
-        acked: list[tuple[str, list[int]]] = []
-        local_shards: list[int] | None = None
-        for node, shards in by_node.items():
-            if node == self.node_id:
-                local_shards = shards
-                continue
-            self.metrics.deliveries_to_nodes += 1
-            acked.append((node, shards))
+        self.metrics.deliveries_to_nodes += len(by_node) - (self.node_id in by_node)
         with peer_failures_unwrapped():
             async with trio.open_nursery() as nursery:
-                if local_shards is not None:
-                    nursery.start_soon(self._deliver_here, message, local_shards)
-                for node, shards in acked:
-                    nursery.start_soon(self._deliver_acked, node, shards, message)
+                for node, targets in by_node.items():
+                    nursery.start_soon(self._deliver_to, node, targets, message)
 
-    def _accept_plain(self, message: Message, by_node: dict[str, list[int]]) -> None:
+    def _accept_plain(self, message: Message, by_node: ByNode) -> None:
         """``accept`` for QoS 0 (retained state already updated): nothing to wait for."""
         if self.archive is not None:
             self.archive.append(message)
@@ -271,18 +276,19 @@ class ClusterRouter:
                           lambda _frames: (message,))
 
     def _fan_out_run(self, topic: str, frames: bytes | memoryview, count: int,
-                     by_node: dict[str, list[int]], unpack: Unpack) -> None:
+                     by_node: ByNode, unpack: Unpack) -> None:
         """``count`` encoded QoS 0 PUBLISHes of one topic to every node with routes.
 
         A node with clean sessions only gets the bytes as they are, appended to its packed
         batch; sessions of a shard (persistent, or one still loading here) need each
         ``Message`` (``unpack(frames)``) for its own path.
         """
-        for node, shards in by_node.items():
+        for node, targets in by_node.items():
+            shards = targets.shards
             if node == self.node_id:
                 if shards and not all(self.holds(s) for s in shards):
-                    for message in unpack(frames):  # sessions still loading
-                        self.spawn(self._deliver_here, message, shards)
+                    for message in unpack(frames):  # sessions loading here, or moved away
+                        self.spawn(self._deliver_to, node, targets, message)
                 else:
                     self.local.deliver_frames(topic, frames, count, unpack)
                 continue
@@ -291,32 +297,34 @@ class ClusterRouter:
                 self.links.send_frames(node, DELIVER, topic, frames, count)
                 continue
             for message in unpack(frames):
-                self.links.send(node, Dlv(0, message.topic, message.payload, 0, shards))
+                self.links.send(node, Dlv(0, message.topic, message.payload, 0, shards,
+                                          targets.clean))
 
-    def resolve(self, targets: set[str], view: ClusterView) -> dict[str, list[int]]:
-        """Route targets to nodes: ``s:N`` (persistent sessions of shard N) means N's owner.
-
-        Each node comes with the session shards it must hold to accept the delivery.
-        """
-        by_node: dict[str, list[int]] = {}
+    def resolve(self, targets: Iterable[str], view: ClusterView) -> ByNode:
+        """Route targets to nodes: a node id means its clean sessions, ``s:N`` the
+        persistent sessions of shard N, wherever N's owner is in ``view``."""
+        clean: set[str] = set()
+        shards: dict[str, list[int]] = {}
         for target in targets:
             if target.startswith("s:"):
                 shard = int(target[2:])
                 node = view.owner(shard)
                 if node is not None:
-                    by_node.setdefault(node, []).append(shard)
+                    shards.setdefault(node, []).append(shard)
             else:
-                by_node.setdefault(target, [])
-        return by_node
+                clean.add(target)
+        return {node: NodeTargets(node in clean, shards.get(node, []))
+                for node in clean.union(shards)}
 
-    async def _deliver_here(self, message: Message, shards: list[int]) -> None:
-        for _ in range(FORWARD_ATTEMPTS):
-            if all(self.holds(s) for s in shards):
-                break
-            await self.wait_for_view_change(0.5)  # our sessions of these shards are loading
-        to_persist = self.local.deliver_local(message)
-        if to_persist:
-            await self._persist_tracked(to_persist, shards)
+    async def _deliver_here(self, message: Message, clean: bool, shards: list[int]
+                            ) -> list[int]:
+        """Deliver to this node's sessions; returns the listed shards it does not hold."""
+        held = [s for s in shards if self.holds(s)]
+        if clean or held:
+            to_persist = self.local.deliver_local(message, clean=clean, shards=held)
+            if to_persist:
+                await self._persist_tracked(to_persist, held)
+        return [s for s in shards if s not in held] if len(held) < len(shards) else []
 
     async def _persist_tracked(self, sessions: list[Session], shards: list[int]) -> None:
         """Make deliveries durable, counted per session shard so that a handoff of that
@@ -353,62 +361,82 @@ class ClusterRouter:
             return True
         return False
 
-    async def _deliver_acked(self, node: str, shards: list[int], message: Message) -> None:
-        """Deliver to a node and wait for its acceptance; session shards follow their owner."""
-        deadline = trio.current_time() + self.delivery_patience
-        while trio.current_time() < deadline:
-            try:
-                await self.links.request(
-                    node, Dlv(0, message.topic, message.payload, message.qos, shards),
-                    self.request_timeout,
-                )
-                return
-            except (PeerUnavailable, RemoteError) as exc:
-                if not shards:
-                    await self._retry_clean(node, message, exc)
-                    return
-                await self.wait_for_view_change(0.5)
-                view = self.view()
-                moved = self.resolve({f"s:{s}" for s in shards}, view)
-                if node in moved and len(moved) == 1:
-                    continue  # same owner: it is still loading them, ask again
-                with peer_failures_unwrapped():
-                    async with trio.open_nursery() as nursery:
-                        for other, other_shards in moved.items():
-                            if other == self.node_id:
-                                nursery.start_soon(self._deliver_here, message, other_shards)
-                            else:
-                                nursery.start_soon(self._deliver_acked, other, other_shards,
-                                                   message)
-                return
-        raise PeerUnavailable(f"delivery of {message.topic!r} to sessions of shards {shards} "
-                              f"not confirmed within {self.delivery_patience}s")
+    async def _deliver_to(self, node: str, targets: NodeTargets, message: Message) -> None:
+        """Deliver to the sessions ``targets`` names on ``node`` and wait until it accepted.
 
-    async def _retry_clean(self, node: str, message: Message, first: Exception) -> None:
-        """Deliver to a node's clean sessions for as long as that node is in the view.
-
-        A clean session dies with its node, so a node that left the view owes nothing.  A
-        node still in it (a link that broke and reconnects, a lost frame) has subscribers
-        that stay connected and are owed the message: retry, bounded by
-        ``delivery_patience``, past which the publish is refused (no acknowledgement).
+        The common case is one request (or a local call).  Anything left over goes to
+        ``_redeliver``.
         """
-        deadline = trio.current_time() + self.delivery_patience
-        exc: Exception = first
-        while trio.current_time() < deadline:
-            if node not in self.view().live_members():
-                log.info("delivery of %r to %s not confirmed (%s); it left the view",
-                         message.topic, node, exc)
-                return
-            await self.wait_for_view_change(0.2)
+        clean, shards = targets
+        failure: Exception | None = None
+        if node == self.node_id:
+            shards = await self._deliver_here(message, clean, shards)
+            clean = False
+        else:
             try:
-                await self.links.request(
-                    node, Dlv(0, message.topic, message.payload, message.qos, []),
-                    self.request_timeout,
+                answer = await self.links.request(
+                    node, Dlv(0, message.topic, message.payload, message.qos, shards, clean),
+                    self.request_timeout, expect=Delivered,
                 )
-                return
-            except (PeerUnavailable, RemoteError) as again:
-                exc = again
-        raise PeerUnavailable(f"delivery of {message.topic!r} to {node}: {exc}")
+                clean, shards = False, answer.unheld
+            except (PeerUnavailable, RemoteError) as exc:
+                failure = exc
+        if clean or shards:
+            await self._redeliver(node, NodeTargets(clean, shards), message, failure)
+
+    async def _redeliver(self, node: str, targets: NodeTargets, message: Message,
+                         failure: Exception | None) -> None:
+        """What a first delivery to ``node`` left over, retried until it is accepted.
+
+        The clean sessions of ``node`` are owed the message for as long as ``node`` is in
+        the view (a link that broke and reconnects, a lost frame); a node that left it owes
+        nothing, its clean sessions died with it.  A session shard that ``node`` did not
+        hold has moved (its sessions follow their new owner) or is still loading there
+        (asked again).  Bounded by ``delivery_patience``, past which the publish is refused
+        (no acknowledgement), never given up silently.
+        """
+        clean, shards = targets
+        deadline = trio.current_time() + self.delivery_patience
+        with peer_failures_unwrapped():
+            async with trio.open_nursery() as followers:
+                while True:
+                    await self.wait_for_view_change(0.2 if failure is not None else 0.5)
+                    view = self.view()
+                    if clean and node not in view.live_members():
+                        log.info("delivery of %r to %s not confirmed (%s); it left the view",
+                                 message.topic, node, failure)
+                        clean = False
+                    if shards:
+                        moved = self.resolve((f"s:{s}" for s in shards), view)
+                        stay = moved.pop(node, None)
+                        shards = stay.shards if stay is not None else []
+                        for other, other_targets in moved.items():
+                            followers.start_soon(self._deliver_to, other,
+                                                 NodeTargets(False, other_targets.shards),
+                                                 message)
+                    if not clean and not shards:
+                        return
+                    if trio.current_time() >= deadline:
+                        raise PeerUnavailable(
+                            f"delivery of {message.topic!r} to {node} (clean sessions: "
+                            f"{clean}, session shards: {shards}) not confirmed within "
+                            f"{self.delivery_patience}s: {failure}")
+                    failure = None
+                    if node == self.node_id:
+                        shards = await self._deliver_here(message, clean, shards)
+                        clean = False
+                    else:
+                        try:
+                            answer = await self.links.request(
+                                node, Dlv(0, message.topic, message.payload, message.qos,
+                                          shards, clean),
+                                self.request_timeout, expect=Delivered,
+                            )
+                            clean, shards = False, answer.unheld
+                        except (PeerUnavailable, RemoteError) as exc:
+                            failure = exc
+                    if not clean and not shards:
+                        return
 
     # -- inbound messages -------------------------------------------------------------------
 
@@ -467,26 +495,32 @@ class ClusterRouter:
             self.links.reply(node, req, False, str(exc))
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
-        req, shards = msg.req, msg.shards
-        if shards and not all(self.holds(s) for s in shards):
-            # Sessions of a shard we do not hold (yet): the sender re-resolves its owner.
-            self.links.reply(node, req, False, "not the session shard's owner")
-            return
-        to_persist = self.local.deliver_local(Message(msg.topic, msg.payload, msg.qos, False))
+        req, held = msg.req, msg.shards
+        unheld: list[int] = []
+        if held and not all(self.holds(s) for s in held):
+            # A shard still loading here or gone (the view moved it in flight): serve the
+            # rest now, name the shard so the sender finds its sessions where they are.
+            unheld = [s for s in held if not self.holds(s)]
+            held = [s for s in held if s not in unheld]
+        to_persist: list[Session] = []
+        if msg.clean or held:
+            to_persist = self.local.deliver_local(
+                Message(msg.topic, msg.payload, msg.qos, False), clean=msg.clean, shards=held)
         if req == 0:
             return
+        answer = Delivered(unheld)
         if not to_persist:
-            self.links.reply(node, req, True)
+            self.links.reply(node, req, True, answer)
             return
 
         async def persist_then_ack() -> None:
             try:
-                await self._persist_tracked(to_persist, shards)
+                await self._persist_tracked(to_persist, held)
             except PeerFailure as exc:
                 # Not durable on every replica: the sender must not count it accepted.
                 self.links.reply(node, req, False, str(exc))
                 return
-            self.links.reply(node, req, True)
+            self.links.reply(node, req, True, answer)
 
         self.spawn(persist_then_ack)
 
