@@ -411,6 +411,48 @@ def test_overlapping_subscriptions_deliver_once_per_client(
         ]), f"{c.name}: {got}"
 
 
+# --------------------------------------------------------------------------- flow control
+
+
+def test_a_congested_subscriber_on_another_node_holds_the_publisher_back(
+        cluster: NodeCluster, view: ViewInfo) -> None:
+    """Default limits (32 in flight, 1,000 queued): a subscriber on b that reads nothing
+    while a publisher on a sends 1,100 QoS 1 messages to a topic owned by c.  Without flow
+    control it would keep 1,032 of them; with it, the wait travels c -> b and back to a, the
+    publisher is held, and once the subscriber reads, it gets all 1,100 in order and the
+    publisher every PUBACK in order."""
+    from mqtt_client import PUBACK, PUBLISH, RawClient, puback, publish
+
+    topic = view.topic_owned_by("c", unique("flow"))
+    count = 1_100
+    sub = RawClient(HOST, cluster.port("b"), timeout=WAIT)
+    pub = RawClient(HOST, cluster.port("a"), timeout=WAIT)
+    try:
+        assert sub.connect(unique("flow-sub")).return_code == 0
+        assert sub.subscribe([(topic, 1)]) == [1]
+        assert pub.connect(unique("flow-pub")).return_code == 0
+        for start in range(1, count + 1, 100):
+            pub.send(b"".join(publish(topic, f"m{i}".encode(), qos=1, packet_id=i)
+                              for i in range(start, start + 100)))
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < count:
+            packet = sub.recv_packet(max(deadline - time.monotonic(), 0.01))
+            assert packet.type == PUBLISH, packet
+            got.append(packet.payload)
+            sub.send(puback(packet.packet_id))
+        assert got == [f"m{i}".encode() for i in range(1, count + 1)]
+        acks = []
+        while len(acks) < count:
+            packet = pub.recv_packet(max(deadline - time.monotonic(), 0.01))
+            assert packet.type == PUBACK, packet
+            acks.append(packet.packet_id)
+        assert acks == list(range(1, count + 1))
+    finally:
+        sub.close()
+        pub.close()
+
+
 # --------------------------------------------------------------------------- counters
 
 

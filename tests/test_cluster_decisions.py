@@ -252,6 +252,27 @@ def test_a_route_set_from_a_newer_view_never_removes_routes_we_still_need() -> N
     assert router.routes.nodes_for("t/1") == set()
 
 
+def test_a_node_that_becomes_a_shards_replica_holds_its_own_routes_for_it() -> None:
+    """Found by the 5-node partition: both replicas of a topic's shard were cut off, the
+    shard went to a node that had subscribers of that topic but had registered their exact
+    routes only at the replicas of the time; as owner it then missed its own subscribers."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    view = views[-1]
+    topic = next(t for t in (f"t/{i}" for i in range(1000))
+                 if "a" not in view.replicas(view.shard_for_topic(t)))
+    router.local_filters[(topic, "s:3")] = 1  # a persistent session homed here subscribes
+    router.local_filters[(topic, "a")] = 1  # and a clean one connected here
+    meta.down("b")
+    meta.down("c")
+    views.append(meta.view())
+    assert views[-1].owner(views[-1].shard_for_topic(topic)) == "a"
+    router.on_view(view, views[-1])
+    assert router.routes.nodes_for(topic) == {"s:3", "a"}
+
+
 def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     meta = Metadata("a", "b", "c")
     views = [meta.view()]

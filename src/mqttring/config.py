@@ -54,6 +54,14 @@ class Limits:
     max_subscriptions: int = 10_000
     #: Seconds a queued message for an offline session is kept (0 = forever).
     queued_message_ttl: float = 0.0
+    #: Seconds a publish may be held back (not acknowledged, its connection reading no
+    #: further PUBLISH) while a connected subscriber it feeds has ``max_queued`` messages
+    #: waiting; past it that subscriber is disconnected as a slow consumer.  0: never hold,
+    #: drop the oldest queued message instead (``mqttring.broker.flow``).
+    slow_subscriber_hold: float = 10.0
+    #: PUBLISH packets one connection may have read ahead of the one being accepted; at
+    #: the bound the connection stops reading until one is acknowledged (back-pressure).
+    publish_window: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,9 @@ class BrokerConfig:
     ws: str | None = None
     data_dir: Path | None = Path("data")
     sys_interval: float = 10.0
+    #: Bind the MQTT and WebSocket ports with SO_REUSEPORT, so that several nodes on one
+    #: machine share them (``--workers``; ``mqttring.broker.listeners``).
+    reuse_port: bool = False
     limits: Limits = field(default_factory=Limits)
     store: StoreSettings = field(default_factory=StoreSettings)
     num_shards: int = 1024
@@ -117,6 +128,10 @@ class BrokerConfig:
     node_weight: int = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.
     leave_timeout: float = 30.0
+    #: SIGINT/SIGTERM: leave the cluster (hand the shards away) before stopping.  False:
+    #: stop and stay a member, as for a restart (``--workers`` stops all its nodes at once,
+    #: with nobody to hand shards to).
+    leave_on_stop: bool = True
     #: ``python -m mqttring.node`` only (an embedding process owns its own GC): a full
     #: garbage collection at most once per this many middle-generation ones (CPython: 10).
     #: Every full collection walks every connection's objects; see ``docs/operations.md``.
@@ -166,6 +181,14 @@ class BrokerConfig:
                 raise ConfigError(f"limits.{name} must be >= 1")
         if lim.connect_timeout <= 0:
             raise ConfigError("limits.connect_timeout must be > 0")
+        if lim.slow_subscriber_hold < 0:
+            raise ConfigError("limits.slow_subscriber_hold must be >= 0")
+        if lim.slow_subscriber_hold >= self.cluster_write_patience:
+            raise ConfigError("limits.slow_subscriber_hold must be below cluster_write_patience "
+                              f"({self.cluster_write_patience}s): a publish held longer would "
+                              "be refused by the node waiting for it")
+        if not 1 <= lim.publish_window <= 65535:
+            raise ConfigError("limits.publish_window must be in 1..65535")
 
     @property
     def fence_seconds(self) -> float:

@@ -1,7 +1,16 @@
-"""The trio adapter of one client connection: a reader task, and a writer task while needed.
+"""The trio adapter of one client connection: a reader, an acceptor, and a writer while needed.
 
-The reader feeds bytes to the sans-IO ``ServerConnection`` and hands the resulting events to
-``BrokerCore``.  A writer task is started when output appears and ends when the buffer is
+The reader feeds bytes to the sans-IO ``ServerConnection``, which applies what needs no
+decision at once (the client's PUBACK/PUBREC/PUBCOMP of our deliveries, PUBREL, PINGREQ);
+the events it returns (PUBLISH, SUBSCRIBE, ...) go, in order, to the acceptor task, which
+hands them to ``BrokerCore`` one batch at a time.  So a connection whose publish waits (for
+its shard's owner, a group commit, or a congested subscriber: ``mqttring.broker.flow``)
+still reads the acknowledgements that free its own session's window; the reader runs at
+most ``publish_window`` events ahead of the acceptor and then stops reading, which is the
+back-pressure a publisher feels.  Events are accepted one after another, so PUBACK/PUBREC
+leave in the order the PUBLISHes came [MQTT-4.6.0-2/3] and messages keep their order.
+
+A writer task is started when output appears and ends when the buffer is
 empty (an idle connection then costs one task, which matters at 10,000 connections); it
 sends everything queued while it was busy (many deliveries, acks) in one write.
 Deliveries never wait for a socket: routers append to the buffer and call ``wake``; a slow
@@ -12,7 +21,8 @@ that stops reading *and* sending is closed by the keepalive timeout.
 
 Timeouts are the deadline of the connection's own cancel scope while it waits for bytes:
 ``connect_timeout`` until CONNECT arrives, then 1.5 x keepalive [MQTT-3.1.2-24] (none for
-keepalive 0); the deadline is lifted while received packets are handled.
+keepalive 0); the deadline is lifted while the acceptor has events to handle (a client
+waiting for our PUBACK owes us no packet).
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ import trio
 
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.transport import Transport
-from mqttring.protocol.connection import ConnState, ServerConnection
+from mqttring.protocol.connection import ConnState, Event, ServerConnection
 from mqttring.protocol.errors import MQTTError
 from mqttring.protocol.packets import Will
 from mqttring.protocol.session import Session
@@ -37,6 +47,8 @@ FINAL_FLUSH_SECONDS = 5.0
 
 class ClientHandler:
     __slots__ = (
+        "_busy",
+        "_connect_deadline",
         "_nursery",
         "_writing",
         "clean_disconnect",
@@ -63,6 +75,9 @@ class ClientHandler:
         self.clean_disconnect = False
         self.finished = False
         self._writing = False
+        #: Events read and not yet handled (the acceptor's backlog, at most the window).
+        self._busy = 0
+        self._connect_deadline = math.inf
         self._nursery: trio.Nursery | None = None
 
     def wake(self) -> None:
@@ -88,7 +103,7 @@ class ClientHandler:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 try:
-                    await self._reader(nursery.cancel_scope)
+                    await self._read_and_accept(nursery.cancel_scope)
                 finally:
                     # The writer gets a bounded time to flush the last packets (a CONNACK
                     # refusal, a PUBACK) to a peer that may have stopped reading.
@@ -114,40 +129,93 @@ class ClientHandler:
                         with contextlib.suppress(trio.BrokenResourceError, OSError):
                             await self.transport.aclose()
 
-    async def _reader(self, timer: trio.CancelScope) -> None:
+    async def _read_and_accept(self, timer: trio.CancelScope) -> None:
+        """Run the reader and the acceptor; return when the reader is done and the
+        acceptor has handled everything the reader passed it (a PUBLISH sent just before
+        the client closed the socket is still routed)."""
+        window = self.core.limits.publish_window
+        slots = trio.Semaphore(window)
+        send, receive = trio.open_memory_channel[Event](window)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._acceptor, receive, slots, timer, nursery.cancel_scope)
+            async with send:
+                await self._reader(timer, send, slots)
+
+    def _arm(self, timer: trio.CancelScope) -> None:
+        """The receive timeout, unless events are waiting to be handled (then none)."""
+        conn = self.conn
+        if self._busy:
+            timer.deadline = math.inf
+        elif conn.state is ConnState.AWAIT_CONNECT:
+            timer.deadline = self._connect_deadline
+        elif conn.keepalive:
+            timer.deadline = trio.current_time() + 1.5 * conn.keepalive
+        else:
+            timer.deadline = math.inf
+
+    async def _reader(self, timer: trio.CancelScope, events: trio.MemorySendChannel[Event],
+                      slots: trio.Semaphore) -> None:
         """Feed the protocol machine until the peer leaves, breaks a rule or times out.
 
-        ``timer`` is the connection's own scope: its deadline is the receive timeout while
-        waiting for bytes and infinite while they are handled (a timeout must never cut a
-        store write or a routing step short); expiring cancels the whole connection.
+        ``timer`` is the connection's own scope (``_arm``); expiring cancels the whole
+        connection.  Each event takes one of ``publish_window`` slots until handled.
         """
-        core = self.core
         conn = self.conn
-        metrics = core.metrics
+        metrics = self.core.metrics
+        flow = self.core.flow
         transport = self.transport
-        connect_deadline = trio.current_time() + core.limits.connect_timeout
+        self._connect_deadline = trio.current_time() + self.core.limits.connect_timeout
         while True:
-            if conn.state is ConnState.AWAIT_CONNECT:
-                timer.deadline = connect_deadline
-            elif conn.keepalive:
-                timer.deadline = trio.current_time() + 1.5 * conn.keepalive
+            self._arm(timer)
             data = await transport.receive()
             timer.deadline = math.inf
             if not data:
                 return  # peer closed
             metrics.bytes_received += len(data)
             try:
-                events = conn.receive_data(data)
+                received = conn.receive_data(data)
             except MQTTError as exc:
                 metrics.protocol_errors += 1
                 log.debug("closing %s: %s", transport.peer, exc)
                 return
-            if events:
-                await core.handle(self, events)
             if conn.pending_output:
-                self.wake()
+                self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
+            if self.session is not None:
+                flow.room_made(self.session.client_id)  # its acks may have made room
+            for event in received:
+                await slots.acquire()
+                self._busy += 1
+                events.send_nowait(event)
             if conn.closed:
                 return
+
+    async def _acceptor(self, events: trio.MemoryReceiveChannel[Event],
+                        slots: trio.Semaphore, timer: trio.CancelScope,
+                        reading: trio.CancelScope) -> None:
+        """Hand events to the core in order, as many as are waiting at a time; stop
+        reading (``reading``) once the core closed the connection (a refused CONNECT)."""
+        core = self.core
+        conn = self.conn
+        async with events:
+            async for event in events:
+                batch = [event]
+                while True:
+                    try:
+                        batch.append(events.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                try:
+                    await core.handle(self, batch)
+                finally:
+                    self._busy -= len(batch)
+                    for _ in batch:
+                        slots.release()
+                if conn.pending_output:
+                    self.wake()
+                if conn.closed and not conn.disconnected:
+                    reading.cancel()
+                    return
+                self._arm(timer)
 
     async def _writer(self) -> None:
         """Drain the output buffer, one send per batch, then exit (idle costs no task)."""

@@ -21,8 +21,9 @@ Invariants:
 * ``connection_lost`` runs once per handler (guarded by ``handler.finished``) and publishes
   the will unless the client sent DISCONNECT [MQTT-3.1.2-8, MQTT-3.14.4-3].
 
-Events of one connection are handled in order by that connection's reader task, so one
-client's packets are processed sequentially; different clients proceed concurrently.
+Events of one connection are handled in order by that connection's acceptor task
+(``mqttring.broker.client``), so one client's packets are processed sequentially; different
+clients proceed concurrently.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
@@ -83,7 +85,9 @@ class BrokerCore:
             max_queued=config.limits.max_queued,
             max_output=config.limits.max_outgoing_buffer,
             message_ttl=config.limits.queued_message_ttl,
+            hold_when_online=config.limits.slow_subscriber_hold > 0,
         )
+        self.flow = FlowControl(config.limits.slow_subscriber_hold, metrics, self.shed)
         self.session_store = session_store
         self.metrics = metrics
         self.sessions: dict[str, Session] = {}
@@ -102,6 +106,12 @@ class BrokerCore:
         waker = self.wakers.get(client_id)
         if waker is not None:
             waker.wake()
+
+    def shed(self, client_id: str) -> None:
+        """Disconnect a client, wherever its connection is (a slow consumer)."""
+        waker = self.wakers.get(client_id)
+        if waker is not None:
+            waker.kick()
 
     async def restore_sessions(self) -> int:
         """Load persistent sessions from the store at start-up (all offline)."""
@@ -134,13 +144,15 @@ class BrokerCore:
                 await self.on_unsubscribe(handler, event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
                 handler.clean_disconnect = True
-            if handler.conn.closed:
-                break
+            if handler.conn.closed and not handler.conn.disconnected:
+                break  # taken over or refused: nothing more from this connection counts
         session = handler.session
-        if session is not None and session.persistent and session.has_changes():
-            # Acks received, packet ids assigned: progress whose loss only causes a
-            # permitted redelivery, so it is written lazily.
-            await self.manager.persist([session], Durability.LAZY)
+        if session is not None:
+            self.flow.room_made(session.client_id)
+            if session.persistent and session.has_changes():
+                # Acks received, packet ids assigned: progress whose loss only causes a
+                # permitted redelivery, so it is written lazily.
+                await self.manager.persist([session], Durability.LAZY)
 
     def _authenticate(self, packet: Connect) -> ConnectReturnCode:
         users = self.config.users
@@ -288,3 +300,5 @@ class BrokerCore:
 
 class Waker(Protocol):
     def wake(self) -> None: ...
+
+    def kick(self) -> None: ...

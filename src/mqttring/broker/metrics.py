@@ -31,6 +31,10 @@ class BrokerMetrics:
     #: Publishes not acknowledged because the cluster could not accept them (faults); the
     #: publisher's connection was closed so that it resends.
     publishes_refused: int = 0
+    #: Publishes whose acknowledgement waited for a congested subscriber (flow control).
+    publishes_held: int = 0
+    #: Subscribers disconnected for making no room within ``slow_subscriber_hold``.
+    slow_subscribers_disconnected: int = 0
     #: Cluster: publishes forwarded to a shard owner on another node.
     forwarded_to_owner: int = 0
     #: Cluster: delivery messages sent to other nodes that hold subscribers.

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from mqttring.broker.archive import TelemetryArchive
+from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.session_store import SessionStore
@@ -84,6 +85,7 @@ class LocalRouter:
         metrics: BrokerMetrics,
         wake: Callable[[str], None],
         clock: Callable[[], float] = time.time,
+        flow: FlowControl | None = None,
     ) -> None:
         self._sessions = sessions
         self._retained = retained
@@ -93,6 +95,8 @@ class LocalRouter:
         #: Wall clock (UNIX seconds) that stamps queued-message expiry deadlines; they are
         #: stored and exported, so not ``time.monotonic``.  Injectable for tests.
         self._clock = clock
+        #: Holds publishers back for congested subscribers; None: never (tests of routing).
+        self._flow = flow
         self.subscriptions: TopicTrie[str, int] = TopicTrie()
         #: Set by the server when ``config.archive`` lists topic filters.
         self.archive: TelemetryArchive | None = None
@@ -103,9 +107,17 @@ class LocalRouter:
             await self._retained.update(message, persist=not message.topic.startswith("$SYS/"))
         if self.archive is not None:
             self.archive.append(message)
-        to_persist = self.deliver_local(message)
+        congested: list[Session] = []
+        to_persist = self.deliver_local(message, congested=congested)
         if to_persist:
             await self._session_store.save_changes(to_persist, Durability.DURABLE)
+        if congested:
+            await self.hold_back(congested)
+
+    async def hold_back(self, congested: list[Session]) -> None:
+        """Return once the congested subscribers have room (``mqttring.broker.flow``)."""
+        if self._flow is not None:
+            await self._flow.hold_back(congested)
 
     async def publish_local(self, message: Message) -> None:
         """Node-local traffic ($SYS): kept in memory, never stored."""
@@ -114,8 +126,12 @@ class LocalRouter:
         self.deliver_local(message)
 
     def deliver_local(self, message: Message, *, clean: bool = True,
-                      shards: Container[int] | None = None) -> list[Session]:
+                      shards: Container[int] | None = None,
+                      congested: list[Session] | None = None) -> list[Session]:
         """Hand ``message`` to matching local sessions; returns those needing a write.
+
+        Sessions left congested by a QoS 1/2 copy are added to ``congested``: the caller
+        must ``hold_back`` the publish until they have room.
 
         By default every matching session.  A cluster names them exactly instead (one copy
         per session however many nodes ask, which QoS 2 needs): clean sessions only if
@@ -147,8 +163,11 @@ class LocalRouter:
             if session.output is not None:
                 sent += 1
                 wake(cid)
-            if qos and session.persistent:
-                to_persist.append(session)
+            if qos:
+                if session.persistent:
+                    to_persist.append(session)
+                if congested is not None and session.congested:
+                    congested.append(session)
         self._metrics.messages_sent += sent
         return to_persist
 

@@ -136,7 +136,7 @@ class DataPlane:
     def make_router(self, core: BrokerCore) -> ClusterRouter:
         config = self.config
         local = LocalRouter(core.sessions, self.retained, self.session_store, self.metrics,
-                            core.wake)
+                            core.wake, flow=core.flow)
         self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
                                     self.current_view, self.metrics, self._persist, self.spawn,
                                     self.held.__contains__, lambda: self.held,

@@ -321,9 +321,13 @@ class ClusterRouter:
         """Deliver to this node's sessions; returns the listed shards it does not hold."""
         held = [s for s in shards if self.holds(s)]
         if clean or held:
-            to_persist = self.local.deliver_local(message, clean=clean, shards=held)
+            congested: list[Session] = []
+            to_persist = self.local.deliver_local(message, clean=clean, shards=held,
+                                                  congested=congested)
             if to_persist:
                 await self._persist_tracked(to_persist, held)
+            if congested:
+                await self.local.hold_back(congested)
         return [s for s in shards if s not in held] if len(held) < len(shards) else []
 
     async def _persist_tracked(self, sessions: list[Session], shards: list[int]) -> None:
@@ -503,23 +507,28 @@ class ClusterRouter:
             unheld = [s for s in held if not self.holds(s)]
             held = [s for s in held if s not in unheld]
         to_persist: list[Session] = []
+        congested: list[Session] = []
         if msg.clean or held:
             to_persist = self.local.deliver_local(
-                Message(msg.topic, msg.payload, msg.qos, False), clean=msg.clean, shards=held)
+                Message(msg.topic, msg.payload, msg.qos, False), clean=msg.clean, shards=held,
+                congested=congested)
         if req == 0:
             return
         answer = Delivered(unheld)
-        if not to_persist:
+        if not to_persist and not congested:
             self.links.reply(node, req, True, answer)
             return
 
         async def persist_then_ack() -> None:
             try:
-                await self._persist_tracked(to_persist, held)
+                if to_persist:
+                    await self._persist_tracked(to_persist, held)
             except PeerFailure as exc:
                 # Not durable on every replica: the sender must not count it accepted.
                 self.links.reply(node, req, False, str(exc))
                 return
+            if congested:
+                await self.local.hold_back(congested)  # flow control: the publisher waits
             self.links.reply(node, req, True, answer)
 
         self.spawn(persist_then_ack)
@@ -720,6 +729,12 @@ class ClusterRouter:
                 self.peer_since.pop(node, None)
         held = {s for s in range(new.num_shards) if me in new.replicas(s)}
         self.routes.drop_exact_where(held, new)
+        # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
+        # replica of (its former replicas all gone) needs the exact routes of our own
+        # subscribers too, which ``subscribe`` registered only where it was held then.
+        for topic_filter, target in self.local_filters:
+            if me in self._route_targets(topic_filter, new):
+                self.routes.add(topic_filter, target, registrar_for(target, me))
         for shard in list(self.replica_since):
             if shard not in held:
                 del self.replica_since[shard]

@@ -180,6 +180,11 @@ class SessionProxy:
                                                     bytes(self.output)))
             self.output.clear()
 
+    def kick(self) -> None:
+        """Close the connection at the edge (its will is published as for any unclean
+        close: the edge reports the close, and this registration is still current)."""
+        self.links.send(self.node, SessionKick(0, self.client_id, self.token))
+
 
 class ClusterSessions(LocalSessions):
     """The cluster's ``SessionManager``; see the module docstring."""
@@ -524,6 +529,7 @@ class ClusterSessions(LocalSessions):
         acknowledge = {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}
         acknowledge[message.packet_type](message.packet_id)
         proxy.wake()
+        self.core.flow.room_made(message.client_id)
         if session.has_changes():
             await self.core.session_store.save_changes([session], Durability.LAZY)
 

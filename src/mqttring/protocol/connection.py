@@ -108,6 +108,7 @@ class ServerConnection:
         "_out",
         "client_id",
         "connect",
+        "disconnected",
         "packets_received",
         "publishes_received",
         "session",
@@ -121,6 +122,9 @@ class ServerConnection:
         self.connect: Connect | None = None
         self.client_id: str | None = None
         self.session: Session | None = None
+        #: The client sent DISCONNECT: closed for input, but what it sent before is still
+        #: to be handled (unlike a connection closed by the broker).
+        self.disconnected = False
         self.packets_received = 0
         self.publishes_received = 0
 
@@ -191,6 +195,7 @@ class ServerConnection:
             return UnsubscribeRequested(packet.packet_id, packet.topics)
         elif isinstance(packet, Disconnect):
             self.state = ConnState.CLOSED
+            self.disconnected = True
             return DisconnectRequested()
         elif isinstance(packet, Connect):
             raise ProtocolViolation("MQTT-3.1.0-2", "a second CONNECT on one connection")

@@ -153,6 +153,10 @@ class SessionLimits:
     #: Seconds a queued message may wait for an offline client (0 = forever); deadlines are
     #: wall-clock (``now + message_ttl`` with ``now`` from ``time.time()``).
     message_ttl: float = 0.0
+    #: While the client is connected, a full queue takes QoS 1/2 messages past
+    #: ``max_queued`` instead of dropping the oldest: the deliverer holds the publisher back
+    #: (``congested``; ``mqttring.broker.flow``).  Off: drop as for an offline client.
+    hold_when_online: bool = True
 
 
 @dataclass(slots=True)
@@ -185,6 +189,13 @@ class Session:
     def online(self) -> bool:
         return self.output is not None
 
+    @property
+    def congested(self) -> bool:
+        """Connected with ``max_queued`` messages waiting: hold publishers back (unless
+        ``hold_when_online`` is off)."""
+        return (self.output is not None and len(self.queue) >= self.limits.max_queued
+                and self.limits.hold_when_online)
+
     # -- delivery -------------------------------------------------------------------------
 
     def deliver(
@@ -210,7 +221,8 @@ class Session:
         if self.limits.message_ttl > 0:
             entry.expires_at = now + self.limits.message_ttl
         self.next_seq += 1
-        self._make_room()
+        if out is None or not self.limits.hold_when_online:
+            self._make_room()
         self.queue.append(entry)
         if qos and self.persistent:
             self._dirty[entry.seq] = entry

@@ -1,0 +1,130 @@
+"""Flow control (``mqttring.broker.flow``): a connected subscriber that falls behind slows the
+publishers feeding it instead of losing what they were told was accepted, and a connection
+keeps reading acknowledgements while its own publishes wait.
+
+Raw clients, so that who reads and who acknowledges what is exact.  Each test's limits are
+small (``max_inflight`` 2, ``max_queued`` 5): the subscriber is congested after 7 messages.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mqtt_client import (
+    DISCONNECT_BYTES,
+    PUBACK,
+    PUBLISH,
+    RawClient,
+    puback,
+    publish,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+LIMITS = {"max_inflight": 2, "max_queued": 5}
+
+
+def read_packets(client: RawClient, want: dict[int, int], ack: bool,
+                 timeout: float = 10.0) -> dict[int, list]:
+    """Packets until ``want`` (type -> count) is met; PUBLISHes are acknowledged if ``ack``."""
+    got: dict[int, list] = {ptype: [] for ptype in want}
+    deadline = time.monotonic() + timeout
+    while any(len(got[t]) < n for t, n in want.items()):
+        packet = client.recv_packet(max(deadline - time.monotonic(), 0.01))
+        got.setdefault(packet.type, []).append(packet)
+        if packet.type == PUBLISH and ack and packet.qos == 1:
+            client.send(puback(packet.packet_id))
+    return got
+
+
+def test_a_congested_subscriber_holds_its_publisher_back_and_loses_nothing(
+        broker_factory, raw, uid) -> None:
+    """Without flow control the subscriber would keep 2 + 5 of 20 messages; with it, the
+    publisher waits and the subscriber gets all 20, in order [MQTT-4.6.0-6], and the
+    publisher's PUBACKs come in the order of its PUBLISHes [MQTT-4.6.0-2]."""
+    b = broker_factory(slow_subscriber_hold=8.0, **LIMITS)
+    topic = uid("flow")
+    sub = raw(b)
+    assert sub.connect(uid("sub")).return_code == 0
+    assert sub.subscribe([(topic, 1)]) == [1]
+    pub = raw(b)
+    assert pub.connect(uid("pub")).return_code == 0
+    pub.send(b"".join(publish(topic, f"m{i}".encode(), qos=1, packet_id=i)
+                      for i in range(1, 21)))
+    # The first 7 fit (2 in flight, 5 queued); the 7th congests the subscriber and is held.
+    early = read_packets(pub, {PUBACK: 6}, ack=False)
+    assert [p.packet_id for p in early[PUBACK]] == list(range(1, 7))
+    got = read_packets(sub, {PUBLISH: 20}, ack=True)  # reading makes room
+    assert [p.payload for p in got[PUBLISH]] == [f"m{i}".encode() for i in range(1, 21)]
+    rest = read_packets(pub, {PUBACK: 14}, ack=False)
+    assert [p.packet_id for p in rest[PUBACK]] == list(range(7, 21))
+
+
+def test_a_publisher_that_is_its_own_slow_subscriber_is_not_deadlocked(
+        broker_factory, raw, uid) -> None:
+    """The connection reads acknowledgements while its publishes wait: a client subscribed
+    to what it publishes, which sent 30 PUBLISHes before reading anything, makes room by
+    acknowledging its deliveries and gets every PUBACK, without being disconnected."""
+    b = broker_factory(slow_subscriber_hold=8.0, **LIMITS)
+    topic = uid("echo")
+    client = raw(b)
+    assert client.connect(uid("echo")).return_code == 0
+    assert client.subscribe([(topic, 1)]) == [1]
+    client.send(b"".join(publish(topic, f"e{i}".encode(), qos=1, packet_id=i)
+                         for i in range(1, 31)))
+    got = read_packets(client, {PUBLISH: 30, PUBACK: 30}, ack=True, timeout=6.0)
+    assert [p.payload for p in got[PUBLISH]] == [f"e{i}".encode() for i in range(1, 31)]
+    assert [p.packet_id for p in got[PUBACK]] == list(range(1, 31))
+
+
+def test_a_subscriber_that_makes_no_room_is_disconnected_after_the_hold(
+        broker_factory, raw, uid) -> None:
+    b = broker_factory(slow_subscriber_hold=1.0, **LIMITS)
+    topic = uid("stuck")
+    sub = raw(b)
+    assert sub.connect(uid("stuck-sub")).return_code == 0
+    assert sub.subscribe([(topic, 1)]) == [1]
+    pub = raw(b)
+    assert pub.connect(uid("pub")).return_code == 0
+    pub.send(b"".join(publish(topic, b"x", qos=1, packet_id=i) for i in range(1, 21)))
+    started = time.monotonic()
+    acks = read_packets(pub, {PUBACK: 20}, ack=False)
+    assert [p.packet_id for p in acks[PUBACK]] == list(range(1, 21))
+    assert time.monotonic() - started >= 0.9, "the publisher was not held back"
+    assert sub.wait_closed(5), "the slow subscriber was not disconnected"
+
+
+def test_hold_zero_drops_the_oldest_as_for_an_offline_client(broker_factory, raw, uid) -> None:
+    """``slow_subscriber_hold = 0`` turns flow control off (the documented escape hatch)."""
+    b = broker_factory(slow_subscriber_hold=0.0, **LIMITS)
+    topic = uid("drop")
+    sub = raw(b)
+    assert sub.connect(uid("sub")).return_code == 0
+    assert sub.subscribe([(topic, 1)]) == [1]
+    pub = raw(b)
+    assert pub.connect(uid("pub")).return_code == 0
+    pub.send(b"".join(publish(topic, f"m{i}".encode(), qos=1, packet_id=i)
+                      for i in range(1, 21)))
+    read_packets(pub, {PUBACK: 20}, ack=False)  # nobody waits
+    got = read_packets(sub, {PUBLISH: 7}, ack=True)
+    # 2 were in flight; of the queue only the newest 5 are left.
+    assert [p.payload for p in got[PUBLISH]] == [
+        b"m1", b"m2", b"m16", b"m17", b"m18", b"m19", b"m20"]
+
+
+def test_publishes_before_a_disconnect_in_one_write_are_all_routed(
+        broker_factory, raw, uid) -> None:
+    """Packets that arrive together are all handled: the DISCONNECT behind two QoS 0
+    PUBLISHes ends the connection only after both [MQTT-3.14.4-1 is about what follows it]."""
+    b = broker_factory()
+    topic = uid("last-words")
+    sub = raw(b)
+    assert sub.connect(uid("sub")).return_code == 0
+    assert sub.subscribe([(topic, 0)]) == [0]
+    pub = raw(b)
+    assert pub.connect(uid("pub")).return_code == 0
+    pub.send(publish(topic, b"one") + publish(topic, b"two") + DISCONNECT_BYTES)
+    got = read_packets(sub, {PUBLISH: 2}, ack=False)
+    assert [p.payload for p in got[PUBLISH]] == [b"one", b"two"]
