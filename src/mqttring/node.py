@@ -26,6 +26,7 @@ import trio
 
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.embedded import MqttRingBroker
+from mqttring.workers import run_workers, worker_count
 
 log = logging.getLogger("mqttring.node")
 
@@ -55,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    parser.add_argument(
+        "--workers", type=worker_count, default=1,
+        help="run N node processes on this machine as one cluster sharing the MQTT port "
+             "(SO_REUSEPORT); 'auto' = one per core (default 1)")
+    parser.add_argument("--reuse-port", action="store_true", default=None,
+                        help="bind the MQTT/WebSocket ports with SO_REUSEPORT")
+    parser.add_argument("--stay-on-stop", action="store_true", default=None,
+                        help="on SIGINT/SIGTERM stop without leaving the cluster")
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -71,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "cluster_secret": args.cluster_secret,
         "replication": args.replication,
         "num_shards": args.num_shards,
+        "reuse_port": args.reuse_port,
+        "leave_on_stop": None if args.stay_on_stop is None else not args.stay_on_stop,
     }
     if args.config is not None:
         return BrokerConfig.from_toml(args.config, **overrides)
@@ -113,7 +124,7 @@ async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None
             async for signum in signals:
                 log.info("signal %s: shutting down", signal.Signals(signum).name)
                 break
-            if broker.plane is not None:
+            if broker.plane is not None and config.leave_on_stop:
                 with trio.move_on_after(config.leave_timeout + LEAVE_SLACK):
                     await broker.plane.leave()
             nursery.cancel_scope.cancel()
@@ -129,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        return run_workers(config, args.workers, args)
     tune_gc(config)
     try:
         trio.run(run_node, config, args.ready_file)

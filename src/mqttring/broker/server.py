@@ -32,12 +32,13 @@ from types import TracebackType
 from typing import Self
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+from trio_websocket import ConnectionClosed, WebSocketRequest, WebSocketServer
 
 from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.client import ClientHandler
 from mqttring.broker.core import BrokerCore
+from mqttring.broker.listeners import open_listeners
 from mqttring.broker.membership import ClusterFactory, ClusterMember
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
@@ -126,7 +127,7 @@ class BrokerNode:
 
                 def local_router(core: BrokerCore) -> Router:
                     return LocalRouter(core.sessions, retained, core.session_store, metrics,
-                                       core.wake)
+                                       core.wake, flow=core.flow)
 
                 core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics,
                                   router=local_router)
@@ -139,7 +140,8 @@ class BrokerNode:
                     if config.mqtt is not None:
                         # Bind first, so members see the real port (config may say :0).
                         host, port = parse_hostport(config.mqtt)
-                        tcp_listeners = await trio.open_tcp_listeners(port, host=host)
+                        tcp_listeners = await open_listeners(host, port,
+                                                             reuse_port=config.reuse_port)
                         bound = tcp_listeners[0].socket.getsockname()[1]
                         plane.advertise_mqtt(f"{host}:{bound}")
                     await nursery.start(plane.run)
@@ -162,24 +164,21 @@ class BrokerNode:
                 if config.mqtt is not None:
                     if tcp_listeners is None:
                         host, port = parse_hostport(config.mqtt)
-                        tcp_listeners = await trio.open_tcp_listeners(port, host=host)
+                        tcp_listeners = await open_listeners(host, port,
+                                                             reuse_port=config.reuse_port)
                     listeners = tcp_listeners
                     mqtt_port = listeners[0].socket.getsockname()[1]
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                 if config.ws is not None:
                     host, port = parse_hostport(config.ws)
-                    server = await nursery.start(
-                        lambda task_status: serve_websocket(
-                            self._on_websocket,
-                            host,
-                            port,
-                            None,
-                            max_message_size=config.limits.max_packet_size + _WS_FRAME_SLACK,
-                            task_status=task_status,
-                        )
+                    ws_server = WebSocketServer(
+                        self._on_websocket,
+                        await open_listeners(host, port, reuse_port=config.reuse_port),
+                        max_message_size=config.limits.max_packet_size + _WS_FRAME_SLACK,
                     )
-                    ws_port = server.port
+                    await nursery.start(ws_server.run)
+                    ws_port = ws_server.port
                 if config.sys_interval > 0:
                     nursery.start_soon(
                         publish_sys_topics, router, self.metrics, retained, config.sys_interval

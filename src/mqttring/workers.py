@@ -1,0 +1,290 @@
+"""``python -m mqttring.node --workers N``: one node process per core, as one cluster.
+
+A Python process uses one core; a broker box has many.  The supervisor started by
+``--workers`` runs N ordinary node processes that form (or join) one cluster and share the
+MQTT and WebSocket ports through ``SO_REUSEPORT`` (the kernel spreads new connections over
+them), so one command, one address and one data directory use the whole machine.  Nothing
+here is special to workers: each is a full cluster member (Raft, ring, links), and clients
+see one broker whichever worker the kernel hands them to.
+
+What the supervisor decides, per worker ``i``:
+
+* node id ``<node_id>-w<i>``, data directory ``<data_dir>/w<i>`` (stable across restarts, so
+  a restarted worker rejoins as itself and finds its sessions and retained messages);
+* cluster address: ``--cluster HOST:PORT`` gives worker ``i`` ports ``PORT + 2i`` (links)
+  and ``PORT + 2i + 1`` (Raft); without ``--cluster`` the workers form a private cluster on
+  loopback with free ports and a random secret;
+* worker 0 forms the cluster, or joins ``--join``; the others join worker 0;
+* an MQTT or WebSocket port 0 is replaced by one free port that all workers share.
+
+What it picked is kept in ``<data_dir>/workers.json`` (secret included, mode 0600) and used
+again on the next start, so that a stopped machine comes back as the same cluster at the
+same addresses: the workers rejoin each other from their Raft journals and find their data.
+All workers start at once (a restarted one waits for the others' Raft to elect a leader);
+the supervisor reports ready once every worker is.  Another worker count on the same data
+directory is refused (growing or shrinking in place is not supported yet).
+
+Signals: SIGINT/SIGTERM are passed to every worker, which stop without leaving the cluster
+(``leave_on_stop = false``: they stop together and come back together, so there is nobody to
+hand shards to); past ``leave_timeout`` + a slack a worker is killed.  A worker that dies on
+its own is started again (at most ``MAX_RESTARTS`` times a minute), as a crashed node would
+be by an init system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.raft.localcluster import free_port
+
+log = logging.getLogger("mqttring.workers")
+
+#: Flags the supervisor decides for each worker (or keeps for itself).
+OWN_FLAGS = {"workers", "ready_file", "node_id", "data_dir", "mqtt", "ws", "cluster", "raft",
+             "join", "cluster_secret", "admin"}
+READY_SECONDS = 60.0
+STOP_SLACK = 10.0
+MAX_RESTARTS = 5
+SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
+STATE_FILE = "workers.json"
+
+
+def worker_count(text: str) -> int:
+    """``--workers`` value: a positive number, or ``auto`` (one per core)."""
+    if text == "auto":
+        return os.cpu_count() or 1
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers takes a number or 'auto', not {text!r}"
+                                         ) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("--workers must be at least 1")
+    return count
+
+
+@dataclass
+class Worker:
+    index: int
+    node_id: str
+    data_dir: Path
+    cluster: str
+    raft: str
+    join: str | None
+    ready_file: Path
+    process: trio.Process | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    restarts: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """Everything the supervisor derived from the configuration."""
+
+    config: BrokerConfig
+    workers: list[Worker]
+    passed_flags: list[str]
+    env: dict[str, str]
+    #: The MQTT / WebSocket address every worker binds (port 0 resolved).
+    mqtt: str
+    ws: str | None
+
+
+def plan(config: BrokerConfig, count: int, args: argparse.Namespace, run_dir: Path) -> Plan:
+    if config.mqtt is None:
+        raise ConfigError("--workers needs an MQTT listener (mqtt = HOST:PORT)")
+    if config.data_dir is None:
+        raise ConfigError("--workers needs a data directory (each worker keeps its own there)")
+    state_file = config.data_dir / STATE_FILE
+    try:
+        stored = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        stored = None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"unreadable {state_file}: {exc}") from None
+    if stored is not None and len(stored.get("workers", [])) != count:
+        raise ConfigError(f"{config.data_dir} holds a cluster of {len(stored['workers'])} "
+                          f"workers, not {count}: start it with that count (or use a new "
+                          "data directory)")
+    secret = config.cluster_secret or (stored or {}).get("secret")
+    mqtt_host, mqtt_port = parse_hostport(config.mqtt)
+    mqtt_port = mqtt_port or (stored or {}).get("mqtt_port") or free_port()
+    ws = None
+    if config.ws is not None:
+        ws_host, ws_port = parse_hostport(config.ws)
+        ws = f"{ws_host}:{ws_port or (stored or {}).get('ws_port') or free_port()}"
+    if config.cluster is not None:
+        host, base = parse_hostport(config.cluster)
+        if secret is None:
+            raise ConfigError("--workers with --cluster needs the cluster's secret "
+                              f"(--cluster-secret or {SECRET_ENV})")
+        addresses = [(f"{host}:{base + 2 * i}", f"{host}:{base + 2 * i + 1}") if base
+                     else (f"{host}:{free_port()}", f"{host}:{free_port()}")
+                     for i in range(count)]
+    elif stored is not None:
+        addresses = [(w["cluster"], w["raft"]) for w in stored["workers"]]
+    else:
+        addresses = [(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+                     for _ in range(count)]
+    secret = secret or secrets.token_hex(16)
+    workers = [Worker(index=i, node_id=f"{config.node_id}-w{i}",
+                      data_dir=config.data_dir / f"w{i}", cluster=link, raft=raft,
+                      join=config.join if i == 0 else addresses[0][0],
+                      ready_file=run_dir / f"w{i}.ready")
+               for i, (link, raft) in enumerate(addresses)]
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(state_file, {
+        "secret": secret, "mqtt_port": mqtt_port,
+        "ws_port": None if ws is None else parse_hostport(ws)[1],
+        "workers": [{"node_id": w.node_id, "cluster": w.cluster, "raft": w.raft}
+                    for w in workers]}, private=True)
+    passed: list[str] = []
+    for name, value in sorted(vars(args).items()):
+        if name in OWN_FLAGS or value is None or value is False or name == "func":
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        passed += [flag] if value is True else [flag, str(value)]
+    return Plan(config, workers, passed, {**os.environ, SECRET_ENV: secret},
+                f"{mqtt_host}:{mqtt_port}", ws)
+
+
+def _command(plan: Plan, worker: Worker) -> list[str]:
+    cmd = [sys.executable, "-m", "mqttring.node", *plan.passed_flags,
+           "--node-id", worker.node_id, "--data-dir", str(worker.data_dir),
+           "--mqtt", plan.mqtt, "--cluster", worker.cluster, "--raft", worker.raft,
+           "--ready-file", str(worker.ready_file), "--reuse-port", "--stay-on-stop"]
+    if plan.ws is not None:
+        cmd += ["--ws", plan.ws]
+    if worker.join is not None:
+        cmd += ["--join", worker.join]
+    return cmd
+
+
+async def _wait_ready(worker: Worker, deadline: float) -> None:
+    while True:
+        process = worker.process
+        assert process is not None
+        if process.returncode is not None:
+            raise RuntimeError(f"worker {worker.node_id} exited with {process.returncode} "
+                               "before it was ready")
+        try:
+            worker.info = json.loads(worker.ready_file.read_text())
+            return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        if trio.current_time() > deadline:
+            raise RuntimeError(f"worker {worker.node_id} not ready in {READY_SECONDS}s")
+        await trio.sleep(0.05)
+
+
+class Supervisor:
+    def __init__(self, plan: Plan, ready_file: Path | None) -> None:
+        self.plan = plan
+        self.ready_file = ready_file
+        self.stopping = False
+
+    async def _start(self, worker: Worker) -> None:
+        worker.ready_file.unlink(missing_ok=True)
+        worker.data_dir.mkdir(parents=True, exist_ok=True)
+        worker.process = await trio.lowlevel.open_process(
+            _command(self.plan, worker), env=self.plan.env)
+
+    async def run(self) -> None:
+        workers = self.plan.workers
+        first = workers[0]
+        deadline = trio.current_time() + READY_SECONDS
+        try:
+            for worker in workers:
+                await self._start(worker)
+            for worker in workers:
+                await _wait_ready(worker, deadline)
+            log.info("%d workers serving mqtt=%s ws=%s: %s", len(workers), self.plan.mqtt,
+                     self.plan.ws,
+                     ", ".join(f"{w.node_id} (pid {w.info['pid']})" for w in workers))
+            if self.ready_file is not None:
+                _write_json(self.ready_file, {
+                    "mqtt": first.info["mqtt"], "ws": first.info.get("ws"),
+                    "pid": os.getpid(), "node_id": self.plan.config.node_id,
+                    "workers": [w.info for w in workers]})
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    for worker in workers:
+                        nursery.start_soon(self._watch, worker)
+                    async for signum in signals:
+                        log.info("signal %s: stopping %d workers",
+                                 signal.Signals(signum).name, len(workers))
+                        break
+                    self.stopping = True
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop_all()
+
+    async def _watch(self, worker: Worker) -> None:
+        """Start a worker again when it dies on its own (bounded per minute)."""
+        while True:
+            process = worker.process
+            assert process is not None
+            code = await process.wait()
+            if self.stopping:
+                return
+            now = time.monotonic()
+            worker.restarts = [t for t in worker.restarts if now - t < 60] + [now]
+            if len(worker.restarts) > MAX_RESTARTS:
+                log.error("worker %s exited with %s; %d restarts within a minute, giving up "
+                          "on it", worker.node_id, code, MAX_RESTARTS)
+                return
+            log.error("worker %s exited with %s; starting it again", worker.node_id, code)
+            await trio.sleep(1.0)
+            worker.join = self.plan.workers[0].cluster if worker.index else worker.join
+            await self._start(worker)
+
+    async def _stop_all(self) -> None:
+        running = [w.process for w in self.plan.workers
+                   if w.process is not None and w.process.returncode is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(self.plan.config.leave_timeout + STOP_SLACK):
+            for process in running:
+                await process.wait()
+        for process in running:
+            if process.returncode is None:
+                log.error("worker pid %d did not stop in time; killing it", process.pid)
+                process.kill()
+                await process.wait()
+
+
+def _write_json(path: Path, info: dict[str, Any], private: bool = False) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.touch(mode=0o600 if private else 0o644)
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)
+
+
+def run_workers(config: BrokerConfig, count: int, args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="mqttring-workers-") as run_dir:
+        try:
+            the_plan = plan(config, count, args, Path(run_dir))
+        except ConfigError as exc:
+            print(f"mqttring: configuration error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            trio.run(Supervisor(the_plan, args.ready_file).run)
+        except RuntimeError as exc:
+            print(f"mqttring: workers did not start: {exc}", file=sys.stderr)
+            return 1
+    return 0

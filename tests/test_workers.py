@@ -1,0 +1,171 @@
+"""``python -m mqttring.node --workers N`` (``mqttring.workers``): N real node processes on
+one machine, one cluster, one MQTT port (SO_REUSEPORT), stopped and started as one.
+
+Which worker serves a connection is read from the kernel (``ss -tnp``: the process that
+owns the accepted socket), not from anything the broker says about itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mqtt_client import CONNACK, PUBLISH, RawClient, connect, puback, publish
+
+pytestmark = pytest.mark.timeout(120)
+
+HOST = "127.0.0.1"
+
+
+class Workers:
+    """One supervisor process; its ready file says where it listens and who its workers are."""
+
+    def __init__(self, data_dir: Path, count: int, log_path: Path) -> None:
+        self.data_dir = data_dir
+        self.count = count
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict = {}
+
+    def start(self, timeout: float = 60.0) -> dict:
+        ready = self.data_dir.parent / "ready.json"
+        ready.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "mqttring.node", "--workers", str(self.count),
+               "--mqtt", f"{HOST}:0", "--data-dir", str(self.data_dir),
+               "--sys-interval", "0", "--ready-file", str(ready)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (
+                f"supervisor exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                self.info = json.loads(ready.read_text())
+                return self.info
+            except (FileNotFoundError, json.JSONDecodeError):
+                time.sleep(0.05)
+        raise AssertionError(f"workers not ready in {timeout}s:\n{self.log()}")
+
+    @property
+    def port(self) -> int:
+        return int(self.info["mqtt"])
+
+    def worker_pids(self) -> set[int]:
+        return {int(w["pid"]) for w in self.info["workers"]}
+
+    def stop(self, timeout: float = 40.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill_all(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(tmp_path / "data", 2, tmp_path / "workers.log")
+    yield w
+    w.kill_all()
+
+
+def serving_pids(port: int) -> list[int]:
+    """Pids of the processes holding the accepted (server-side) sockets of ``port``."""
+    out = subprocess.run(["ss", "-Htnp", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid in re.findall(r"pid=(\d+)", out)]
+
+
+def test_workers_share_one_port_and_behave_as_one_broker(workers: Workers) -> None:
+    workers.start()
+    pids = workers.worker_pids()
+    assert len(pids) == 2
+    clients = [RawClient(HOST, workers.port) for _ in range(16)]
+    try:
+        for n, client in enumerate(clients):
+            assert client.connect(f"w-client-{n}").return_code == 0
+        serving = serving_pids(workers.port)
+        assert len(serving) == 16 and set(serving) == pids, (
+            f"16 connections should be spread over both workers {pids}: {serving}")
+        # Pair each client with the worker serving it by the client's own port.
+        local = {c.sock.getsockname()[1]: c for c in clients}
+        out = subprocess.run(["ss", "-Htnp", "state", "established",
+                              f"( sport = :{workers.port} )"],
+                             capture_output=True, text=True, check=True).stdout
+        by_pid: dict[int, list[RawClient]] = {pid: [] for pid in pids}
+        for line in out.splitlines():
+            peer_port = int(line.split()[3].rsplit(":", 1)[1])
+            found = re.search(r"pid=(\d+)", line)
+            assert found is not None, line
+            pid = int(found.group(1))
+            by_pid[pid].append(local[peer_port])
+        first, second = (by_pid[pid][0] for pid in sorted(pids))
+        assert first.subscribe([("w/t", 1)]) == [1]
+        second.send(publish("w/t", b"across workers", qos=1, packet_id=1))
+        got = first.recv_packet()
+        assert (got.type, got.payload) == (PUBLISH, b"across workers")
+        first.send(puback(got.packet_id))
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_stopped_set_of_workers_comes_back_with_its_data(workers: Workers) -> None:
+    workers.start()
+    port = workers.port
+    session = RawClient(HOST, port)
+    assert session.connect("w-persistent", clean_session=False).return_code == 0
+    assert session.subscribe([("w/queued", 1)]) == [1]
+    session.close()
+    pub = RawClient(HOST, port)
+    assert pub.connect("w-pub").return_code == 0
+    pub.send(publish("w/kept", b"retained", qos=1, retain=True, packet_id=1))
+    pub.send(publish("w/queued", b"while away", qos=1, packet_id=2))
+    assert [pub.recv_packet().packet_id for _ in range(2)] == [1, 2]
+    pub.close()
+
+    started = time.monotonic()
+    assert workers.stop() == 0, workers.log()
+    assert time.monotonic() - started < 30
+    assert workers.start()["mqtt"] == port, "the port picked for :0 is kept"
+
+    late = RawClient(HOST, port)
+    assert late.connect("w-late").return_code == 0
+    late.subscribe([("w/kept", 1)])
+    got = late.recv_packet()
+    assert (got.payload, got.retain) == (b"retained", True)
+    back = RawClient(HOST, port)
+    back.send(connect("w-persistent", clean_session=False))
+    ack = back.expect(CONNACK)
+    assert (ack.return_code, ack.session_present) == (0, True)
+    queued = back.recv_packet()
+    assert (queued.topic, queued.payload) == ("w/queued", b"while away")
+    for client in (late, back):
+        client.close()
+
+
+def test_another_worker_count_on_the_same_data_is_refused(workers: Workers,
+                                                         tmp_path: Path) -> None:
+    workers.start()
+    assert workers.stop() == 0
+    other = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--workers", "3", "--mqtt", f"{HOST}:0",
+         "--data-dir", str(workers.data_dir)], capture_output=True, text=True, timeout=30)
+    assert other.returncode == 2
+    assert "holds a cluster of 2 workers, not 3" in other.stderr
+    assert "Traceback" not in other.stderr
