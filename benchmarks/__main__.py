@@ -235,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["scaleout"]:
+        from benchmarks import scaleout  # its own options (see its docstring)
+
+        return scaleout.main(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

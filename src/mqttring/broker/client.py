@@ -3,7 +3,8 @@
 The reader feeds bytes to the sans-IO ``ServerConnection``, which applies what needs no
 decision at once (the client's PUBACK/PUBREC/PUBCOMP of our deliveries, PUBREL, PINGREQ);
 the events it returns (PUBLISH, SUBSCRIBE, ...) go, in order, to the acceptor task, which
-hands them to ``BrokerCore`` one batch at a time.  So a connection whose publish waits (for
+hands them to ``BrokerCore`` one batch at a time (the acceptor runs only while there are
+events, like the writer while there is output).  So a connection whose publish waits (for
 its shard's owner, a group commit, or a congested subscriber: ``mqttring.broker.flow``)
 still reads the acknowledgements that free its own session's window; the reader runs at
 most ``publish_window`` events ahead of the acceptor and then stops reading, which is the
@@ -47,9 +48,13 @@ FINAL_FLUSH_SECONDS = 5.0
 
 class ClientHandler:
     __slots__ = (
+        "_accepting",
         "_busy",
         "_connect_deadline",
         "_nursery",
+        "_pending",
+        "_progress",
+        "_reading",
         "_writing",
         "clean_disconnect",
         "client_id",
@@ -78,6 +83,13 @@ class ClientHandler:
         #: Events read and not yet handled (the acceptor's backlog, at most the window).
         self._busy = 0
         self._connect_deadline = math.inf
+        #: Events read, waiting for the acceptor (a task only while there are any).  Plain
+        #: attributes, created when needed: 10,000 idle connections pay for none of it.
+        self._pending: list[Event] = []
+        self._accepting = False
+        #: Set when the acceptor handled a batch or stopped, for whoever waits for that.
+        self._progress: trio.Event | None = None
+        self._reading: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
 
     def wake(self) -> None:
@@ -130,16 +142,27 @@ class ClientHandler:
                             await self.transport.aclose()
 
     async def _read_and_accept(self, timer: trio.CancelScope) -> None:
-        """Run the reader and the acceptor; return when the reader is done and the
-        acceptor has handled everything the reader passed it (a PUBLISH sent just before
-        the client closed the socket is still routed)."""
-        window = self.core.limits.publish_window
-        slots = trio.Semaphore(window)
-        send, receive = trio.open_memory_channel[Event](window)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._acceptor, receive, slots, timer, nursery.cancel_scope)
-            async with send:
-                await self._reader(timer, send, slots)
+        """Read until the peer is done, then wait until the acceptor has handled what was
+        read (a PUBLISH sent just before the client closed the socket is still routed).
+
+        The acceptor runs only while there are events (started like the writer): an idle
+        connection costs no task for it.
+        """
+        with trio.CancelScope() as reading:
+            self._reading = reading
+            await self._reader(timer)
+        while self._accepting:
+            await self._wait_progress()
+
+    async def _wait_progress(self) -> None:
+        if self._progress is None:
+            self._progress = trio.Event()
+        await self._progress.wait()
+
+    def _signal_progress(self) -> None:
+        event, self._progress = self._progress, None
+        if event is not None:
+            event.set()
 
     def _arm(self, timer: trio.CancelScope) -> None:
         """The receive timeout, unless events are waiting to be handled (then none)."""
@@ -153,18 +176,20 @@ class ClientHandler:
         else:
             timer.deadline = math.inf
 
-    async def _reader(self, timer: trio.CancelScope, events: trio.MemorySendChannel[Event],
-                      slots: trio.Semaphore) -> None:
+    async def _reader(self, timer: trio.CancelScope) -> None:
         """Feed the protocol machine until the peer leaves, breaks a rule or times out.
 
         ``timer`` is the connection's own scope (``_arm``); expiring cancels the whole
-        connection.  Each event takes one of ``publish_window`` slots until handled.
+        connection.  Events wait in ``_pending`` for the acceptor; at ``publish_window``
+        events not yet handled the reader stops until one is.
         """
         conn = self.conn
-        metrics = self.core.metrics
-        flow = self.core.flow
+        core = self.core
+        metrics = core.metrics
+        flow = core.flow
+        window = core.limits.publish_window
         transport = self.transport
-        self._connect_deadline = trio.current_time() + self.core.limits.connect_timeout
+        self._connect_deadline = trio.current_time() + core.limits.connect_timeout
         while True:
             self._arm(timer)
             data = await transport.receive()
@@ -183,39 +208,42 @@ class ClientHandler:
             if self.session is not None:
                 flow.room_made(self.session.client_id)  # its acks may have made room
             for event in received:
-                await slots.acquire()
+                while self._busy >= window:
+                    await self._wait_progress()
+                self._pending.append(event)
                 self._busy += 1
-                events.send_nowait(event)
+                if not self._accepting:
+                    self._accepting = True
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._acceptor, timer)
             if conn.closed:
                 return
 
-    async def _acceptor(self, events: trio.MemoryReceiveChannel[Event],
-                        slots: trio.Semaphore, timer: trio.CancelScope,
-                        reading: trio.CancelScope) -> None:
-        """Hand events to the core in order, as many as are waiting at a time; stop
-        reading (``reading``) once the core closed the connection (a refused CONNECT)."""
+    async def _acceptor(self, timer: trio.CancelScope) -> None:
+        """Hand the waiting events to the core in order, as many as there are at a time;
+        exit when none is left.  Stops the reader once the core closed the connection (a
+        refused CONNECT)."""
         core = self.core
         conn = self.conn
-        async with events:
-            async for event in events:
-                batch = [event]
-                while True:
-                    try:
-                        batch.append(events.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
                 try:
                     await core.handle(self, batch)
                 finally:
                     self._busy -= len(batch)
-                    for _ in batch:
-                        slots.release()
+                    self._signal_progress()
                 if conn.pending_output:
                     self.wake()
                 if conn.closed and not conn.disconnected:
-                    reading.cancel()
+                    self._pending = []
+                    if self._reading is not None:
+                        self._reading.cancel()
                     return
-                self._arm(timer)
+        finally:
+            self._accepting = False
+            self._signal_progress()
+            self._arm(timer)
 
     async def _writer(self) -> None:
         """Drain the output buffer, one send per batch, then exit (idle costs no task)."""

@@ -144,6 +144,8 @@ class BrokerCore:
                 await self.on_unsubscribe(handler, event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
                 handler.clean_disconnect = True
+            if handler.conn.pending_output:
+                handler.wake()  # what this event answered leaves now, not after the batch
             if handler.conn.closed and not handler.conn.disconnected:
                 break  # taken over or refused: nothing more from this connection counts
         session = handler.session

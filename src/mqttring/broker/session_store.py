@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import trio
+
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message, Outbound, OutState, Session, SessionLimits
@@ -64,6 +66,16 @@ class StoredSession:
         return session
 
 
+class _Flush:
+    """One durable write of session changes, for callers whose changes it carries."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
 class SessionStore:
     def __init__(
         self, store: LsmStore | None, num_shards: int, writer: ShardWriter | None = None
@@ -73,6 +85,8 @@ class SessionStore:
         self._writer: ShardWriter | None = writer or (
             LocalShardWriter(store) if store is not None else None
         )
+        #: client id -> the durable write now carrying its changes (``save_changes``).
+        self._flushing: dict[str, _Flush] = {}
 
     @property
     def enabled(self) -> bool:
@@ -128,17 +142,54 @@ class SessionStore:
         return ops
 
     async def save_changes(self, sessions: Iterable[Session], durability: Durability) -> None:
+        """Write what changed in ``sessions``; with DURABLE, return once it is durable.
+
+        Several tasks persist one session (the delivery that must be durable before its
+        PUBACK, the lazy write after the client's acknowledgements), and whichever comes
+        first takes all the changes.  So a lazy write that takes a change due to be durable
+        writes durably, and a durable call that finds nothing left to take waits for the
+        write that took it: acknowledged messages never rest on a lazy write.
+        """
         if self._writer is None:
             for session in sessions:
                 session.take_changes()
             return
-        batches = [
-            (self.shard(session.client_id), self.change_ops(session))
-            for session in sessions
-            if session.has_changes()
-        ]
+        batches = []
+        taken: list[str] = []
+        waits: list[_Flush] = []
+        for session in sessions:
+            if session.has_changes():
+                if session.durable_due:
+                    durability = Durability.DURABLE
+                batches.append((self.shard(session.client_id), self.change_ops(session)))
+                taken.append(session.client_id)
+            elif durability is Durability.DURABLE:
+                flush = self._flushing.get(session.client_id)
+                if flush is not None:
+                    waits.append(flush)
         if batches:
-            await self._writer.write(batches, durability)
+            if durability is not Durability.DURABLE:
+                await self._writer.write(batches, durability)
+            else:
+                flush = _Flush()
+                for client_id in taken:
+                    self._flushing[client_id] = flush
+                try:
+                    await self._writer.write(batches, durability)
+                except BaseException as exc:
+                    # The callers whose changes it carried must not take them as stored.
+                    flush.error = (exc if isinstance(exc, Exception)
+                                   else RuntimeError("the durable write was cancelled"))
+                    raise
+                finally:
+                    for client_id in taken:
+                        if self._flushing.get(client_id) is flush:
+                            del self._flushing[client_id]
+                    flush.done.set()
+        for flush in waits:
+            await flush.done.wait()
+            if flush.error is not None:
+                raise flush.error
 
     async def delete(self, client_id: str) -> None:
         """Forget a stored session entirely (a clean-session CONNECT replaces it)."""

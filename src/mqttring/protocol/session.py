@@ -180,6 +180,10 @@ class Session:
     output: bytearray | None = None
     _dirty: dict[int, Outbound | None] = field(default_factory=dict)
     _dirty_qos2: dict[int, bool] = field(default_factory=dict)
+    #: Some change since ``take_changes`` was acknowledged to a client on the promise of
+    #: being stored durably (a queued QoS 1/2 message, an inbound QoS 2 id): whoever takes
+    #: the changes must write them durably, even a lazy writer that got there first.
+    durable_due: bool = False
 
     @property
     def persistent(self) -> bool:
@@ -226,6 +230,7 @@ class Session:
         self.queue.append(entry)
         if qos and self.persistent:
             self._dirty[entry.seq] = entry
+            self.durable_due = True
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
             self._pump(out)
 
@@ -369,6 +374,7 @@ class Session:
         self.inbound_qos2.add(packet_id)
         if self.persistent:
             self._dirty_qos2[packet_id] = True
+            self.durable_due = True
         return True
 
     def release_inbound_qos2(self, packet_id: int) -> None:
@@ -386,6 +392,7 @@ class Session:
         """Hand the store what changed since the last call: seq -> message (None = gone)."""
         dirty, qos2 = self._dirty, self._dirty_qos2
         self._dirty, self._dirty_qos2 = {}, {}
+        self.durable_due = False
         return dirty, qos2
 
     def restore(
