@@ -50,11 +50,11 @@ class ClientHandler:
     __slots__ = (
         "_accepting",
         "_busy",
+        "_closing",
         "_connect_deadline",
         "_nursery",
         "_pending",
         "_progress",
-        "_reading",
         "_writing",
         "clean_disconnect",
         "client_id",
@@ -89,7 +89,8 @@ class ClientHandler:
         self._accepting = False
         #: Set when the acceptor handled a batch or stopped, for whoever waits for that.
         self._progress: trio.Event | None = None
-        self._reading: trio.CancelScope | None = None
+        #: The core closed the connection: end it once the output is flushed.
+        self._closing = False
         self._nursery: trio.Nursery | None = None
 
     def wake(self) -> None:
@@ -101,6 +102,10 @@ class ClientHandler:
         except RuntimeError:
             return  # the connection is shutting down; there is nobody left to write to
         self._writing = True
+
+    def _end(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def kick(self) -> None:
         """Close this connection now (takeover, slow consumer, shutdown)."""
@@ -115,7 +120,12 @@ class ClientHandler:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 try:
-                    await self._read_and_accept(nursery.cancel_scope)
+                    await self._reader(nursery.cancel_scope)
+                    # What was read is still handled (a PUBLISH sent just before the client
+                    # closed its socket is routed); the acceptor runs only while there are
+                    # events, like the writer, so an idle connection costs no task for it.
+                    while self._accepting:
+                        await self._wait_progress()
                 finally:
                     # The writer gets a bounded time to flush the last packets (a CONNACK
                     # refusal, a PUBACK) to a peer that may have stopped reading.
@@ -140,19 +150,6 @@ class ClientHandler:
                     with trio.move_on_after(1):
                         with contextlib.suppress(trio.BrokenResourceError, OSError):
                             await self.transport.aclose()
-
-    async def _read_and_accept(self, timer: trio.CancelScope) -> None:
-        """Read until the peer is done, then wait until the acceptor has handled what was
-        read (a PUBLISH sent just before the client closed the socket is still routed).
-
-        The acceptor runs only while there are events (started like the writer): an idle
-        connection costs no task for it.
-        """
-        with trio.CancelScope() as reading:
-            self._reading = reading
-            await self._reader(timer)
-        while self._accepting:
-            await self._wait_progress()
 
     async def _wait_progress(self) -> None:
         if self._progress is None:
@@ -236,9 +233,12 @@ class ClientHandler:
                 if conn.pending_output:
                     self.wake()
                 if conn.closed and not conn.disconnected:
+                    # Refused (CONNACK != 0) or taken over: stop reading once the answer is
+                    # flushed (the writer ends the connection when its buffer is empty).
                     self._pending = []
-                    if self._reading is not None:
-                        self._reading.cancel()
+                    self._closing = True
+                    if not self._writing and not conn.pending_output:
+                        self._end()
                     return
         finally:
             self._accepting = False
@@ -254,6 +254,8 @@ class ClientHandler:
             while True:
                 data = conn.data_to_send()
                 if not data:
+                    if self._closing:
+                        self._end()
                     return
                 metrics.bytes_sent += len(data)
                 await transport.send(data)
