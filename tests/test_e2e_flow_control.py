@@ -39,20 +39,27 @@ def read_packets(client: RawClient, want: dict[int, int], ack: bool,
     return got
 
 
-def test_a_congested_subscriber_holds_its_publisher_back_and_loses_nothing(
-        broker_factory, raw, uid) -> None:
-    """Without flow control the subscriber would keep 2 + 5 of 20 messages; with it, the
-    publisher waits and the subscriber gets all 20, in order [MQTT-4.6.0-6], and the
-    publisher's PUBACKs come in the order of its PUBLISHes [MQTT-4.6.0-2]."""
-    b = broker_factory(slow_subscriber_hold=8.0, **LIMITS)
+def subscriber_and_flood(b, raw, uid, payload: str = "m") -> tuple[RawClient, RawClient]:
+    """A subscriber that reads nothing yet, and a publisher that sent it 20 QoS 1
+    messages in one write (``<payload>1`` .. ``<payload>20``)."""
     topic = uid("flow")
     sub = raw(b)
     assert sub.connect(uid("sub")).return_code == 0
     assert sub.subscribe([(topic, 1)]) == [1]
     pub = raw(b)
     assert pub.connect(uid("pub")).return_code == 0
-    pub.send(b"".join(publish(topic, f"m{i}".encode(), qos=1, packet_id=i)
+    pub.send(b"".join(publish(topic, f"{payload}{i}".encode(), qos=1, packet_id=i)
                       for i in range(1, 21)))
+    return sub, pub
+
+
+def test_a_congested_subscriber_holds_its_publisher_back_and_loses_nothing(
+        broker_factory, raw, uid) -> None:
+    """Without flow control the subscriber would keep 2 + 5 of 20 messages; with it, the
+    publisher waits and the subscriber gets all 20, in order [MQTT-4.6.0-6], and the
+    publisher's PUBACKs come in the order of its PUBLISHes [MQTT-4.6.0-2]."""
+    b = broker_factory(slow_subscriber_hold=8.0, **LIMITS)
+    sub, pub = subscriber_and_flood(b, raw, uid)
     # The first 7 fit (2 in flight, 5 queued); the 7th congests the subscriber and is held.
     early = read_packets(pub, {PUBACK: 6}, ack=False)
     assert [p.packet_id for p in early[PUBACK]] == list(range(1, 7))
@@ -82,13 +89,7 @@ def test_a_publisher_that_is_its_own_slow_subscriber_is_not_deadlocked(
 def test_a_subscriber_that_makes_no_room_is_disconnected_after_the_hold(
         broker_factory, raw, uid) -> None:
     b = broker_factory(slow_subscriber_hold=1.0, **LIMITS)
-    topic = uid("stuck")
-    sub = raw(b)
-    assert sub.connect(uid("stuck-sub")).return_code == 0
-    assert sub.subscribe([(topic, 1)]) == [1]
-    pub = raw(b)
-    assert pub.connect(uid("pub")).return_code == 0
-    pub.send(b"".join(publish(topic, b"x", qos=1, packet_id=i) for i in range(1, 21)))
+    sub, pub = subscriber_and_flood(b, raw, uid)
     started = time.monotonic()
     acks = read_packets(pub, {PUBACK: 20}, ack=False)
     assert [p.packet_id for p in acks[PUBACK]] == list(range(1, 21))
@@ -99,14 +100,7 @@ def test_a_subscriber_that_makes_no_room_is_disconnected_after_the_hold(
 def test_hold_zero_drops_the_oldest_as_for_an_offline_client(broker_factory, raw, uid) -> None:
     """``slow_subscriber_hold = 0`` turns flow control off (the documented escape hatch)."""
     b = broker_factory(slow_subscriber_hold=0.0, **LIMITS)
-    topic = uid("drop")
-    sub = raw(b)
-    assert sub.connect(uid("sub")).return_code == 0
-    assert sub.subscribe([(topic, 1)]) == [1]
-    pub = raw(b)
-    assert pub.connect(uid("pub")).return_code == 0
-    pub.send(b"".join(publish(topic, f"m{i}".encode(), qos=1, packet_id=i)
-                      for i in range(1, 21)))
+    sub, pub = subscriber_and_flood(b, raw, uid)
     read_packets(pub, {PUBACK: 20}, ack=False)  # nobody waits
     got = read_packets(sub, {PUBLISH: 7}, ack=True)
     # 2 were in flight; of the queue only the newest 5 are left.

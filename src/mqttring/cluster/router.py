@@ -371,22 +371,24 @@ class ClusterRouter:
         The common case is one request (or a local call).  Anything left over goes to
         ``_redeliver``.
         """
-        clean, shards = targets
-        failure: Exception | None = None
+        left, failure = await self._attempt(node, targets, message)
+        if left.clean or left.shards:
+            await self._redeliver(node, left, message, failure)
+
+    async def _attempt(self, node: str, targets: NodeTargets, message: Message
+                       ) -> tuple[NodeTargets, Exception | None]:
+        """One delivery to ``node``: what it left over, and why if it failed outright."""
         if node == self.node_id:
-            shards = await self._deliver_here(message, clean, shards)
-            clean = False
-        else:
-            try:
-                answer = await self.links.request(
-                    node, Dlv(0, message.topic, message.payload, message.qos, shards, clean),
-                    self.request_timeout, expect=Delivered,
-                )
-                clean, shards = False, answer.unheld
-            except (PeerUnavailable, RemoteError) as exc:
-                failure = exc
-        if clean or shards:
-            await self._redeliver(node, NodeTargets(clean, shards), message, failure)
+            return NodeTargets(False, await self._deliver_here(message, *targets)), None
+        try:
+            answer = await self.links.request(
+                node, Dlv(0, message.topic, message.payload, message.qos, targets.shards,
+                          targets.clean),
+                self.request_timeout, expect=Delivered,
+            )
+        except (PeerUnavailable, RemoteError) as exc:
+            return targets, exc
+        return NodeTargets(False, answer.unheld), None
 
     async def _redeliver(self, node: str, targets: NodeTargets, message: Message,
                          failure: Exception | None) -> None:
@@ -425,20 +427,8 @@ class ClusterRouter:
                             f"delivery of {message.topic!r} to {node} (clean sessions: "
                             f"{clean}, session shards: {shards}) not confirmed within "
                             f"{self.delivery_patience}s: {failure}")
-                    failure = None
-                    if node == self.node_id:
-                        shards = await self._deliver_here(message, clean, shards)
-                        clean = False
-                    else:
-                        try:
-                            answer = await self.links.request(
-                                node, Dlv(0, message.topic, message.payload, message.qos,
-                                          shards, clean),
-                                self.request_timeout, expect=Delivered,
-                            )
-                            clean, shards = False, answer.unheld
-                        except (PeerUnavailable, RemoteError) as exc:
-                            failure = exc
+                    (clean, shards), failure = await self._attempt(
+                        node, NodeTargets(clean, shards), message)
                     if not clean and not shards:
                         return
 
