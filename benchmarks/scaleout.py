@@ -5,7 +5,10 @@ One run, one machine, three set-ups, the same load on each:
 * **mosquitto** (one process, one core: its design);
 * **mqttring, one node**;
 * **mqttring, N workers** (``python -m mqttring.node --workers N``: N node processes, one
-  cluster, one port shared with ``SO_REUSEPORT``).
+  cluster, one port shared with ``SO_REUSEPORT``);
+* **mqttring, 2 nodes, A to B** (two nodes started apart, one cluster): every publisher on
+  node A, every subscriber on node B, so every message crosses the cluster (half of them
+  accepted by A as their owner and delivered to B, half forwarded to B as the owner).
 
 The load is K independent streams, each a publisher and a subscriber on a topic of its own
 (``bench/<run>/so<qos>/<k>``), at QoS 0 and then QoS 1.  Every client connects to the one
@@ -27,13 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,6 +93,36 @@ def start_workers(count: int) -> BrokerHandle:
     return h
 
 
+@dataclass
+class PairHandle(BrokerHandle):
+    """Two nodes of one cluster: publishers connect to the first, subscribers to the
+    second (``sub_target``)."""
+
+    nodes: list[BrokerHandle] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def start_pair() -> BrokerHandle:
+    from benchmarks.cluster import start_nodes, wait_settled
+
+    h = PairHandle("mqttring-2n-a2b", version=mqttring_version())
+    try:
+        h.nodes = start_nodes(2, secrets.token_hex(16), sys_interval=0)
+        wait_settled(h.nodes[0])
+    except Exception as exc:  # a benchmark reports why a set-up did not run
+        h.stop()
+        h.unavailable = f"2-node cluster did not start: {exc}"
+        return h
+    first, second = h.nodes
+    h.port, h.pid = first.port, first.pid
+    h.extra["pids"] = [n.pid for n in h.nodes]
+    h.extra["sub_target"] = second
+    return h
+
+
 def start_node() -> BrokerHandle:
     from benchmarks.brokers import start_mqttring
 
@@ -100,7 +134,9 @@ def streams_run(broker: BrokerHandle, p: Params, qos: int, streams: int,
     """K publisher/subscriber pairs on distinct topics, plus the latency probe."""
     tag = f"{run_id}-so{qos}"
     topics = [f"bench/{run_id}/so{qos}/{k}" for k in range(streams)]
-    subs = [_base(broker, "sub", tag, p, filters=[[t] for t in topics], qos=qos)]
+    sub_target = broker.extra.get("sub_target", broker)
+    assert isinstance(sub_target, BrokerHandle)
+    subs = [_base(sub_target, "sub", tag, p, filters=[[t] for t in topics], qos=qos)]
     pubs = [_base(broker, "pub", f"{tag}-{k}", p, topics=[t], qos=qos,
                   batch=16 if qos else 32, window=400 if qos else 2000, inflight=100)
             for k, t in enumerate(topics)]
@@ -240,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"stamp": stamp, "cores": cores, "streams": args.streams,
                                "workers": args.workers, "params": p.__dict__, "setups": {}}
     setups = [("mosquitto", start_mosquitto), ("mqttring", start_node),
-              (f"mqttring-w{args.workers}", lambda: start_workers(args.workers))]
+              (f"mqttring-w{args.workers}", lambda: start_workers(args.workers)),
+              ("mqttring-2n-a2b", start_pair)]
     for name, start in setups:
         print(f"{name}: starting", flush=True)
         handle = start()

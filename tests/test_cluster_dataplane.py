@@ -36,6 +36,19 @@ from cluster_support import (
     start_cluster,
     unique,
 )
+from mqtt_client import (
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    RawClient,
+    puback,
+    pubcomp,
+    publish,
+    pubrec,
+    pubrel,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -551,3 +564,57 @@ def test_will_of_client_on_killed_node_is_published(tmp_path: Path) -> None:
         made.close()
         cluster.close()
 
+
+
+# --------------------------------------------------------------------------- pipelining
+
+
+def test_publishes_in_flight_together_are_acknowledged_in_order_across_owners(
+        cluster: NodeCluster, view: ViewInfo) -> None:
+    """One connection on A sends 300 QoS 1 and QoS 2 PUBLISHes in one write, to topics
+    owned by A, B and C: they are accepted in batches, many in flight at once, yet the
+    PUBACKs and PUBRECs come in the order of the PUBLISHes [MQTT-4.6.0-2/3], and a
+    subscriber on B gets every message once, each topic's in order [MQTT-4.6.0-6]."""
+    prefix = unique("pipe")
+    topics = list(one_topic_per_owner(view, prefix).values())
+    sub = RawClient(HOST, cluster.port("b"))
+    pub = RawClient(HOST, cluster.port("a"))
+    try:
+        assert sub.connect(unique("pipe-sub")).return_code == 0
+        assert sub.subscribe([(f"{prefix}/+", 2)]) == [2]
+        assert pub.connect(unique("pipe-pub")).return_code == 0
+        sent = [(i, topics[i % 3], 1 + (i // 3) % 2) for i in range(1, 301)]
+        pub.send(b"".join(publish(topic, f"{i}".encode(), qos=qos, packet_id=i)
+                          for i, topic, qos in sent))
+        expected_acks = [(PUBACK if qos == 1 else PUBREC, i) for i, _, qos in sent]
+        acks: list[tuple[int, int]] = []
+        completed: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(acks) < len(sent) or len(completed) < len(sent) // 2:
+            packet = pub.recv_packet(max(deadline - time.monotonic(), 0.01))
+            if packet.type == PUBCOMP:
+                completed.append(packet.packet_id)
+                continue
+            acks.append((packet.type, packet.packet_id))
+            if packet.type == PUBREC:
+                pub.send(pubrel(packet.packet_id))
+        assert acks == expected_acks
+        assert sorted(completed) == [i for i, _, qos in sent if qos == 2]
+
+        got: dict[str, list[int]] = {topic: [] for topic in topics}
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < len(sent):
+            packet = sub.recv_packet(max(deadline - time.monotonic(), 0.01))
+            if packet.type == PUBREL:
+                sub.send(pubcomp(packet.packet_id))
+                continue
+            assert packet.type == PUBLISH, packet
+            got[packet.topic].append(int(packet.payload))
+            sub.send((puback if packet.qos == 1 else pubrec)(packet.packet_id))
+        for topic in topics:
+            assert got[topic] == [i for i, t, _ in sent if t == topic], topic
+        extra = sub.no_packet_within(QUIET)
+        assert extra is None or extra.type == PUBREL, f"a duplicate: {extra!r}"
+    finally:
+        sub.close()
+        pub.close()

@@ -24,20 +24,23 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
+from mqttring.cluster.delivery import Deliveries, NodeTargets, resolve
 from mqttring.cluster.errors import PeerUnavailable, RoutesIncomplete, peer_failures_unwrapped
 from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.messages import (
     Ack,
     Delivered,
     Dlv,
+    DlvEntry,
     LinkMessage,
     Pub,
     RouteDigest,
     RoutePull,
     RouteSync,
 )
-from mqttring.cluster.router import MAX_HOPS, ClusterRouter, NodeTargets
+from mqttring.cluster.router import MAX_HOPS, ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
+from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message, Session
 from mqttring.raft import state as sm
 from mqttring.raft.view import ClusterView
@@ -47,6 +50,8 @@ NUM_SHARDS = 16
 
 class RecordingLinks:
     """The part of ``Links`` the router's anti-entropy uses, recording what it sends."""
+
+    max_frame = 16 * 1024 * 1024
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, LinkMessage]] = []
@@ -129,9 +134,12 @@ def make_router(node: str, views: list[ClusterView], *,
     def spawn(fn: Any, *args: Any) -> None:
         raise AssertionError("no task is needed for these decisions")
 
+    deliveries = Deliveries(node, local, links, lambda: views[-1],  # type: ignore[arg-type]
+                            lambda sessions: None, spawn, holds, ViewChanges(),
+                            patience=30.0, request_timeout=35.0)
     router = ClusterRouter(node, local, RetainedStore(None, NUM_SHARDS), links,  # type: ignore[arg-type]
-                           lambda: views[-1], BrokerMetrics(), lambda sessions: None, spawn,
-                           holds, routes_wait=0.2)
+                           lambda: views[-1], BrokerMetrics(), deliveries, spawn,
+                           routes_wait=0.2)
     return router, links
 
 
@@ -327,9 +335,10 @@ async def test_a_publish_for_a_shard_that_moved_is_passed_on_with_one_more_hop()
     router, links = make_router("a", views)
     topic = moved_topic(views[-1], "a")
     owner = views[-1].owner(views[-1].shard_for_topic(topic))
-    await router._pub_task("b", 41, Message(topic, b"x", 1, False), 1)
+    await router._pub_task("b", 41, [Message(topic, b"x", 1, False)], 1)
     forwarded = links.take(Pub)
-    assert [(n, m.topic, m.hops) for n, m in forwarded] == [(owner, topic, 2)]
+    assert [(n, [e.topic for e in m.messages], m.hops) for n, m in forwarded] == [
+        (owner, [topic], 2)]
     assert links.take(Ack) == [("b", Ack(41, True, None))]
 
 
@@ -339,7 +348,7 @@ async def test_a_publish_past_max_hops_is_refused_not_passed_on() -> None:
     views = [meta.view()]
     router, links = make_router("a", views)
     topic = moved_topic(views[-1], "a")
-    await router._pub_task("b", 42, Message(topic, b"x", 1, False), MAX_HOPS)
+    await router._pub_task("b", 42, [Message(topic, b"x", 1, False)], MAX_HOPS)
     assert links.take(Pub) == []
     [(node, ack)] = links.take(Ack)
     assert node == "b" and ack.req == 42 and not ack.ok
@@ -352,7 +361,7 @@ def test_resolve_names_each_nodes_clean_sessions_and_session_shards() -> None:
     meta = Metadata("a", "b", "c")
     view = meta.view()
     of_b, of_c = (next(s for s in range(NUM_SHARDS) if view.owner(s) == n) for n in "bc")
-    by_node = make_router("a", [view])[0].resolve({"b", f"s:{of_b}", f"s:{of_c}"}, view)
+    by_node = resolve({"b", f"s:{of_b}", f"s:{of_c}"}, view)
     assert by_node == {"b": NodeTargets(True, [of_b]), "c": NodeTargets(False, [of_c])}
 
 
@@ -374,12 +383,12 @@ async def test_a_session_shard_gone_in_flight_follows_its_owner_and_spares_clean
 
     def moved() -> Delivered:
         views.append(meta.view())
-        return Delivered([shard])
+        return Delivered([(0, [shard])])
 
     links.answers["c"] = [moved]
     message = Message("t/1", b"x", 1)
-    await router._deliver_to("c", NodeTargets(True, [shard]), message)
-    assert [(n, m.shards, m.clean) for n, m in links.take(Dlv)] == [
+    await router.deliveries.deliver("c", [(message, NodeTargets(True, [shard]))])
+    assert [(n, e.shards, e.clean) for n, m in links.take(Dlv) for e in m.entries] == [
         ("c", [shard], True), ("d", [shard], False)]
 
 
@@ -391,8 +400,8 @@ async def test_clean_sessions_are_owed_a_delivery_while_their_node_is_in_the_vie
     router, links = make_router("a", views)
     message = Message("t/1", b"x", 1)
     links.answers["c"] = [PeerUnavailable("c: link broke"), Delivered([])]
-    await router._deliver_to("c", NodeTargets(True, []), message)
-    assert [m.clean for _, m in links.take(Dlv)] == [True, True]
+    await router.deliveries.deliver("c", [(message, NodeTargets(True, []))])
+    assert [e.clean for _, m in links.take(Dlv) for e in m.entries] == [True, True]
 
     def dies() -> PeerUnavailable:
         meta.down("c")
@@ -400,7 +409,7 @@ async def test_clean_sessions_are_owed_a_delivery_while_their_node_is_in_the_vie
         return PeerUnavailable("c: no answer")
 
     links.answers["c"] = [dies]
-    await router._deliver_to("c", NodeTargets(True, []), message)
+    await router.deliveries.deliver("c", [(message, NodeTargets(True, []))])
     assert len(links.take(Dlv)) == 1
 
 
@@ -411,11 +420,12 @@ async def test_a_receiver_serves_what_it_holds_and_names_the_shards_it_does_not(
     router, links = make_router("b", [view], holds=lambda shard: shard != 3,
                                 sessions={"clean-sub": subscriber})
     router.local.add_subscription(subscriber, "t/#", 1)
-    router.on_dlv("a", Dlv(9, "t/1", b"x", 1, [3], True))
-    assert links.take(Ack) == [("a", Ack(9, True, Delivered([3])))]
+    router.deliveries.on_dlv("a", Dlv(9, [DlvEntry("t/1", b"x", 1, [3], True)]))
+    assert links.take(Ack) == [("a", Ack(9, True, Delivered([(0, [3])])))]
     assert [e.message.topic for e in subscriber.queue] == ["t/1"]
-    router.on_dlv("a", Dlv(10, "t/1", b"y", 1, [3], False))  # the clean sessions had it
-    assert links.take(Ack) == [("a", Ack(10, True, Delivered([3])))]
+    # the clean sessions had it:
+    router.deliveries.on_dlv("a", Dlv(10, [DlvEntry("t/1", b"y", 1, [3], False)]))
+    assert links.take(Ack) == [("a", Ack(10, True, Delivered([(0, [3])])))]
     assert [e.message.payload for e in subscriber.queue] == [b"x"]
 
 

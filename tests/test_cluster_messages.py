@@ -107,8 +107,9 @@ def test_a_frame_of_mixed_messages_keeps_their_order(messages: list[Any]) -> Non
 
 def test_the_wire_form_is_a_tagged_array() -> None:
     """Compact as the lists it replaced: the tag first, then the fields in order."""
-    raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, "t", b"p", 1, [2], False)]))
-    assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, "t", b"p", 1, [2], False]]]
+    raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, [m.DlvEntry("t", b"p", 1, [2],
+                                                                            False)])]))
+    assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False]]]]]
 
 
 def _raw_frame(*messages: Any, version: int = m.FRAME_VERSION, incarnation: Any = 1) -> bytes:
@@ -117,8 +118,8 @@ def _raw_frame(*messages: Any, version: int = m.FRAME_VERSION, incarnation: Any 
 
 BAD_FRAMES = {
     "unknown-tag": _raw_frame(["nope", 1, 2]),
-    "wrong-field-type": _raw_frame(["dlv", 0, "t", "not bytes", 0, []]),
-    "qos-out-of-range": _raw_frame(["pub", 0, "t", b"", 3, False, "a", 1, 1]),
+    "wrong-field-type": _raw_frame(["dlv", 0, [["t", "not bytes", 0, []]]]),
+    "qos-out-of-range": _raw_frame(["pub", 0, [["t", b"", 3, False]], "a", 1, 1]),
     "sack-unknown-packet-type": _raw_frame(["sack", "c", "a:1", 6, 1]),
     "missing-field": _raw_frame(["skick", "c"]),
     "message-not-an-array": _raw_frame({"kind": "dlv"}),
@@ -220,6 +221,6 @@ class _Anything:
 
 def test_the_dispatch_table_covers_every_message_but_ack() -> None:
     plane = object.__new__(DataPlane)  # only the parts the table binds
-    plane.router = plane.sessions = plane.replicator = _Anything()  # type: ignore[assignment]
+    plane.router = plane.sessions = plane.replicator = plane.deliveries = _Anything()  # type: ignore[assignment]
     table = DataPlane._dispatch_table(plane)
     assert set(table) == set(MESSAGE_TYPES) - {m.Ack}

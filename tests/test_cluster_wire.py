@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mqttring.cluster import wire
 from mqttring.cluster.links import Link, Links
-from mqttring.cluster.messages import Batch, Dlv, decode_frame, encode_frame
+from mqttring.cluster.messages import Batch, Dlv, DlvEntry, decode_frame, encode_frame
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.packets import Publish
 from mqttring.protocol.session import Message, Session, SessionLimits
@@ -142,13 +142,13 @@ def test_packed_frames_count_for_back_pressure() -> None:
     assert link.push_frames(wire.DELIVER, "t", frame * 2, 2)
     assert len(link.queue) == 1 and link.queued == 5  # one link message, five PUBLISHes
     assert not link.push_frames(wire.ROUTE, "t", frame, 1) and link.dropped == 1
-    assert link.push(Dlv(0, "t", b"x", 0, [])) is False and link.dropped == 2
+    assert link.push(Dlv(0, [DlvEntry("t", b"x", 0, [])])) is False and link.dropped == 2
 
 
 def test_a_frame_never_exceeds_the_peer_limit() -> None:
     link = make_link(max_frame=10_000)
     for i in range(6):
-        assert link.push(Dlv(0, "t", bytes([i]) * 3_000, 0, []))
+        assert link.push(Dlv(0, [DlvEntry("t", bytes([i]) * 3_000, 0, [])]))
     batch = [link.queue.popleft() for _ in range(len(link.queue))]
     sent = []
     while True:
@@ -158,11 +158,11 @@ def test_a_frame_never_exceeds_the_peer_limit() -> None:
         if not link.queue:
             break
         batch = [link.queue.popleft() for _ in range(len(link.queue))]
-    assert [m.payload[0] for m in sent] == list(range(6))  # split, nothing lost, order kept
+    assert [m.entries[0].payload[0] for m in sent] == list(range(6))  # split, none lost, in order
 
 
 def test_a_message_too_big_for_any_frame_is_dropped_not_sent() -> None:
     link = make_link(max_frame=10_000)
-    link.push(Dlv(0, "t", b"x" * 20_000, 0, []))
+    link.push(Dlv(0, [DlvEntry("t", b"x" * 20_000, 0, [])]))
     assert link._pack([link.queue.popleft()]) is None
     assert link.dropped == 1 and link.queued == 0

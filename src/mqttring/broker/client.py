@@ -8,8 +8,12 @@ events, like the writer while there is output).  So a connection whose publish w
 its shard's owner, a group commit, or a congested subscriber: ``mqttring.broker.flow``)
 still reads the acknowledgements that free its own session's window; the reader runs at
 most ``publish_window`` events ahead of the acceptor and then stops reading, which is the
-back-pressure a publisher feels.  Events are accepted one after another, so PUBACK/PUBREC
-leave in the order the PUBLISHes came [MQTT-4.6.0-2/3] and messages keep their order.
+back-pressure a publisher feels.  The acceptor takes everything that waits as one batch, and
+the core accepts consecutive PUBLISHes of a batch together (one round trip per owner, one
+group commit), so a client with many publishes in flight is not held to one round trip per
+message: while one batch is being accepted the next one gathers.  Batches are accepted one
+after another and acknowledged in order, so PUBACK/PUBREC leave in the order the PUBLISHes
+came [MQTT-4.6.0-2/3] and messages keep their order.
 
 A writer task is started when output appears and ends when the buffer is
 empty (an idle connection then costs one task, which matters at 10,000 connections); it

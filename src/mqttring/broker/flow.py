@@ -58,7 +58,11 @@ class FlowControl:
         that long in all)."""
         deadline = trio.current_time() + self.hold_seconds
         held = False
+        seen: set[int] = set()
         for session in sessions:
+            if id(session) in seen:
+                continue  # a batch lists a session once per message that congested it
+            seen.add(id(session))
             while session.congested:
                 held = True
                 now = trio.current_time()

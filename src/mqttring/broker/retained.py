@@ -219,37 +219,66 @@ class RetainedStore:
         (default: the current one).  QoS >= 1 updates are durable before they return, so the
         PUBACK that follows never acknowledges a retained message a crash could lose.  An
         update stamped older than the row held (a stale owner) changes nothing.
+        ``persist=False``: node-local (``$SYS``), never stored nor replicated.
         """
+        if persist:
+            await self.update_many([message], epoch=epoch)
+        else:
+            self._set_local(message)
+
+    def _set_local(self, message: Message) -> None:
+        """$SYS: node-local, never stored nor replicated, so not versioned."""
         topic = message.topic
-        if not persist:  # $SYS: node-local, never stored nor replicated, so not versioned
-            if message.payload:
-                self._index.set(topic, Message(topic, message.payload, message.qos, True))
-            else:
-                self._index.discard(topic)
-            return
+        if message.payload:
+            self._index.set(topic, Message(topic, message.payload, message.qos, True))
+        else:
+            self._index.discard(topic)
+
+    async def update_many(self, messages: Sequence[Message], *,
+                          epoch: int | None = None) -> None:
+        """``update`` for what one connection published, in order, stored in one write.
+
+        Memory changes at once, message by message (the last one of a topic wins); the
+        rows go to the store together, durably if any of them is QoS >= 1: a publisher
+        with many retained messages in flight pays one group commit per batch, not one
+        per message.  ``$SYS/`` topics stay node-local (see ``update``).
+        """
         stamp_epoch = self._epoch() if epoch is None else epoch
-        version = self._stamp(topic, stamp_epoch)
-        if version is None:
-            self.stale_rejected += 1
-            log.warning("retained update of %r in epoch %d is older than the row held %s; "
-                        "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
-            return
-        self._apply(topic, message.payload or None, message.qos, version)
+        written: dict[str, Version] = {}
+        durable = False
+        for message in messages:
+            topic = message.topic
+            if topic.startswith("$SYS/"):
+                self._set_local(message)
+                continue
+            version = self._stamp(topic, stamp_epoch)
+            if version is None:
+                self.stale_rejected += 1
+                log.warning("retained update of %r in epoch %d is older than the row held %s; "
+                            "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
+                continue
+            self._apply(topic, message.payload or None, message.qos, version)
+            written[topic] = version
+            durable = durable or message.qos > 0
         if self._writer is None:
             return
-        durability = Durability.DURABLE if message.qos else Durability.LAZY
-        row = make_row(topic, message.payload, message.qos, version)
-        while True:
-            await self._writer.write([(self.shard_for_topic(topic), [Put(_DB, self._key(topic),
-                                                                         row)])], durability)
-            # A newer update of the topic may have been queued to the store *before* this
+        durability = Durability.DURABLE if durable else Durability.LAZY
+        while written:
+            batches: dict[int, list[Op]] = {}
+            for topic, version in written.items():
+                batches.setdefault(self.shard_for_topic(topic), []).append(
+                    Put(_DB, self._key(topic), self._held_row(topic, version)))
+            await self._writer.write(list(batches.items()), durability)
+            # A newer update of a topic may have been queued to the store *before* this
             # one (a cluster writer starts the local write in a task of its own, and trio
             # does not keep their order).  Writing the newest row again after this one
             # completes puts it last; replicas drop it as not newer than what they hold.
-            held = self._versions.get(topic)
-            if held is None or held <= version:
-                return
-            row, version = self._held_row(topic, held), held
+            newer: dict[str, Version] = {}
+            for topic, version in written.items():
+                held = self._versions.get(topic)
+                if held is not None and held > version:
+                    newer[topic] = held
+            written = newer
 
     def _held_row(self, topic: str, version: Version) -> list[Any]:
         """The stored form of what memory holds for ``topic`` (a tombstone if not indexed)."""

@@ -60,6 +60,11 @@ class Router(Protocol):
     async def publish(self, message: Message) -> None:
         """Route one application message; returns once it is accepted (see module doc)."""
 
+    async def publish_many(self, messages: Sequence[Message]) -> None:
+        """Route what one connection had waiting, in order; returns once all of it is
+        accepted (one group commit, one round trip per owner), or raises
+        ``PublishRefused`` for the whole batch."""
+
     async def publish_local(self, message: Message) -> None:
         """Deliver to this node's subscribers only (the node's own ``$SYS`` values)."""
 
@@ -103,12 +108,29 @@ class LocalRouter:
         self._match_cache: dict[str, dict[str, int]] = {}
 
     async def publish(self, message: Message) -> None:
-        if message.retain:
-            await self._retained.update(message, persist=not message.topic.startswith("$SYS/"))
-        if self.archive is not None:
-            self.archive.append(message)
+        await self.publish_many((message,))
+
+    async def publish_many(self, messages: Sequence[Message]) -> None:
+        retained = [m for m in messages if m.retain]
+        if retained:
+            await self._retained.update_many(retained)
+        archive = self.archive
         congested: list[Session] = []
-        to_persist = self.deliver_local(message, congested=congested)
+        if len(messages) == 1:
+            message = messages[0]
+            if archive is not None:
+                archive.append(message)
+            to_persist = self.deliver_local(message, congested=congested)
+        else:
+            # One wake per subscriber and one durable write for the whole batch.
+            persist: dict[int, Session] = {}  # by id: one write per session (unhashable)
+            with self.wakes_deferred():
+                for message in messages:
+                    if archive is not None:
+                        archive.append(message)
+                    for session in self.deliver_local(message, congested=congested):
+                        persist[id(session)] = session
+            to_persist = list(persist.values())
         if to_persist:
             await self._session_store.save_changes(to_persist, Durability.DURABLE)
         if congested:

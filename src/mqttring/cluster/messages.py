@@ -32,9 +32,10 @@ from mqttring.cluster.errors import PeerProtocolError
 
 #: Version of the frame format; a frame of any other version is refused.  Version 1 was the
 #: untyped map of positional lists; version 2 had a ``Dlv`` that was refused whole when the
-#: receiver lacked one of its session shards (version 3 delivers the rest, see ``Dlv``).
+#: receiver lacked one of its session shards (version 3 delivers the rest, see ``Dlv``);
+#: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches).
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 3
+FRAME_VERSION = 4
 
 QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
 #: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).
@@ -66,47 +67,64 @@ class WillSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
 
 
-class Pub(_Frozen, tag="pub"):
-    """Edge -> owner of the topic's shard: route this publish (QoS >= 1, or RETAIN).
+class PubEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One application message of a ``Pub``, as its publisher sent it."""
 
-    Also sent by a node that got a ``Pub`` for a shard it no longer owns (the view changed
-    in flight), with ``hops`` incremented.  The receiver routes it as the owner (``accept``)
-    or passes it on by its own view, refuses it past ``MAX_HOPS``, and, when ``req`` is set,
-    answers once every node with subscribers accepted it.  Plain QoS 0 first hops travel in
-    a ``Batch`` instead.
-    """
-
-    req: int
     topic: str
     payload: bytes
     qos: QoS
     retain: bool
-    #: The node that took the publish from its client (for logs only).
+
+
+class Pub(_Frozen, tag="pub"):
+    """Edge -> owner of the topics' shards: route these publishes (QoS >= 1, or RETAIN).
+
+    One ``Pub`` carries what one connection had waiting (up to its ``publish_window``), in
+    the order the client sent it, so QoS 1/2 cost one request and one answer per batch and
+    per owner rather than per message.  Also sent by a node that got a ``Pub`` for shards it
+    no longer owns (the view changed in flight), with ``hops`` incremented.  The receiver
+    routes, in order, the messages it owns (``accept``) and passes the others on by its own
+    view, refuses them past ``MAX_HOPS``, and, when ``req`` is set, answers once every node
+    with subscribers accepted every message (a refusal covers the whole batch: the edge
+    acknowledges none of it).  Plain QoS 0 first hops travel in a ``Batch`` instead.
+    """
+
+    req: int
+    messages: list[PubEntry]
+    #: The node that took the publishes from its client (for logs only).
     origin: str
     #: The sender's view epoch when it chose this owner (for logs only).
     epoch: int
     hops: int
 
 
-class Dlv(_Frozen, tag="dlv"):
-    """Owner -> a node with subscribers: deliver to your local sessions, never route again.
+class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message of a ``Dlv`` and exactly which sessions of the receiver it is for: the
+    receiver's clean sessions if ``clean``, and the persistent sessions of the session
+    shards in ``shards`` (the receiver is their owner).  Each session gets one copy however
+    many paths lead to it, which QoS 2 needs."""
 
-    The message names exactly which sessions: the receiver's clean sessions if ``clean``,
-    and the persistent sessions of the session shards in ``shards`` (the receiver is their
-    owner).  Each session gets one copy however many paths lead to it, which QoS 2 needs.
-    A shard the receiver does not hold (still loading, or moved away in flight) is left out
-    and named in the answer (``Delivered``), so the owner follows it to its current home
-    while the rest, the clean sessions above all, are served at once.  With ``req`` set the
-    receiver answers once the copies it queued for persistent sessions are stored.  A
-    delivery to clean sessions only at QoS 0 travels in a ``Batch`` instead.
-    """
-
-    req: int
     topic: str
     payload: bytes
     qos: QoS
     shards: list[int]
     clean: bool = True
+
+
+class Dlv(_Frozen, tag="dlv"):
+    """Owner -> a node with subscribers: deliver these, in order, to your local sessions;
+    never route them again.
+
+    A shard the receiver does not hold (still loading, or moved away in flight) is left out
+    and named in the answer (``Delivered``), so the owner follows it to its current home
+    while the rest, the clean sessions above all, are served at once.  With ``req`` set the
+    receiver answers once the copies it queued for persistent sessions are stored (one
+    group commit for the whole message).  A delivery to clean sessions only at QoS 0 travels
+    in a ``Batch`` instead.
+    """
+
+    req: int
+    entries: list[DlvEntry]
 
 
 class Batch(WireMessage, tag="q0"):
@@ -387,10 +405,11 @@ class SessionOpened(_Frozen, tag="opened"):
 
 #: What an ``Ack`` may carry besides a refusal's reason.
 class Delivered(_Frozen, tag="delivered"):
-    """The answer to ``Dlv``: the listed session shards the receiver did not hold (their
-    sessions got nothing; the owner delivers them where they are now)."""
+    """The answer to ``Dlv``: for each entry whose session shards the receiver did not all
+    hold, (its index in ``entries``, those shards); their sessions got nothing, the owner
+    delivers to them where they are now.  Empty in the common case."""
 
-    unheld: list[int]
+    unheld: list[tuple[int, list[int]]]
 
 
 Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened | Delivered
@@ -478,11 +497,13 @@ __all__ = [
     "CatchUp",
     "Delivered",
     "Dlv",
+    "DlvEntry",
     "Frame",
     "Handoff",
     "InboundQos2",
     "LinkMessage",
     "Pub",
+    "PubEntry",
     "Repl",
     "Reply",
     "Request",

@@ -41,6 +41,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
+from mqttring.cluster.delivery import Deliveries
 from mqttring.cluster.errors import PeerFailure
 from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
@@ -71,8 +72,9 @@ from mqttring.cluster.messages import (
     WireMessage,
 )
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
-from mqttring.cluster.router import ClusterRouter
+from mqttring.cluster.router import ClusterRouter, request_timeout
 from mqttring.cluster.sessions import ClusterSessions, RemoteSession
+from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
@@ -108,6 +110,8 @@ class DataPlane:
                            on_connected=self._on_link_connected)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
+        #: Wakes whatever retries "by the newer view" (router, deliveries, replication).
+        self.view_changes = ViewChanges()
         #: True while this node cannot prove it is in the majority's view (module docstring).
         self.fenced = False
         self.fence_count = 0
@@ -137,11 +141,14 @@ class DataPlane:
         config = self.config
         local = LocalRouter(core.sessions, self.retained, self.session_store, self.metrics,
                             core.wake, flow=core.flow)
+        patience = config.cluster_write_patience
+        self.deliveries = Deliveries(self.node_id, local, self.links, self.current_view,
+                                     self._persist, self.spawn, self.held.__contains__,
+                                     self.view_changes, patience=patience,
+                                     request_timeout=request_timeout(patience, patience))
         self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
-                                    self.current_view, self.metrics, self._persist, self.spawn,
-                                    self.held.__contains__, lambda: self.held,
-                                    routes_wait=config.cluster_write_patience,
-                                    delivery_patience=config.cluster_write_patience)
+                                    self.current_view, self.metrics, self.deliveries,
+                                    self.spawn, lambda: self.held, routes_wait=patience)
         return self.router
 
     def make_sessions(self, core: BrokerCore) -> ClusterSessions:
@@ -175,7 +182,7 @@ class DataPlane:
         return self.fenced
 
     async def _wait_for_view_change(self, timeout: float) -> None:
-        await self.router.wait_for_view_change(timeout)
+        await self.view_changes.wait(timeout)
 
     # -- fencing ----------------------------------------------------------------------------
 
@@ -376,7 +383,7 @@ class DataPlane:
 
     async def on_hoff(self, node: str, msg: Handoff) -> None:
         """A new owner asks us to confirm we let go of shards (see ``_take_over``)."""
-        ok = await self.router.handed_off(msg.shards, msg.epoch,
+        ok = await self.deliveries.handed_off(msg.shards, msg.epoch,
                                           self.config.cluster_write_patience)
         self.links.reply(node, msg.req, ok, None if ok else "handoff not confirmed in time")
 
@@ -431,7 +438,7 @@ class DataPlane:
                 except PeerFailure as exc:
                     log.info("catch-up of %d shards interrupted (%s); retrying", len(remaining),
                              exc)
-                    await self.router.wait_for_view_change(delay)
+                    await self.view_changes.wait(delay)
                     delay = min(delay * 2, CATCH_UP_RETRY_MAX)
             for attempt in range(CAUGHT_UP_ATTEMPTS):
                 still = [s for s in done if self.node_id in self.view.shards[s].catching_up]
@@ -498,7 +505,7 @@ class DataPlane:
 
         return {
             Pub: router.on_pub,
-            Dlv: router.on_dlv,
+            Dlv: self.deliveries.on_dlv,
             Batch: router.on_batch,
             RouteAdd: router.on_route,
             RouteDel: router.on_route,

@@ -38,8 +38,7 @@ that may have missed a subscriber.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
@@ -47,6 +46,14 @@ from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
+from mqttring.cluster.delivery import (
+    ByNode,
+    Deliveries,
+    Item,
+    in_frames,
+    message_size,
+    resolve,
+)
 from mqttring.cluster.errors import (
     NotOwner,
     PeerFailure,
@@ -58,9 +65,10 @@ from mqttring.cluster.errors import (
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
     Batch,
-    Delivered,
     Dlv,
+    DlvEntry,
     Pub,
+    PubEntry,
     RetainedQuery,
     RetainedRow,
     RetainedRows,
@@ -77,6 +85,7 @@ from mqttring.cluster.routes import (
     route_digest,
     route_shard,
 )
+from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
 from mqttring.raft.view import ClusterView, MemberState
@@ -86,18 +95,6 @@ log = logging.getLogger("mqttring.cluster.router")
 #: Rebuilds the ``Message`` objects of encoded QoS 0 frames (see ``LocalRouter.deliver_frames``).
 Unpack = Callable[[memoryview | bytes], Iterable[Message]]
 
-
-class NodeTargets(NamedTuple):
-    """The sessions of one node a message goes to (what a ``Dlv`` names)."""
-
-    #: The node's clean sessions subscribe (they live and die with it).
-    clean: bool
-    #: Session shards the node owns whose persistent sessions subscribe.
-    shards: list[int]
-
-
-#: Node -> its targets, for one topic under one view.
-ByNode = dict[str, NodeTargets]
 
 MAX_HOPS = 4
 #: Topics whose routing answer is cached (cleared when full, a new epoch, a route change).
@@ -111,6 +108,11 @@ REQUEST_SLACK = 5.0
 DELIVERY_PATIENCE = 30.0
 
 
+def request_timeout(routes_wait: float, delivery_patience: float) -> float:
+    """How long a request to another node may take (see ``REQUEST_SLACK``)."""
+    return max(routes_wait, delivery_patience) + REQUEST_SLACK
+
+
 class ClusterRouter:
     def __init__(
         self,
@@ -120,37 +122,34 @@ class ClusterRouter:
         links: Links,
         view: Callable[[], ClusterView],
         metrics: BrokerMetrics,
-        persist: Callable[[list[Session]], Any],
+        deliveries: Deliveries,
         spawn: Callable[..., None],
-        holds: Callable[[int], bool],
         held: Callable[[], Iterable[int]] = tuple,
         *,
         routes_wait: float = 10.0,
-        delivery_patience: float = DELIVERY_PATIENCE,
     ) -> None:
         self.node_id = node_id
         #: How long an owner holds back an acknowledgement while its routes are incomplete.
         self.routes_wait = routes_wait
-        self.delivery_patience = delivery_patience
-        self.request_timeout = max(routes_wait, delivery_patience) + REQUEST_SLACK
-        #: session shard -> deliveries being made durable here (``on_hoff`` waits for 0).
-        self._persisting: dict[int, int] = {}
-        self._persisted = trio.Event()
+        #: Owner -> nodes with subscribers; its patience bounds our forwards too.
+        self.deliveries = deliveries
+        self.delivery_patience = deliveries.patience
+        self.request_timeout = deliveries.request_timeout
+        #: Shared with ``deliveries``: both retry by the newer view.
+        self.view_changes: ViewChanges = deliveries.view_changes
         self.local = local
         self.retained_store = retained
         self.links = links
         self.view = view
         self.metrics = metrics
-        self._persist = persist
         self.spawn = spawn
         #: True once this node owns the shard *and* has its persistent sessions loaded.
-        self.holds = holds
+        self.holds = deliveries.holds
         #: Every shard ``holds`` is true for: whose session routes we assert (``rsync``).
         self.held = held
         self.routes = RouteTable()
         #: Local subscriptions per (filter, route target); a route is registered while > 0.
         self.local_filters: dict[tuple[str, str], int] = {}
-        self._view_changed = trio.Event()
         #: topic -> (owner, nodes with their session shards): valid for one (epoch, routes
         #: version); spares the hash, the wildcard trie walk and the resolution per message.
         self._route_cache: dict[str, tuple[str | None, dict[str, list[int]]]] = {}
@@ -184,81 +183,132 @@ class ClusterRouter:
             if hit is not None:
                 return hit
         owner = view.owner(view.shard_for_topic(topic))
-        hit = cache[topic] = (owner, self.resolve(self.routes.nodes_for(topic), view))
+        hit = cache[topic] = (owner, resolve(self.routes.nodes_for(topic), view))
         return hit
 
     # -- publish: edge side -----------------------------------------------------------------
 
     async def publish(self, message: Message) -> None:
+        await self.publish_many((message,))
+
+    async def publish_many(self, messages: Sequence[Message]) -> None:
+        """Route what one connection had waiting, in order; return once all is accepted.
+
+        Plain QoS 0 leaves at once (packed, unanswered).  The rest goes, per owner, in one
+        ``Pub``: one request and one answer for the batch, so a connection with many QoS 1
+        publishes in flight pays a round trip per batch, not per message.  Order holds per
+        topic: a topic's messages go to one owner, in one ``Pub``, delivered in order.
+        """
         view = self.view()
-        owner, targets = self.route(message.topic, view)
-        plain = message.qos == 0 and not message.retain
-        if owner is None or owner == self.node_id:
-            if plain:
+        me = self.node_id
+        acked: list[Message] = []
+        for message in messages:
+            owner, targets = self.route(message.topic, view)
+            if owner is not None and owner != me:
+                self.metrics.forwarded_to_owner += 1
+            if message.qos or message.retain:
+                acked.append(message)
+            elif owner is None or owner == me:
                 self._accept_plain(message, targets)
             else:
-                await self.accept(message, view)
-            return
-        self.metrics.forwarded_to_owner += 1
-        if plain:
-            self.links.send_frames(owner, ROUTE, message.topic, message.encode_qos0(False))
-            return
-        await self.forward(message, 1)
+                self.links.send_frames(owner, ROUTE, message.topic, message.encode_qos0(False))
+        if acked:
+            await self.forward(acked, 1)
 
-    def _pub(self, message: Message, req: int, hops: int, view: ClusterView) -> Pub:
-        return Pub(req, message.topic, message.payload, message.qos, message.retain,
+    def _pub(self, messages: list[Message], req: int, hops: int, view: ClusterView) -> Pub:
+        return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain) for m in messages],
                    self.node_id, view.epoch, hops)
 
-    async def forward(self, message: Message, hops: int) -> None:
-        """Send to the shard's owner and wait until it accepted, following view changes.
+    async def forward(self, messages: list[Message], hops: int) -> None:
+        """Have the owners of ``messages`` accept them (this node for its own shards);
+        return once all did, following view changes.
 
         Bounded in time, not attempts: an owner that died is replaced only after the
         failure grace (plus an election when it was the Raft leader), and the publisher's
         acknowledgement must survive that wait rather than give up just before it ends.
+        What an owner refused or could not be asked is sent again, in order, to the owner
+        of the newer view; what it accepted is not.
         """
         deadline = trio.current_time() + self.delivery_patience
-        while trio.current_time() < deadline:
+        while True:
             view = self.view()
-            owner = view.owner(view.shard_for_topic(message.topic))
-            if owner is None or owner == self.node_id:
-                await self.accept(message, view)
+            groups: dict[str | None, list[Message]] = {}
+            for message in messages:
+                groups.setdefault(view.owner(view.shard_for_topic(message.topic)),
+                                  []).append(message)
+            failed: list[Message] = []
+            if len(groups) == 1:
+                [(owner, group)] = groups.items()
+                await self._forward_to(owner, group, hops, view, failed)
+            else:
+                with peer_failures_unwrapped():
+                    async with trio.open_nursery() as nursery:
+                        for owner, group in groups.items():
+                            nursery.start_soon(self._forward_to, owner, group, hops, view,
+                                               failed)
+            if not failed:
                 return
+            if trio.current_time() >= deadline:
+                raise NotOwner(f"no owner accepted {failed[0].topic!r} "
+                               f"(and {len(failed) - 1} more)")
+            again = {id(m) for m in failed}
+            messages = [m for m in messages if id(m) in again]
+            await self.view_changes.wait(0.5)
+
+    async def _forward_to(self, owner: str | None, messages: list[Message], hops: int,
+                          view: ClusterView, failed: list[Message]) -> None:
+        if owner is None or owner == self.node_id:
+            await self.accept(messages, view)
+            return
+        done = 0
+        for run in in_frames(messages, message_size, self.deliveries.frame_budget):
             try:
-                await self.links.request(owner, self._pub(message, 0, hops, view),
+                await self.links.request(owner, self._pub(run, 0, hops, view),
                                          self.request_timeout)
-                return
             except (PeerUnavailable, RemoteError) as exc:
-                log.debug("forward of %r to %s failed (%s); retrying", message.topic, owner, exc)
-                await self.wait_for_view_change(0.5)
-        raise NotOwner(f"no owner accepted {message.topic!r}")
+                log.debug("forward of %d messages (first %r) to %s failed (%s); retrying",
+                          len(messages) - done, run[0].topic, owner, exc)
+                failed.extend(messages[done:])
+                return
+            done += len(run)
 
     async def wait_for_view_change(self, timeout: float) -> None:
-        with trio.move_on_after(timeout):
-            await self._view_changed.wait()
+        await self.view_changes.wait(timeout)
 
     # -- publish: owner side ----------------------------------------------------------------
 
-    async def accept(self, message: Message, view: ClusterView) -> None:
-        """Route a message whose shard this node owns; returns once it is accepted."""
-        if message.qos:
-            shard = view.shard_for_topic(message.topic)
+    async def accept(self, messages: list[Message], view: ClusterView) -> None:
+        """Route messages whose shards this node owns, in order; return once all are
+        accepted: retained updates stored (one write), every node with subscribers served
+        (one ``Dlv`` per node)."""
+        for shard in {view.shard_for_topic(m.topic) for m in messages if m.qos}:
             if not self.routes_complete(shard, view):
                 view = await self._await_routes(shard)
-        if message.retain:
-            await self.retained_store.update(
-                message, persist=not message.topic.startswith("$SYS/"), epoch=view.epoch
-            )
-        by_node = self.route(message.topic, view)[1]
-        if message.qos == 0:
-            self._accept_plain(message, by_node)
-            return
-        if self.archive is not None:
-            self.archive.append(message)
-        self.metrics.deliveries_to_nodes += len(by_node) - (self.node_id in by_node)
-        with peer_failures_unwrapped():
-            async with trio.open_nursery() as nursery:
-                for node, targets in by_node.items():
-                    nursery.start_soon(self._deliver_to, node, targets, message)
+        retained = [m for m in messages if m.retain]
+        if retained:
+            await self.retained_store.update_many(retained, epoch=view.epoch)
+        me = self.node_id
+        archive = self.archive
+        by_node: dict[str, list[Item]] = {}
+        for message in messages:
+            targets = self.route(message.topic, view)[1]
+            if message.qos == 0:
+                self._accept_plain(message, targets)
+                continue
+            if archive is not None:
+                archive.append(message)
+            for node, node_targets in targets.items():
+                by_node.setdefault(node, []).append((message, node_targets))
+                if node != me:
+                    self.metrics.deliveries_to_nodes += 1
+        if len(by_node) == 1:
+            [(node, items)] = by_node.items()
+            await self.deliveries.deliver(node, items)
+        elif by_node:
+            with peer_failures_unwrapped():
+                async with trio.open_nursery() as nursery:
+                    for node, items in by_node.items():
+                        nursery.start_soon(self.deliveries.deliver, node, items)
 
     def _accept_plain(self, message: Message, by_node: ByNode) -> None:
         """``accept`` for QoS 0 (retained state already updated): nothing to wait for."""
@@ -287,8 +337,9 @@ class ClusterRouter:
             shards = targets.shards
             if node == self.node_id:
                 if shards and not all(self.holds(s) for s in shards):
-                    for message in unpack(frames):  # sessions loading here, or moved away
-                        self.spawn(self._deliver_to, node, targets, message)
+                    # Sessions loading here, or moved away: delivered where they are.
+                    self.spawn(self.deliveries.deliver, node,
+                               [(m, targets) for m in unpack(frames)])
                 else:
                     self.local.deliver_frames(topic, frames, count, unpack)
                 continue
@@ -296,154 +347,28 @@ class ClusterRouter:
             if not shards:
                 self.links.send_frames(node, DELIVER, topic, frames, count)
                 continue
-            for message in unpack(frames):
-                self.links.send(node, Dlv(0, message.topic, message.payload, 0, shards,
-                                          targets.clean))
-
-    def resolve(self, targets: Iterable[str], view: ClusterView) -> ByNode:
-        """Route targets to nodes: a node id means its clean sessions, ``s:N`` the
-        persistent sessions of shard N, wherever N's owner is in ``view``."""
-        clean: set[str] = set()
-        shards: dict[str, list[int]] = {}
-        for target in targets:
-            if target.startswith("s:"):
-                shard = int(target[2:])
-                node = view.owner(shard)
-                if node is not None:
-                    shards.setdefault(node, []).append(shard)
-            else:
-                clean.add(target)
-        return {node: NodeTargets(node in clean, shards.get(node, []))
-                for node in clean.union(shards)}
-
-    async def _deliver_here(self, message: Message, clean: bool, shards: list[int]
-                            ) -> list[int]:
-        """Deliver to this node's sessions; returns the listed shards it does not hold."""
-        held = [s for s in shards if self.holds(s)]
-        if clean or held:
-            congested: list[Session] = []
-            to_persist = self.local.deliver_local(message, clean=clean, shards=held,
-                                                  congested=congested)
-            if to_persist:
-                await self._persist_tracked(to_persist, held)
-            if congested:
-                await self.local.hold_back(congested)
-        return [s for s in shards if s not in held] if len(held) < len(shards) else []
-
-    async def _persist_tracked(self, sessions: list[Session], shards: list[int]) -> None:
-        """Make deliveries durable, counted per session shard so that a handoff of that
-        shard can wait until none is in flight (``handed_off``)."""
-        persisting = self._persisting
-        for shard in shards:
-            persisting[shard] = persisting.get(shard, 0) + 1
-        try:
-            await self._persist(sessions)
-        finally:
-            for shard in shards:
-                left = persisting[shard] - 1
-                if left:
-                    persisting[shard] = left
-                else:
-                    del persisting[shard]
-            event, self._persisted = self._persisted, trio.Event()
-            event.set()
-
-    async def handed_off(self, shards: list[int], epoch: int, timeout: float) -> bool:
-        """Wait until this node's view is at ``epoch`` or later (so it no longer takes
-        deliveries for ``shards``) and none of its deliveries to them is still being
-        written; the new home loads the shards' sessions only then, so nothing this node
-        queued for them is missing from what it loads."""
-        started = trio.current_time()
-        with trio.move_on_after(timeout):
-            while self.view().epoch < epoch:
-                await self.wait_for_view_change(0.2)
-            viewed = trio.current_time()
-            while any(s in self._persisting for s in shards):
-                await self._persisted.wait()
-            log.debug("handoff of %d shards: view after %.3fs, writes after %.3fs",
-                      len(shards), viewed - started, trio.current_time() - started)
-            return True
-        return False
-
-    async def _deliver_to(self, node: str, targets: NodeTargets, message: Message) -> None:
-        """Deliver to the sessions ``targets`` names on ``node`` and wait until it accepted.
-
-        The common case is one request (or a local call).  Anything left over goes to
-        ``_redeliver``.
-        """
-        left, failure = await self._attempt(node, targets, message)
-        if left.clean or left.shards:
-            await self._redeliver(node, left, message, failure)
-
-    async def _attempt(self, node: str, targets: NodeTargets, message: Message
-                       ) -> tuple[NodeTargets, Exception | None]:
-        """One delivery to ``node``: what it left over, and why if it failed outright."""
-        if node == self.node_id:
-            return NodeTargets(False, await self._deliver_here(message, *targets)), None
-        try:
-            answer = await self.links.request(
-                node, Dlv(0, message.topic, message.payload, message.qos, targets.shards,
-                          targets.clean),
-                self.request_timeout, expect=Delivered,
-            )
-        except (PeerUnavailable, RemoteError) as exc:
-            return targets, exc
-        return NodeTargets(False, answer.unheld), None
-
-    async def _redeliver(self, node: str, targets: NodeTargets, message: Message,
-                         failure: Exception | None) -> None:
-        """What a first delivery to ``node`` left over, retried until it is accepted.
-
-        The clean sessions of ``node`` are owed the message for as long as ``node`` is in
-        the view (a link that broke and reconnects, a lost frame); a node that left it owes
-        nothing, its clean sessions died with it.  A session shard that ``node`` did not
-        hold has moved (its sessions follow their new owner) or is still loading there
-        (asked again).  Bounded by ``delivery_patience``, past which the publish is refused
-        (no acknowledgement), never given up silently.
-        """
-        clean, shards = targets
-        deadline = trio.current_time() + self.delivery_patience
-        with peer_failures_unwrapped():
-            async with trio.open_nursery() as followers:
-                while True:
-                    await self.wait_for_view_change(0.2 if failure is not None else 0.5)
-                    view = self.view()
-                    if clean and node not in view.live_members():
-                        log.info("delivery of %r to %s not confirmed (%s); it left the view",
-                                 message.topic, node, failure)
-                        clean = False
-                    if shards:
-                        moved = self.resolve((f"s:{s}" for s in shards), view)
-                        stay = moved.pop(node, None)
-                        shards = stay.shards if stay is not None else []
-                        for other, other_targets in moved.items():
-                            followers.start_soon(self._deliver_to, other,
-                                                 NodeTargets(False, other_targets.shards),
-                                                 message)
-                    if not clean and not shards:
-                        return
-                    if trio.current_time() >= deadline:
-                        raise PeerUnavailable(
-                            f"delivery of {message.topic!r} to {node} (clean sessions: "
-                            f"{clean}, session shards: {shards}) not confirmed within "
-                            f"{self.delivery_patience}s: {failure}")
-                    (clean, shards), failure = await self._attempt(
-                        node, NodeTargets(clean, shards), message)
-                    if not clean and not shards:
-                        return
+            self.links.send(node, Dlv(0, [DlvEntry(m.topic, m.payload, 0, shards, targets.clean)
+                                          for m in unpack(frames)]))
 
     # -- inbound messages -------------------------------------------------------------------
 
     def on_pub(self, node: str, msg: Pub) -> None:
-        message = Message(msg.topic, msg.payload, msg.qos, msg.retain)
-        view = self.view()
-        owner, targets = self.route(msg.topic, view)
-        if msg.req == 0 and msg.qos == 0 and not msg.retain and owner == self.node_id:
-            # A QoS 0 publish re-sent by a node whose view was older: handled inline so that
-            # arrival order is kept (first hops come in packed batches, see ``on_batch``).
-            self._accept_plain(message, targets)
+        messages = [Message(e.topic, e.payload, e.qos, e.retain) for e in msg.messages]
+        if msg.req == 0 and all(m.qos == 0 and not m.retain for m in messages):
+            # QoS 0 re-sent by a node whose view was older: what we own is handled inline,
+            # so that arrival order is kept (first hops come in packed batches: ``on_batch``).
+            view = self.view()
+            rest: list[Message] = []
+            for message in messages:
+                owner, targets = self.route(message.topic, view)
+                if owner == self.node_id:
+                    self._accept_plain(message, targets)
+                else:
+                    rest.append(message)
+            if rest:
+                self.spawn(self._pub_task, node, 0, rest, msg.hops)
             return
-        self.spawn(self._pub_task, node, msg.req, message, msg.hops)
+        self.spawn(self._pub_task, node, msg.req, messages, msg.hops)
 
     def on_batch(self, node: str, msg: Batch) -> None:
         """A packed QoS 0 batch (``mqttring.cluster.wire``), one run of frames at a time.
@@ -463,65 +388,40 @@ class ClusterRouter:
                     continue
                 owner, targets = self.route(topic, view)
                 if owner is not None and owner != self.node_id:
-                    for message in unpack(frames[start:stop]):  # view changed in flight: re-send
-                        self.spawn(self._pub_task, node, 0, message, 1)
+                    # The view changed in flight: pass them on by ours.
+                    self.spawn(self._pub_task, node, 0, list(unpack(frames[start:stop])), 1)
                     continue
                 if archive is not None:
                     for message in unpack(frames[start:stop]):
                         archive.append(message)
                 self._fan_out_run(topic, frames[start:stop], count, targets, unpack)
 
-    async def _pub_task(self, node: str, req: int, message: Message, hops: int) -> None:
+    async def _pub_task(self, node: str, req: int, messages: list[Message], hops: int) -> None:
+        """Route a ``Pub`` from ``node``: accept what we own, pass the rest on by our view,
+        answer once all is accepted (or refuse all of it)."""
         try:
             view = self.view()
-            owner = view.owner(view.shard_for_topic(message.topic))
-            if owner is None or owner == self.node_id:
-                await self.accept(message, view)
-            elif hops >= MAX_HOPS:
-                raise NotOwner(f"{message.topic!r} exceeded {MAX_HOPS} hops")
-            elif req == 0 and message.qos == 0 and not message.retain:
-                self.links.send(owner, self._pub(message, 0, hops + 1, view))
-            else:
-                await self.forward(message, hops + 1)  # re-sent by the newer epoch
+            me = self.node_id
+            passed = [m for m in messages
+                      if view.owner(view.shard_for_topic(m.topic)) not in (None, me)]
+            if passed and hops >= MAX_HOPS:
+                raise NotOwner(f"{passed[0].topic!r} exceeded {MAX_HOPS} hops")
+            if req == 0 and all(m.qos == 0 and not m.retain for m in messages):
+                for message in passed:  # QoS 0 nobody waits for: passed on, unanswered
+                    owner = view.owner(view.shard_for_topic(message.topic))
+                    if owner is not None:
+                        self.links.send(owner, self._pub([message], 0, hops + 1, view))
+                gone = {id(m) for m in passed}
+                mine = [m for m in messages if id(m) not in gone]
+                if mine:
+                    await self.accept(mine, view)
+                return
+            await self.forward(messages, hops + 1)  # ours accepted here, the rest passed on
             self.links.reply(node, req, True)
         except PeerFailure as exc:
-            log.warning("publish to %r refused: %s", message.topic, exc)
+            log.warning("publish of %d messages (first %r) refused: %s", len(messages),
+                        messages[0].topic, exc)
             self.links.reply(node, req, False, str(exc))
-
-    def on_dlv(self, node: str, msg: Dlv) -> None:
-        req, held = msg.req, msg.shards
-        unheld: list[int] = []
-        if held and not all(self.holds(s) for s in held):
-            # A shard still loading here or gone (the view moved it in flight): serve the
-            # rest now, name the shard so the sender finds its sessions where they are.
-            unheld = [s for s in held if not self.holds(s)]
-            held = [s for s in held if s not in unheld]
-        to_persist: list[Session] = []
-        congested: list[Session] = []
-        if msg.clean or held:
-            to_persist = self.local.deliver_local(
-                Message(msg.topic, msg.payload, msg.qos, False), clean=msg.clean, shards=held,
-                congested=congested)
-        if req == 0:
-            return
-        answer = Delivered(unheld)
-        if not to_persist and not congested:
-            self.links.reply(node, req, True, answer)
-            return
-
-        async def persist_then_ack() -> None:
-            try:
-                if to_persist:
-                    await self._persist_tracked(to_persist, held)
-            except PeerFailure as exc:
-                # Not durable on every replica: the sender must not count it accepted.
-                self.links.reply(node, req, False, str(exc))
-                return
-            if congested:
-                await self.local.hold_back(congested)  # flow control: the publisher waits
-            self.links.reply(node, req, True, answer)
-
-        self.spawn(persist_then_ack)
 
     def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
         registrar = registrar_for(msg.target, node)
@@ -702,8 +602,7 @@ class ClusterRouter:
 
     def notify_changed(self) -> None:
         """Wake everything waiting for ownership to settle (a new view, shards loaded)."""
-        event, self._view_changed = self._view_changed, trio.Event()
-        event.set()
+        self.view_changes.notify()
 
     def on_view(self, old: ClusterView, new: ClusterView) -> None:
         """Drop routes to nodes that left; send every peer its full route set again."""

@@ -1,0 +1,325 @@
+"""Owner -> the nodes with subscribers: ``Dlv`` out, ``Delivered`` back, leftovers followed.
+
+Theory of operation
+-------------------
+The owner of a topic's shard knows, per message, which nodes have matching subscribers and
+which of their sessions (``NodeTargets``: the node's clean sessions, and the session shards
+whose persistent sessions it holds).  ``Deliveries.deliver(node, items)`` hands one node a
+whole batch of such messages in one ``Dlv`` request, in the order they were published, and
+returns once that node accepted them all: its clean sessions have them queued, and the
+copies for persistent sessions are stored on every replica of their shard (one group commit
+per ``Dlv``).  The publisher's PUBACK/PUBREC waits for that.
+
+What a delivery can leave over, and what happens to it (``_redeliver``):
+
+* the link broke or the node did not answer: its clean sessions are owed the messages for
+  as long as the node is in the view (they die with it, and owe nothing after);
+* the node did not hold a session shard named for it (still loading, or moved away in
+  flight: ``Delivered`` names it): the shard's sessions follow its owner in the newer view.
+
+Leftovers are retried as a batch, in order, after each view change (or a short wait), and
+bounded by ``patience``: past it the publish is refused (no acknowledgement, the client
+resends), never given up silently.
+
+The receiving side (``on_dlv``) serves a whole ``Dlv`` synchronously, in order, in the
+link's reader: so messages keep their order from the owner to every session, and a batch
+wakes each subscriber's writer once.  Only the durable write and flow control (a congested
+subscriber holds its publishers back: ``mqttring.broker.flow``) wait, in a task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple, TypeVar
+
+import trio
+
+from mqttring.broker.router import LocalRouter
+from mqttring.cluster.errors import (
+    PeerFailure,
+    PeerUnavailable,
+    RemoteError,
+    peer_failures_unwrapped,
+)
+from mqttring.cluster.links import Links
+from mqttring.cluster.messages import Delivered, Dlv, DlvEntry
+from mqttring.cluster.viewchanges import ViewChanges
+from mqttring.protocol.session import Message, Session
+from mqttring.raft.view import ClusterView
+
+log = logging.getLogger("mqttring.cluster.delivery")
+
+
+class NodeTargets(NamedTuple):
+    """The sessions of one node a message goes to (what a ``DlvEntry`` names)."""
+
+    #: The node's clean sessions subscribe (they live and die with it).
+    clean: bool
+    #: Session shards the node owns whose persistent sessions subscribe.
+    shards: list[int]
+
+
+#: Node -> its targets, for one topic under one view.
+ByNode = dict[str, NodeTargets]
+#: One message and the sessions of one node it goes to.
+Item = tuple[Message, NodeTargets]
+
+
+T = TypeVar("T")
+
+
+def message_size(message: Message) -> int:
+    """About what a message takes in a link frame (payload, topic, framing)."""
+    return len(message.payload) + len(message.topic) + 32
+
+
+def in_frames(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
+    """``items`` cut, in order, into runs of at most ``budget`` bytes (at least one item
+    each), so that a batched request never outgrows a link frame: the link would drop a
+    message too big for any frame, and the requester would wait for an answer that never
+    comes.  ``budget`` is half the frame limit, which always holds one maximal PUBLISH."""
+    run: list[T] = []
+    used = 0
+    for item in items:
+        n = size(item)
+        if run and used + n > budget:
+            yield run
+            run, used = [], 0
+        run.append(item)
+        used += n
+    if run:
+        yield run
+
+
+def resolve(targets: Iterable[str], view: ClusterView) -> ByNode:
+    """Route targets to nodes: a node id means its clean sessions, ``s:N`` the persistent
+    sessions of shard N, wherever N's owner is in ``view``."""
+    clean: set[str] = set()
+    shards: dict[str, list[int]] = {}
+    for target in targets:
+        if target.startswith("s:"):
+            shard = int(target[2:])
+            node = view.owner(shard)
+            if node is not None:
+                shards.setdefault(node, []).append(shard)
+        else:
+            clean.add(target)
+    return {node: NodeTargets(node in clean, shards.get(node, []))
+            for node in clean.union(shards)}
+
+
+class _Served(NamedTuple):
+    """What serving a batch here left to do."""
+
+    #: Sessions with copies to store durably (each once).
+    to_persist: list[Session]
+    #: Sessions left congested: the batch is accepted once they have room.
+    congested: list[Session]
+    #: The session shards whose sessions got copies (a handoff waits for their writes).
+    shards: list[int]
+    #: (index in the batch, the shards named for it that this node does not hold).
+    unheld: list[tuple[int, list[int]]]
+
+
+class Deliveries:
+    def __init__(
+        self,
+        node_id: str,
+        local: LocalRouter,
+        links: Links,
+        view: Callable[[], ClusterView],
+        persist: Callable[[list[Session]], Any],
+        spawn: Callable[..., None],
+        holds: Callable[[int], bool],
+        view_changes: ViewChanges,
+        *,
+        patience: float,
+        request_timeout: float,
+    ) -> None:
+        self.node_id = node_id
+        self.local = local
+        self.links = links
+        self.view = view
+        self._persist = persist
+        self.spawn = spawn
+        #: True once this node owns the shard *and* has its persistent sessions loaded.
+        self.holds = holds
+        self.view_changes = view_changes
+        self.patience = patience
+        self.request_timeout = request_timeout
+        #: Bytes of messages one ``Dlv`` may carry (see ``in_frames``).
+        self.frame_budget = links.max_frame // 2
+        #: session shard -> deliveries being made durable here (``handed_off`` waits for 0).
+        self._persisting: dict[int, int] = {}
+        self._persisted = trio.Event()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    async def deliver(self, node: str, items: list[Item]) -> None:
+        """Deliver ``items`` to the sessions they name on ``node``; return once accepted.
+
+        The common case is one request (or a local call); leftovers go to ``_redeliver``.
+        """
+        left, failure = await self._attempt(node, items)
+        if left:
+            await self._redeliver(node, left, failure)
+
+    async def _attempt(self, node: str, items: list[Item]
+                       ) -> tuple[list[Item], Exception | None]:
+        """One delivery to ``node``: what it left over, and why if it failed outright."""
+        if node == self.node_id:
+            return await self._deliver_here(items), None
+        left: list[Item] = []
+        done = 0
+        for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
+            entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean) for m, t in run]
+            try:
+                answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
+                                                  expect=Delivered)
+                for index, shards in answer.unheld:
+                    if not 0 <= index < len(run):
+                        raise RemoteError(f"{node} answered a Dlv of {len(run)} messages "
+                                          f"about message {index}")
+                    left.append((run[index][0], NodeTargets(False, shards)))
+            except (PeerUnavailable, RemoteError) as exc:
+                return left + items[done:], exc
+            done += len(run)
+        return left, None
+
+    async def _redeliver(self, node: str, items: list[Item], failure: Exception | None
+                         ) -> None:
+        """What a first delivery to ``node`` left over, retried until it is accepted (see
+        the module docstring), in order, as one batch per node and round."""
+        deadline = trio.current_time() + self.patience
+        with peer_failures_unwrapped():
+            async with trio.open_nursery() as followers:
+                while True:
+                    await self.view_changes.wait(0.2 if failure is not None else 0.5)
+                    view = self.view()
+                    live = node in view.live_members()
+                    stay: list[Item] = []
+                    moved: dict[str, list[Item]] = {}
+                    for message, (clean, shards) in items:
+                        if clean and not live:
+                            clean = False  # its clean sessions died with it
+                        if shards:
+                            by_node = resolve((f"s:{s}" for s in shards), view)
+                            here = by_node.pop(node, None)
+                            shards = here.shards if here is not None else []
+                            for other, targets in by_node.items():
+                                moved.setdefault(other, []).append(
+                                    (message, NodeTargets(False, targets.shards)))
+                        if clean or shards:
+                            stay.append((message, NodeTargets(clean, shards)))
+                    if not live and any(t.clean for _, t in items):
+                        log.info("delivery of %d messages to %s not confirmed (%s); it left "
+                                 "the view", len(items), node, failure)
+                    for other, followed in moved.items():
+                        followers.start_soon(self.deliver, other, followed)
+                    if not stay:
+                        return
+                    if trio.current_time() >= deadline:
+                        raise PeerUnavailable(
+                            f"delivery of {len(stay)} messages (first {stay[0][0].topic!r}) "
+                            f"to {node} not confirmed within {self.patience}s: {failure}")
+                    items, failure = await self._attempt(node, stay)
+                    if not items:
+                        return
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def _serve(self, batch: Iterable[tuple[Message, bool, list[int]]]) -> _Served:
+        """Deliver a batch to this node's sessions, in order, without yielding."""
+        holds = self.holds
+        deliver_local = self.local.deliver_local
+        to_persist: dict[int, Session] = {}  # by id: one write per session (unhashable)
+        congested: list[Session] = []
+        shards_served: set[int] = set()
+        unheld: list[tuple[int, list[int]]] = []
+        with self.local.wakes_deferred():
+            for index, (message, clean, shards) in enumerate(batch):
+                held = shards
+                if shards and not all(holds(s) for s in shards):
+                    # Still loading here, or gone (the view moved it in flight): serve the
+                    # rest now, name the shard so the sender finds its sessions where they are.
+                    held = [s for s in shards if holds(s)]
+                    unheld.append((index, [s for s in shards if not holds(s)]))
+                if clean or held:
+                    for session in deliver_local(message, clean=clean, shards=held,
+                                                 congested=congested):
+                        to_persist[id(session)] = session
+                    shards_served.update(held)
+        return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld)
+
+    async def _deliver_here(self, items: list[Item]) -> list[Item]:
+        """``deliver`` to this node itself; returns the items' shards it does not hold."""
+        served = self._serve((m, t.clean, t.shards) for m, t in items)
+        if served.to_persist:
+            await self._persist_tracked(served.to_persist, served.shards)
+        if served.congested:
+            await self.local.hold_back(served.congested)
+        return [(items[i][0], NodeTargets(False, shards)) for i, shards in served.unheld]
+
+    def on_dlv(self, node: str, msg: Dlv) -> None:
+        """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
+        served = self._serve((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards)
+                             for e in msg.entries)
+        req = msg.req
+        if req == 0:
+            return
+        answer = Delivered(served.unheld)
+        if not served.to_persist and not served.congested:
+            self.links.reply(node, req, True, answer)
+            return
+
+        async def persist_then_ack() -> None:
+            try:
+                if served.to_persist:
+                    await self._persist_tracked(served.to_persist, served.shards)
+            except PeerFailure as exc:
+                # Not durable on every replica: the sender must not count it accepted.
+                self.links.reply(node, req, False, str(exc))
+                return
+            if served.congested:
+                await self.local.hold_back(served.congested)  # flow control: publishers wait
+            self.links.reply(node, req, True, answer)
+
+        self.spawn(persist_then_ack)
+
+    # -- handoffs ---------------------------------------------------------------------------
+
+    async def _persist_tracked(self, sessions: list[Session], shards: list[int]) -> None:
+        """Make deliveries durable, counted per session shard so that a handoff of that
+        shard can wait until none is in flight (``handed_off``)."""
+        persisting = self._persisting
+        for shard in shards:
+            persisting[shard] = persisting.get(shard, 0) + 1
+        try:
+            await self._persist(sessions)
+        finally:
+            for shard in shards:
+                left = persisting[shard] - 1
+                if left:
+                    persisting[shard] = left
+                else:
+                    del persisting[shard]
+            event, self._persisted = self._persisted, trio.Event()
+            event.set()
+
+    async def handed_off(self, shards: list[int], epoch: int, timeout: float) -> bool:
+        """Wait until this node's view is at ``epoch`` or later (so it no longer takes
+        deliveries for ``shards``) and none of its deliveries to them is still being
+        written; the new home loads the shards' sessions only then, so nothing this node
+        queued for them is missing from what it loads."""
+        started = trio.current_time()
+        with trio.move_on_after(timeout):
+            while self.view().epoch < epoch:
+                await self.view_changes.wait(0.2)
+            viewed = trio.current_time()
+            while any(s in self._persisting for s in shards):
+                await self._persisted.wait()
+            log.debug("handoff of %d shards: view after %.3fs, writes after %.3fs",
+                      len(shards), viewed - started, trio.current_time() - started)
+            return True
+        return False
