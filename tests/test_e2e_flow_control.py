@@ -14,6 +14,8 @@ import pytest
 
 from mqtt_client import (
     DISCONNECT_BYTES,
+    PINGREQ_BYTES,
+    PINGRESP,
     PUBACK,
     PUBLISH,
     RawClient,
@@ -75,6 +77,33 @@ def test_a_congested_subscriber_holds_its_publisher_back_and_loses_nothing(
     assert [p.payload for p in got[PUBLISH]] == [f"m{i}".encode() for i in range(1, 21)]
     rest = read_packets(pub, {PUBACK: 20 - len(early)}, ack=False)
     assert [p.packet_id for p in rest[PUBACK]] == list(range(len(early) + 1, 21))
+
+
+@pytest.mark.parametrize("window_bytes", [10_000, None])
+def test_a_held_publisher_of_large_messages_stops_being_read_at_the_byte_window(
+        broker_factory, raw, uid, window_bytes: int | None) -> None:
+    """``publish_window_bytes`` bounds what a held publisher's connection has read: with
+    4 KB messages and a 10 KB window the node stops reading it once the congested batch
+    is in flight, so the PINGREQ behind its 20 PUBLISHes is answered only after the
+    subscriber made room.  With the default window (1 MiB) all 20 and the PINGREQ are read
+    at once, and the PINGRESP comes while the publishes are still held."""
+    extra = {} if window_bytes is None else {"publish_window_bytes": window_bytes}
+    b = broker_factory(slow_subscriber_hold=8.0, **LIMITS, **extra)
+    sub, pub = subscriber_and_flood(b, raw, uid, payload="x" * 4000)
+    pub.send(PINGREQ_BYTES)
+    early = []
+    with pytest.raises(TimeoutError):
+        while True:
+            early.append(pub.recv_packet(1.5).type)
+    if window_bytes is None:
+        assert PINGRESP in early, "the whole flood was not read at once"
+    else:
+        assert PINGRESP not in early, "the held publisher was read past its byte window"
+    assert early.count(PUBACK) <= 6
+    got = read_packets(sub, {PUBLISH: 20}, ack=True)  # reading makes room
+    assert len(got[PUBLISH]) == 20
+    rest = read_packets(pub, {PUBACK: 20 - early.count(PUBACK)}, ack=False)
+    assert (PINGRESP in early) != (PINGRESP in rest)
 
 
 def test_a_publisher_that_is_its_own_slow_subscriber_is_not_deadlocked(

@@ -59,9 +59,13 @@ class Limits:
     #: waiting; past it that subscriber is disconnected as a slow consumer.  0: never hold,
     #: drop the oldest queued message instead (``mqttring.broker.flow``).
     slow_subscriber_hold: float = 10.0
-    #: PUBLISH packets one connection may have read ahead of the one being accepted; at
-    #: the bound the connection stops reading until one is acknowledged (back-pressure).
-    publish_window: int = 32
+    #: Packets one connection may have read and not yet handled: how many of its QoS 1/2
+    #: publishes can be in flight at once (accepted in batches, acknowledged in order).  At
+    #: the bound the connection stops reading until a batch is handled (back-pressure).
+    publish_window: int = 256
+    #: The same bound in payload bytes (whichever is reached first; one packet always fits):
+    #: the read-ahead memory of one connection.
+    publish_window_bytes: int = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,8 @@ class BrokerConfig:
                               "be refused by the node waiting for it")
         if not 1 <= lim.publish_window <= 65535:
             raise ConfigError("limits.publish_window must be in 1..65535")
+        if lim.publish_window_bytes < 1:
+            raise ConfigError("limits.publish_window_bytes must be >= 1")
 
     @property
     def fence_seconds(self) -> float:

@@ -7,11 +7,12 @@ hands them to ``BrokerCore`` one batch at a time (the acceptor runs only while t
 events, like the writer while there is output).  So a connection whose publish waits (for
 its shard's owner, a group commit, or a congested subscriber: ``mqttring.broker.flow``)
 still reads the acknowledgements that free its own session's window; the reader runs at
-most ``publish_window`` events ahead of the acceptor and then stops reading, which is the
-back-pressure a publisher feels.  The acceptor takes everything that waits as one batch, and
-the core accepts consecutive PUBLISHes of a batch together (one round trip per owner, one
-group commit), so a client with many publishes in flight is not held to one round trip per
-message: while one batch is being accepted the next one gathers.  Batches are accepted one
+most ``publish_window`` events (or ``publish_window_bytes`` of payload) ahead of the
+acceptor and then stops reading, which is the back-pressure a publisher feels.  The
+acceptor takes everything that waits as one batch, and the core accepts consecutive
+PUBLISHes of a batch together (one round trip per owner, one group commit), so a client
+with many publishes in flight is not held to one round trip per message: while one batch
+is being accepted the next one gathers.  Batches are accepted one
 after another and acknowledged in order, so PUBACK/PUBREC leave in the order the PUBLISHes
 came [MQTT-4.6.0-2/3] and messages keep their order.
 
@@ -40,7 +41,7 @@ import trio
 
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.transport import Transport
-from mqttring.protocol.connection import ConnState, Event, ServerConnection
+from mqttring.protocol.connection import ConnState, Event, PublishReceived, ServerConnection
 from mqttring.protocol.errors import MQTTError
 from mqttring.protocol.packets import Will
 from mqttring.protocol.session import Session
@@ -54,10 +55,12 @@ class ClientHandler:
     __slots__ = (
         "_accepting",
         "_busy",
+        "_busy_bytes",
         "_closing",
         "_connect_deadline",
         "_nursery",
         "_pending",
+        "_pending_bytes",
         "_progress",
         "_writing",
         "clean_disconnect",
@@ -84,8 +87,11 @@ class ClientHandler:
         self.clean_disconnect = False
         self.finished = False
         self._writing = False
-        #: Events read and not yet handled (the acceptor's backlog, at most the window).
+        #: Events read and not yet handled (the acceptor's backlog, at most the window),
+        #: and the payload bytes of those that are publishes.
         self._busy = 0
+        self._busy_bytes = 0
+        self._pending_bytes = 0
         self._connect_deadline = math.inf
         #: Events read, waiting for the acceptor (a task only while there are any).  Plain
         #: attributes, created when needed: 10,000 idle connections pay for none of it.
@@ -189,6 +195,7 @@ class ClientHandler:
         metrics = core.metrics
         flow = core.flow
         window = core.limits.publish_window
+        window_bytes = core.limits.publish_window_bytes
         transport = self.transport
         self._connect_deadline = trio.current_time() + core.limits.connect_timeout
         while True:
@@ -209,10 +216,14 @@ class ClientHandler:
             if self.session is not None:
                 flow.room_made(self.session.client_id)  # its acks may have made room
             for event in received:
-                while self._busy >= window:
+                while self._busy >= window or self._busy_bytes >= window_bytes:
                     await self._wait_progress()
                 self._pending.append(event)
                 self._busy += 1
+                if type(event) is PublishReceived:
+                    size = len(event.message.payload)  # type: ignore[union-attr]
+                    self._busy_bytes += size
+                    self._pending_bytes += size
                 if not self._accepting:
                     self._accepting = True
                     assert self._nursery is not None
@@ -229,17 +240,19 @@ class ClientHandler:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                size, self._pending_bytes = self._pending_bytes, 0
                 try:
                     await core.handle(self, batch)
                 finally:
                     self._busy -= len(batch)
+                    self._busy_bytes -= size
                     self._signal_progress()
                 if conn.pending_output:
                     self.wake()
                 if conn.closed and not conn.disconnected:
                     # Refused (CONNACK != 0) or taken over: stop reading once the answer is
                     # flushed (the writer ends the connection when its buffer is empty).
-                    self._pending = []
+                    self._pending, self._pending_bytes = [], 0
                     self._closing = True
                     if not self._writing and not conn.pending_output:
                         self._end()
