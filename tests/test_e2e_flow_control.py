@@ -73,6 +73,14 @@ def test_a_congested_subscriber_holds_its_publisher_back_and_loses_nothing(
             assert packet.type == PUBACK
             early.append(packet.packet_id)
     assert early == list(range(1, len(early) + 1)) and len(early) <= 6
+    # Meanwhile the node serves everyone else as usual.
+    other = raw(b)
+    assert other.connect(uid("other")).return_code == 0
+    elsewhere = uid("elsewhere")
+    assert other.subscribe([(elsewhere, 1)]) == [1]
+    other.send(publish(elsewhere, b"still served", qos=1, packet_id=1))
+    answered = read_packets(other, {PUBACK: 1, PUBLISH: 1}, ack=True, timeout=5.0)
+    assert [p.payload for p in answered[PUBLISH]] == [b"still served"]
     got = read_packets(sub, {PUBLISH: 20}, ack=True)  # reading makes room
     assert [p.payload for p in got[PUBLISH]] == [f"m{i}".encode() for i in range(1, 21)]
     rest = read_packets(pub, {PUBACK: 20 - len(early)}, ack=False)

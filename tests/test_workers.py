@@ -169,3 +169,68 @@ def test_another_worker_count_on_the_same_data_is_refused(workers: Workers,
     assert other.returncode == 2
     assert "holds a cluster of 2 workers, not 3" in other.stderr
     assert "Traceback" not in other.stderr
+
+
+def test_paho_and_mosquitto_clients_see_one_broker(workers: Workers) -> None:
+    """Real clients on ``--workers 2``: four paho publishers (spread over both workers by
+    the kernel) with 50 QoS 1 and QoS 2 messages each in flight at once; a mosquitto_sub
+    gets every message once, in each publisher's order per QoS, whichever worker took it, and a
+    retained message set with mosquitto_pub is there for a paho subscriber."""
+    import paho.mqtt.client as mqtt
+
+    from cluster_support import MosquittoSub, mosquitto_pub
+
+    workers.start()
+    port = workers.port
+    mosquitto_pub(port, "wp/probe", "probe", qos=1, retain=True)
+    sub = MosquittoSub(port, ["wp/#"], qos=2, timeout=60)
+    publishers: list[mqtt.Client] = []
+    try:
+        assert sub.line() == "wp/probe 1 1 probe"  # subscribed (retained probe first)
+        # Four publishers, more while the kernel put every connection on one worker.
+        while len(publishers) < 4 or len(set(serving_pids(port))) < 2:
+            assert len(publishers) < 32, "the kernel never spread the clients over both"
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+                                 client_id=f"wp-pub-{len(publishers)}", protocol=mqtt.MQTTv311)
+            client.max_inflight_messages_set(100)
+            client.connect(HOST, port)
+            client.loop_start()
+            publishers.append(client)
+            while len(serving_pids(port)) < len(publishers) + 1:  # its CONNECT is accepted
+                time.sleep(0.01)
+        infos = [client.publish(f"wp/{n}", f"{n}-{i}", qos=1 + i % 2)
+                 for n, client in enumerate(publishers) for i in range(50)]
+        for info in infos:
+            info.wait_for_publish(30)
+            assert info.is_published()
+        # Order is per topic *and QoS* [MQTT-4.6.0-7]; libmosquitto also hands a QoS 2
+        # message to mosquitto_sub only at its PUBREL, after QoS 1 messages sent later.
+        got: dict[tuple[str, int], list[int]] = {}
+        for _ in range(len(publishers) * 50):
+            topic, _qos, _retain, payload = sub.line(30).split(" ", 3)
+            i = int(payload.split("-")[1])
+            got.setdefault((topic, 1 + i % 2), []).append(i)
+        assert got == {(f"wp/{n}", q): list(range(q - 1, 50, 2))
+                       for n in range(len(publishers)) for q in (1, 2)}
+
+        received: list[mqtt.MQTTMessage] = []
+        reader = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="wp-reader",
+                             protocol=mqtt.MQTTv311)
+        reader.on_message = lambda c, u, m: received.append(m)
+        reader.connect(HOST, port)
+        reader.loop_start()
+        try:
+            reader.subscribe("wp/probe", 1)
+            deadline = time.monotonic() + 10
+            while not received and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert [(m.topic, m.payload, m.retain) for m in received] == [
+                ("wp/probe", b"probe", True)]
+        finally:
+            reader.loop_stop()
+            reader.disconnect()
+    finally:
+        for client in publishers:
+            client.loop_stop()
+            client.disconnect()
+        sub.close()
