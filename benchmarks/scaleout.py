@@ -44,7 +44,7 @@ from typing import Any
 
 from benchmarks.brokers import BrokerHandle, _fail, mqttring_version, start_mosquitto
 from benchmarks.loadgen import ACKED, DONE, DUPS, ERROR, GO, PHASE, RECV, SENT, STOP, WRITEOFF
-from benchmarks.scenarios import CpuMeter, Params, Run, _base, broker_pids
+from benchmarks.scenarios import CpuMeter, Params, Run, _base, _proc_cpu, broker_pids
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -88,7 +88,10 @@ def start_workers(count: int) -> BrokerHandle:
     else:
         return _fail(h, "workers not ready within 90 s")
     h.port = int(info["mqtt"])
-    h.extra["pids"] = [h.pid, *(int(w["pid"]) for w in info["workers"])]
+    # The supervisor's CPU figure includes its children, the workers: counting them again
+    # would double the broker's CPU (figures before 2026-11-23T0800Z did).
+    h.extra["pids"] = [h.pid]
+    h.extra["node_pids"] = [int(w["pid"]) for w in info["workers"]]
     h.extra["workers"] = count
     return h
 
@@ -118,7 +121,7 @@ def start_pair() -> BrokerHandle:
         return h
     first, second = h.nodes
     h.port, h.pid = first.port, first.pid
-    h.extra["pids"] = [n.pid for n in h.nodes]
+    h.extra["pids"] = h.extra["node_pids"] = [n.pid for n in h.nodes]
     h.extra["sub_target"] = second
     return h
 
@@ -151,12 +154,17 @@ def streams_run(broker: BrokerHandle, p: Params, qos: int, streams: int,
         err = run.wait_ready(p.setup_timeout)
         if err:
             return {"status": "failed", "error": f"setup: {err}"}
-        meter = CpuMeter(broker_pids(broker), [pr.pid for pr in run.procs if pr.pid])
+        pids = broker_pids(broker)
+        meter = CpuMeter(pids, [pr.pid for pr in run.procs if pr.pid])
         run.ctl[PHASE] = GO
         time.sleep(p.warmup_s)
         a, r0 = meter.snap(), run.total(RECV, "sub")
+        nodes = broker.extra.get("node_pids", pids)
+        assert isinstance(nodes, list)
+        each_a = [_proc_cpu(pid) for pid in nodes]
         time.sleep(p.measure_s)
         b, r1 = meter.snap(), run.total(RECV, "sub")
+        each_b = [_proc_cpu(pid) for pid in nodes]
         run.ctl[PHASE] = STOP
         deadline = time.monotonic() + p.drain_s
         while time.monotonic() < deadline and not run.total(ERROR):
@@ -186,6 +194,11 @@ def streams_run(broker: BrokerHandle, p: Params, qos: int, streams: int,
         if deliveries else None,
         "latency_p50_ms": pct(0.50), "latency_p99_ms": pct(0.99),
         "cpu": cpu,
+        # Per node process (node A first for a pair): what each would need of a core of its
+        # own, the per-node cost model of docs/design.md.
+        "cpu_us_per_delivery_by_node": [round((y - x) / deliveries * 1e6, 2)
+                                           for x, y in zip(each_a, each_b, strict=True)]
+        if deliveries else None,
     }
     if errors:
         out.update(status="failed", error="; ".join(errors))
@@ -218,8 +231,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"{results['cores']} cores",
              "",
              "| set-up | QoS | deliveries/s | x mosquitto | lost | broker CPU us/delivery | "
-             "x mosquitto | p50 ms | p99 ms | x mosquitto |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "x mosquitto | per node | p50 ms | p99 ms | x mosquitto |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, setup in results["setups"].items():
         if setup.get("unavailable"):
             lines.append(f"| {name} | | not run: {setup['unavailable']} |||||||")
@@ -233,6 +246,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {name} | {qos} | {run['deliveries_per_s']:,.0f} | "
                 f"{vs.get('deliveries_per_s', '')} | {run['lost']} | "
                 f"{run['cpu_us_per_delivery']} | {vs.get('cpu_us_per_delivery', '')} | "
+                f"{' / '.join(map(str, run.get('cpu_us_per_delivery_by_node') or []))} | "
                 f"{run['latency_p50_ms']} | {run['latency_p99_ms']} | "
                 f"{vs.get('latency_p99_ms', '')} |")
     return "\n".join(lines) + "\n"

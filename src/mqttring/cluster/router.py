@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import trio
 
@@ -96,6 +97,16 @@ log = logging.getLogger("mqttring.cluster.router")
 Unpack = Callable[[memoryview | bytes], Iterable[Message]]
 
 
+class Route(NamedTuple):
+    """Where one topic's messages go under one view (cached per topic: ``route``)."""
+
+    #: The owner of the topic's shard (None: no member yet).
+    owner: str | None
+    #: The nodes with subscribers, and which of their sessions.
+    targets: ByNode
+    shard: int
+
+
 MAX_HOPS = 4
 #: Topics whose routing answer is cached (cleared when full, a new epoch, a route change).
 ROUTE_CACHE_SIZE = 50_000
@@ -150,9 +161,9 @@ class ClusterRouter:
         self.routes = RouteTable()
         #: Local subscriptions per (filter, route target); a route is registered while > 0.
         self.local_filters: dict[tuple[str, str], int] = {}
-        #: topic -> (owner, nodes with their session shards): valid for one (epoch, routes
-        #: version); spares the hash, the wildcard trie walk and the resolution per message.
-        self._route_cache: dict[str, tuple[str | None, dict[str, list[int]]]] = {}
+        #: topic -> its ``Route``: valid for one (epoch, routes version); spares the hash,
+        #: the wildcard trie walk and the resolution per message.
+        self._route_cache: dict[str, Route] = {}
         self._cache_key: tuple[int, int] = (-1, -1)
         #: Set by the server when ``config.archive`` lists topic filters (owner side only).
         self.archive: TelemetryArchive | None = None
@@ -170,8 +181,8 @@ class ClusterRouter:
         self.route_syncs_sent = 0
         self.route_repairs = 0
 
-    def route(self, topic: str, view: ClusterView) -> tuple[str | None, ByNode]:
-        """(owner of the topic's shard, {node: the sessions there to deliver to}) under
+    def route(self, topic: str, view: ClusterView) -> Route:
+        """The topic's shard, its owner and {node: the sessions there to deliver to} under
         ``view``."""
         cache = self._route_cache
         epoch, version = self._cache_key
@@ -182,8 +193,9 @@ class ClusterRouter:
             hit = cache.get(topic)
             if hit is not None:
                 return hit
-        owner = view.owner(view.shard_for_topic(topic))
-        hit = cache[topic] = (owner, resolve(self.routes.nodes_for(topic), view))
+        shard = view.shard_for_topic(topic)
+        hit = cache[topic] = Route(view.owner(shard), resolve(self.routes.nodes_for(topic), view),
+                                   shard)
         return hit
 
     # -- publish: edge side -----------------------------------------------------------------
@@ -203,7 +215,7 @@ class ClusterRouter:
         me = self.node_id
         acked: list[Message] = []
         for message in messages:
-            owner, targets = self.route(message.topic, view)
+            owner, targets, _ = self.route(message.topic, view)
             if owner is not None and owner != me:
                 self.metrics.forwarded_to_owner += 1
             if message.qos or message.retain:
@@ -234,8 +246,7 @@ class ClusterRouter:
             view = self.view()
             groups: dict[str | None, list[Message]] = {}
             for message in messages:
-                groups.setdefault(view.owner(view.shard_for_topic(message.topic)),
-                                  []).append(message)
+                groups.setdefault(self.route(message.topic, view).owner, []).append(message)
             failed: list[Message] = []
             if len(groups) == 1:
                 [(owner, group)] = groups.items()
@@ -281,7 +292,7 @@ class ClusterRouter:
         """Route messages whose shards this node owns, in order; return once all are
         accepted: retained updates stored (one write), every node with subscribers served
         (one ``Dlv`` per node)."""
-        for shard in {view.shard_for_topic(m.topic) for m in messages if m.qos}:
+        for shard in {self.route(m.topic, view).shard for m in messages if m.qos}:
             if not self.routes_complete(shard, view):
                 view = await self._await_routes(shard)
         retained = [m for m in messages if m.retain]
@@ -291,7 +302,7 @@ class ClusterRouter:
         archive = self.archive
         by_node: dict[str, list[Item]] = {}
         for message in messages:
-            targets = self.route(message.topic, view)[1]
+            targets = self.route(message.topic, view).targets
             if message.qos == 0:
                 self._accept_plain(message, targets)
                 continue
@@ -360,7 +371,7 @@ class ClusterRouter:
             view = self.view()
             rest: list[Message] = []
             for message in messages:
-                owner, targets = self.route(message.topic, view)
+                owner, targets, _ = self.route(message.topic, view)
                 if owner == self.node_id:
                     self._accept_plain(message, targets)
                 else:
@@ -386,7 +397,7 @@ class ClusterRouter:
                 if section == DELIVER:
                     deliver(topic, frames[start:stop], count, unpack)
                     continue
-                owner, targets = self.route(topic, view)
+                owner, targets, _ = self.route(topic, view)
                 if owner is not None and owner != self.node_id:
                     # The view changed in flight: pass them on by ours.
                     self.spawn(self._pub_task, node, 0, list(unpack(frames[start:stop])), 1)
@@ -403,12 +414,12 @@ class ClusterRouter:
             view = self.view()
             me = self.node_id
             passed = [m for m in messages
-                      if view.owner(view.shard_for_topic(m.topic)) not in (None, me)]
+                      if self.route(m.topic, view).owner not in (None, me)]
             if passed and hops >= MAX_HOPS:
                 raise NotOwner(f"{passed[0].topic!r} exceeded {MAX_HOPS} hops")
             if req == 0 and all(m.qos == 0 and not m.retain for m in messages):
                 for message in passed:  # QoS 0 nobody waits for: passed on, unanswered
-                    owner = view.owner(view.shard_for_topic(message.topic))
+                    owner = self.route(message.topic, view).owner
                     if owner is not None:
                         self.links.send(owner, self._pub([message], 0, hops + 1, view))
                 gone = {id(m) for m in passed}
