@@ -124,8 +124,10 @@ class Metadata:
 def make_router(node: str, views: list[ClusterView], *,
                 holds: Callable[[int], bool] = lambda shard: True,
                 sessions: dict[str, Session] | None = None,
+                max_frame: int = RecordingLinks.max_frame,
                 ) -> tuple[ClusterRouter, RecordingLinks]:
     links = RecordingLinks()
+    links.max_frame = max_frame
     local = LocalRouter({} if sessions is None else sessions,
                         RetainedStore(None, NUM_SHARDS),
                         SessionStore(None, NUM_SHARDS, None),  # type: ignore[arg-type]
@@ -489,3 +491,44 @@ async def test_a_peer_failure_in_a_nursery_reaches_the_caller_as_itself() -> Non
         async with trio.open_nursery() as nursery:
             nursery.start_soon(crash)
             nursery.start_soon(refuse)
+
+
+# -- batches ------------------------------------------------------------------------------
+
+
+async def test_a_batch_bigger_than_a_frame_travels_in_several_requests_in_order() -> None:
+    """A link drops a message too big for any frame, and its requester would wait for an
+    answer that never comes: a batch is cut at half the frame limit, in order."""
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    router, links = make_router("a", views, max_frame=10_000)
+    topic = moved_topic(views[-1], "a")
+    messages = [Message(topic, bytes([i]) * 2_000, 1) for i in range(6)]
+    await router.forward(messages, 1)
+    pubs = [m for _, m in links.take(Pub)]
+    assert [len(m.messages) for m in pubs] == [2, 2, 2]
+    assert [e.payload[0] for m in pubs for e in m.messages] == list(range(6))
+
+    await router.deliveries.deliver("b", [(m, NodeTargets(True, [])) for m in messages])
+    dlvs = [m for _, m in links.take(Dlv)]
+    assert [len(m.entries) for m in dlvs] == [2, 2, 2]
+    assert [e.payload[0] for m in dlvs for e in m.entries] == list(range(6))
+
+
+async def test_a_batch_goes_to_each_owner_once_and_a_refused_group_is_resent_alone(
+        autojump_clock: trio.abc.Clock) -> None:
+    """One ``Pub`` per owner for a batch; when one owner fails, only its messages are sent
+    again (to the owner of the newer view), in their order, and the others are not."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    view = views[-1]
+    of = {n: [t for t in (f"t/{i}" for i in range(2000))
+              if view.owner(view.shard_for_topic(t)) == n][:2] for n in "bc"}
+    messages = [Message(t, f"{t}".encode(), 1) for pair in zip(of["b"], of["c"], strict=True)
+                for t in pair]
+    links.answers["c"] = [PeerUnavailable("c: link broke"), None]
+    await router.forward(messages, 1)
+    sent = [(n, [e.topic for e in m.messages]) for n, m in links.take(Pub)]
+    assert sorted(sent[:2]) == [("b", of["b"]), ("c", of["c"])]
+    assert sent[2:] == [("c", of["c"])]
