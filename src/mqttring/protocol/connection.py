@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, auto
+from typing import NamedTuple
 
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.codec import encode as encode_packet
@@ -64,9 +65,11 @@ class ConnectRequested:
     packet: Connect
 
 
-@dataclass(slots=True, frozen=True)
-class PublishReceived:
-    """A message to route; QoS 1/2 need ``ack_publish(packet_id, qos)`` once accepted."""
+class PublishReceived(NamedTuple):
+    """A message to route; QoS 1/2 need ``ack_publish(packet_id, qos)`` once accepted.
+
+    A named tuple, not a frozen dataclass like the other events: one is built per PUBLISH,
+    and a frozen dataclass's ``__init__`` costs several times a tuple's."""
 
     message: Message
     packet_id: int | None
@@ -105,6 +108,7 @@ class ServerConnection:
 
     __slots__ = (
         "_decoder",
+        "_freed",
         "_out",
         "client_id",
         "connect",
@@ -117,6 +121,8 @@ class ServerConnection:
 
     def __init__(self, max_packet_size: int = 268_435_455) -> None:
         self._decoder = PacketDecoder(max_packet_size)
+        #: An acknowledgement in the current read freed a window slot (``_drain`` refills).
+        self._freed = False
         self._out = bytearray()
         self.state = ConnState.AWAIT_CONNECT
         self.connect: Connect | None = None
@@ -140,6 +146,17 @@ class ServerConnection:
     def _drain(self) -> list[Event]:
         events: list[Event] = []
         decoder = self._decoder
+        self._freed = False
+        try:
+            self._drain_into(events, decoder)
+        finally:
+            if self._freed:
+                # Acknowledgements freed window slots: refill once for the whole read.
+                assert self.session is not None
+                self.session.pump()
+        return events
+
+    def _drain_into(self, events: list[Event], decoder: PacketDecoder) -> None:
         while self.state is not ConnState.CONNECTING and self.state is not ConnState.CLOSED:
             packet = decoder.next_packet()
             if packet is None:
@@ -154,7 +171,6 @@ class ServerConnection:
             event = self._on_packet(packet)
             if event is not None:
                 events.append(event)
-        return events
 
     def _on_publish(self, packet: Publish) -> PublishReceived | None:
         self.publishes_received += 1
@@ -179,11 +195,13 @@ class ServerConnection:
         session = self.session
         assert session is not None
         if isinstance(packet, PubAck):
-            session.on_puback(packet.packet_id)
+            if session.on_puback(packet.packet_id, pump=False):
+                self._freed = True
         elif isinstance(packet, PubRec):
             session.on_pubrec(packet.packet_id)
         elif isinstance(packet, PubComp):
-            session.on_pubcomp(packet.packet_id)
+            if session.on_pubcomp(packet.packet_id, pump=False):
+                self._freed = True
         elif isinstance(packet, PubRel):
             session.release_inbound_qos2(packet.packet_id)
             self._out += encode_packet(PubComp(packet.packet_id))
@@ -246,12 +264,11 @@ class ServerConnection:
 
     def ack_publish(self, packet_id: int | None, qos: int) -> None:
         """Acknowledge a routed PUBLISH: PUBACK for QoS 1, PUBREC for QoS 2."""
-        if self.state is ConnState.CLOSED or packet_id is None:
+        if self.state is ConnState.CLOSED or packet_id is None or not qos:
             return
-        if qos == 1:
-            self._out += encode_packet(PubAck(packet_id))
-        elif qos == 2:
-            self._out += encode_packet(PubRec(packet_id))
+        # PUBACK 0x40 / PUBREC 0x50, remaining length 2, the id (one per publish: no
+        # packet object on this path).
+        self._out += bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
 
     def send_suback(self, packet_id: int, return_codes: list[int]) -> None:
         if self.state is not ConnState.CLOSED:

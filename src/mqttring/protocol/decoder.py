@@ -180,7 +180,15 @@ def _ack_decoder(cls: type[PubAck | PubRec | PubRel | PubComp | UnsubAck]) -> _D
             raise MalformedPacket(
                 RULE_LENGTH, f"{name} remaining length must be 2, not {stop - start}"
             )
-        return cls((buf[start] << 8) | buf[start + 1])
+        packet_id = (buf[start] << 8) | buf[start + 1]
+        if not packet_id:  # the check of ``_Ack.__post_init__``, which is bypassed below
+            raise MalformedPacket("MQTT-2.3.1-1",
+                                  "packet identifier must be 1..65535, got 0")
+        # One per delivered QoS >= 1 message: built like the PUBLISH fast path (below),
+        # without the frozen dataclass ``__init__``.
+        packet = _new_ack(cls)
+        _set_ack_id(packet, packet_id)
+        return packet
 
     return decode_ack
 
@@ -260,6 +268,11 @@ _PUBLISH_FIELDS = ("topic", "payload", "qos", "retain", "dup", "packet_id")
 if tuple(f.name for f in fields(Publish)) != _PUBLISH_FIELDS:  # pragma: no cover
     raise RuntimeError("decoder.py's PUBLISH fast path is out of date with packets.Publish")
 _new_publish = Publish.__new__
+# The same for the acknowledgements (one field, checked by ``decode_ack``).
+if tuple(f.name for f in fields(PubAck)) != ("packet_id",):  # pragma: no cover
+    raise RuntimeError("decoder.py's acknowledgement fast path is out of date with packets")
+_new_ack = PubAck.__new__
+_set_ack_id = PubAck.__mro__[1].__dict__["packet_id"].__set__
 _set_topic, _set_payload, _set_qos, _set_retain, _set_dup, _set_packet_id = (
     Publish.__dict__[name].__set__ for name in _PUBLISH_FIELDS
 )

@@ -334,15 +334,23 @@ class Session:
 
     # -- acknowledgements from the client ---------------------------------------------------
 
-    def on_puback(self, packet_id: int) -> bool:
+    def on_puback(self, packet_id: int, pump: bool = True) -> bool:
+        """A PUBACK freed a window slot.  ``pump=False``: the caller calls ``pump`` once
+        after a run of acknowledgements (a connection's read), so the queue is refilled
+        (and shifted) once per read rather than once per acknowledgement."""
         entry = self.inflight.get(packet_id)
         if entry is None or entry.state != OutState.AWAIT_PUBACK:
             return False  # unknown id: ignore, as a late ack after a resend can be legal
         del self.inflight[packet_id]
         self._forget(entry)
-        if self.output is not None:
+        if pump and self.output is not None:
             self._pump(self.output)
         return True
+
+    def pump(self) -> None:
+        """Fill the inflight window from the queue (see ``on_puback``)."""
+        if self.output is not None and self.queue:
+            self._pump(self.output)
 
     def on_pubrec(self, packet_id: int) -> bool:
         entry = self.inflight.get(packet_id)
@@ -355,13 +363,13 @@ class Session:
             self.output += encode_packet(PubRel(packet_id))
         return True
 
-    def on_pubcomp(self, packet_id: int) -> bool:
+    def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
         entry = self.inflight.get(packet_id)
         if entry is None or entry.state != OutState.AWAIT_PUBCOMP:
             return False
         del self.inflight[packet_id]
         self._forget(entry)
-        if self.output is not None:
+        if pump and self.output is not None:
             self._pump(self.output)
         return True
 
