@@ -146,7 +146,7 @@ def compare(args: argparse.Namespace) -> int:
         print(f"unknown scenarios: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     run_id = uuid.uuid4().hex[:6]
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
     t_start = time.monotonic()
     results: dict[str, Any] = {
         "stamp": stamp,

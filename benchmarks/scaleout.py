@@ -210,41 +210,51 @@ def streams_run(broker: BrokerHandle, p: Params, qos: int, streams: int,
 
 
 def ratios(results: dict[str, Any]) -> None:
-    """Each mqttring figure divided by mosquitto's for the same QoS (same run)."""
-    base = results["setups"].get("mosquitto", {}).get("runs", {})
-    for name, setup in results["setups"].items():
-        if name == "mosquitto":
-            continue
+    """Each mqttring figure divided by mosquitto's for the same QoS, and each cluster's
+    deliveries/s divided by one node's (same run; with ``--repeat``, same round)."""
+    setups = results["setups"]
+    for name, setup in setups.items():
+        base_name, _, round_no = name.partition("#")
+        suffix = f"#{round_no}" if round_no else ""
+        mosquitto = setups.get(f"mosquitto{suffix}", {}).get("runs", {})
+        one_node = setups.get(f"mqttring{suffix}", {}).get("runs", {})
         for qos, run in setup.get("runs", {}).items():
-            ref = base.get(qos)
-            if not ref or ref.get("status") != "ok" or run.get("status") != "ok":
+            if run.get("status") != "ok":
                 continue
-            run["vs_mosquitto"] = {
-                key: round(run[key] / ref[key], 2)
-                for key in ("deliveries_per_s", "cpu_us_per_delivery", "latency_p99_ms")
-                if run.get(key) and ref.get(key)
-            }
+            ref = mosquitto.get(qos)
+            if base_name != "mosquitto" and ref and ref.get("status") == "ok":
+                run["vs_mosquitto"] = {
+                    key: round(run[key] / ref[key], 2)
+                    for key in ("deliveries_per_s", "cpu_us_per_delivery", "latency_p99_ms")
+                    if run.get(key) and ref.get(key)
+                }
+            single = one_node.get(qos)
+            if (base_name not in ("mosquitto", "mqttring") and single
+                    and single.get("status") == "ok" and single.get("deliveries_per_s")):
+                run["vs_one_node"] = round(run["deliveries_per_s"]
+                                           / single["deliveries_per_s"], 2)
 
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"# Scale-out {results['stamp']}: {results['streams']} streams, "
              f"{results['cores']} cores",
              "",
-             "| set-up | QoS | deliveries/s | x mosquitto | lost | broker CPU us/delivery | "
-             "x mosquitto | per node | p50 ms | p99 ms | x mosquitto |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| set-up | QoS | deliveries/s | x mosquitto | x one node | lost | "
+             "broker CPU us/delivery | x mosquitto | per node | p50 ms | p99 ms | x mosquitto |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, setup in results["setups"].items():
         if setup.get("unavailable"):
-            lines.append(f"| {name} | | not run: {setup['unavailable']} |||||||")
+            lines.append(f"| {name} | | not run: {setup['unavailable']} ||||||||")
             continue
         for qos, run in setup["runs"].items():
             if run.get("status") != "ok":
-                lines.append(f"| {name} | {qos} | failed: {run.get('error')} |||||||")
+                lines.append(f"| {name} | {qos} | failed: {run.get('error')} ||||||||")
                 continue
             vs = run.get("vs_mosquitto", {})
             lines.append(
                 f"| {name} | {qos} | {run['deliveries_per_s']:,.0f} | "
-                f"{vs.get('deliveries_per_s', '')} | {run['lost']} | "
+                f"{vs.get('deliveries_per_s', '')} | {run.get('vs_one_node', '')} | "
+                f"{run['lost']} | "
                 f"{run['cpu_us_per_delivery']} | {vs.get('cpu_us_per_delivery', '')} | "
                 f"{' / '.join(map(str, run.get('cpu_us_per_delivery_by_node') or []))} | "
                 f"{run['latency_p50_ms']} | {run['latency_p99_ms']} | "
@@ -282,16 +292,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=max(4, 2 * cores))
     parser.add_argument("--workers", type=int, default=max(2, cores // 4))
     parser.add_argument("--quick", action="store_true", help="short measuring windows")
+    parser.add_argument("--setups", help="comma list of set-ups to run (default: all): "
+                        "mosquitto,mqttring,mqttring-wN,mqttring-2n-a2b")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the set-ups this many times, interleaved (this machine's "
+                        "figures drift between runs; ratios are fairest between neighbours)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     p = Params.quick() if args.quick else Params()
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
     run_id = uuid.uuid4().hex[:6]
     results: dict[str, Any] = {"stamp": stamp, "cores": cores, "streams": args.streams,
                                "workers": args.workers, "params": p.__dict__, "setups": {}}
     setups = [("mosquitto", start_mosquitto), ("mqttring", start_node),
               (f"mqttring-w{args.workers}", lambda: start_workers(args.workers)),
               ("mqttring-2n-a2b", start_pair)]
+    if args.setups:
+        wanted = args.setups.split(",")
+        setups = [(name, start) for name, start in setups if name in wanted]
+    if args.repeat > 1:
+        setups = [(f"{name}#{k}", start) for k in range(1, args.repeat + 1)
+                  for name, start in setups]
     for name, start in setups:
         print(f"{name}: starting", flush=True)
         handle = start()
