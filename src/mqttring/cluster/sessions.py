@@ -130,17 +130,20 @@ class RemoteSession(Session):
                 now: float = 0.0) -> None:
         raise RuntimeError("messages for a remote session are routed to its home")
 
-    def on_puback(self, packet_id: int) -> bool:
-        self.on_ack(self, 4, packet_id)
+    def on_puback(self, packet_id: int, pump: bool = True) -> bool:
+        self.on_ack(self, 4, packet_id)  # the home refills the window (``pump`` is its)
         return True
 
     def on_pubrec(self, packet_id: int) -> bool:
         self.on_ack(self, 5, packet_id)
         return True
 
-    def on_pubcomp(self, packet_id: int) -> bool:
+    def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
         self.on_ack(self, 7, packet_id)
         return True
+
+    def pump(self) -> None:
+        """Nothing is queued here: the home sends what the freed window lets through."""
 
     def begin_inbound_qos2(self, packet_id: int) -> bool:
         if packet_id in self.inbound_qos2:
