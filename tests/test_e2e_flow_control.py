@@ -41,15 +41,22 @@ def read_packets(client: RawClient, want: dict[int, int], ack: bool,
     return got
 
 
+def subscriber_and_publisher(b, raw, uid, topic: str, qos: int
+                             ) -> tuple[RawClient, RawClient]:
+    """A client subscribed to ``topic`` at ``qos`` and a connected publisher."""
+    sub = raw(b)
+    assert sub.connect(uid("sub")).return_code == 0
+    assert sub.subscribe([(topic, qos)]) == [qos]
+    pub = raw(b)
+    assert pub.connect(uid("pub")).return_code == 0
+    return sub, pub
+
+
 def subscriber_and_flood(b, raw, uid, payload: str = "m") -> tuple[RawClient, RawClient]:
     """A subscriber that reads nothing yet, and a publisher that sent it 20 QoS 1
     messages in one write (``<payload>1`` .. ``<payload>20``)."""
     topic = uid("flow")
-    sub = raw(b)
-    assert sub.connect(uid("sub")).return_code == 0
-    assert sub.subscribe([(topic, 1)]) == [1]
-    pub = raw(b)
-    assert pub.connect(uid("pub")).return_code == 0
+    sub, pub = subscriber_and_publisher(b, raw, uid, topic, 1)
     pub.send(b"".join(publish(topic, f"{payload}{i}".encode(), qos=1, packet_id=i)
                       for i in range(1, 21)))
     return sub, pub
@@ -159,11 +166,7 @@ def test_publishes_before_a_disconnect_in_one_write_are_all_routed(
     PUBLISHes ends the connection only after both [MQTT-3.14.4-1 is about what follows it]."""
     b = broker_factory()
     topic = uid("last-words")
-    sub = raw(b)
-    assert sub.connect(uid("sub")).return_code == 0
-    assert sub.subscribe([(topic, 0)]) == [0]
-    pub = raw(b)
-    assert pub.connect(uid("pub")).return_code == 0
+    sub, pub = subscriber_and_publisher(b, raw, uid, topic, 0)
     pub.send(publish(topic, b"one") + publish(topic, b"two") + DISCONNECT_BYTES)
     got = read_packets(sub, {PUBLISH: 2}, ack=False)
     assert [p.payload for p in got[PUBLISH]] == [b"one", b"two"]

@@ -116,7 +116,7 @@ class DataPlane:
         self.fenced = False
         self.fence_count = 0
         self.replicator = ShardReplicator(self.node_id, store, self.links, self.current_view,
-                                          self._on_replicated, self._wait_for_view_change,
+                                          self._on_replicated, self.view_changes.wait,
                                           accept_ops=self._accept_replicated,
                                           patience=config.cluster_write_patience)
         self.retained = RetainedStore(store, config.num_shards, self.replicator,
@@ -155,7 +155,7 @@ class DataPlane:
         self.core = core
         self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
                                         self.spawn, self.is_fenced, self.held.__contains__,
-                                        self._wait_for_view_change,
+                                        self.view_changes.wait,
                                         self.config.cluster_write_patience)
         self._handlers = self._dispatch_table()
         return self.sessions
@@ -180,9 +180,6 @@ class DataPlane:
 
     def is_fenced(self) -> bool:
         return self.fenced
-
-    async def _wait_for_view_change(self, timeout: float) -> None:
-        await self.view_changes.wait(timeout)
 
     # -- fencing ----------------------------------------------------------------------------
 
@@ -363,7 +360,7 @@ class DataPlane:
         started = trio.current_time()
         try:
             await self.links.request(previous, Handoff(0, sorted(shards), epoch),
-                                     self.router.request_timeout)
+                                     self.deliveries.request_timeout)
             log.info("node %s: %s handed %d shards over in %.3fs", self.node_id, previous,
                      len(shards), trio.current_time() - started)
         except PeerFailure as exc:

@@ -144,8 +144,6 @@ class ClusterRouter:
         self.routes_wait = routes_wait
         #: Owner -> nodes with subscribers; its patience bounds our forwards too.
         self.deliveries = deliveries
-        self.delivery_patience = deliveries.patience
-        self.request_timeout = deliveries.request_timeout
         #: Shared with ``deliveries``: both retry by the newer view.
         self.view_changes: ViewChanges = deliveries.view_changes
         self.local = local
@@ -154,9 +152,8 @@ class ClusterRouter:
         self.view = view
         self.metrics = metrics
         self.spawn = spawn
-        #: True once this node owns the shard *and* has its persistent sessions loaded.
-        self.holds = deliveries.holds
-        #: Every shard ``holds`` is true for: whose session routes we assert (``rsync``).
+        #: Every shard ``deliveries.holds`` is true for: whose session routes we assert
+        #: (``rsync``).
         self.held = held
         self.routes = RouteTable()
         #: Local subscriptions per (filter, route target); a route is registered while > 0.
@@ -241,7 +238,7 @@ class ClusterRouter:
         What an owner refused or could not be asked is sent again, in order, to the owner
         of the newer view; what it accepted is not.
         """
-        deadline = trio.current_time() + self.delivery_patience
+        deadline = trio.current_time() + self.deliveries.patience
         while True:
             view = self.view()
             groups: dict[str | None, list[Message]] = {}
@@ -275,16 +272,13 @@ class ClusterRouter:
         for run in in_frames(messages, message_size, self.deliveries.frame_budget):
             try:
                 await self.links.request(owner, self._pub(run, 0, hops, view),
-                                         self.request_timeout)
+                                         self.deliveries.request_timeout)
             except (PeerUnavailable, RemoteError) as exc:
                 log.debug("forward of %d messages (first %r) to %s failed (%s); retrying",
                           len(messages) - done, run[0].topic, owner, exc)
                 failed.extend(messages[done:])
                 return
             done += len(run)
-
-    async def wait_for_view_change(self, timeout: float) -> None:
-        await self.view_changes.wait(timeout)
 
     # -- publish: owner side ----------------------------------------------------------------
 
@@ -347,7 +341,7 @@ class ClusterRouter:
         for node, targets in by_node.items():
             shards = targets.shards
             if node == self.node_id:
-                if shards and not all(self.holds(s) for s in shards):
+                if shards and not all(self.deliveries.holds(s) for s in shards):
                     # Sessions loading here, or moved away: delivered where they are.
                     self.spawn(self.deliveries.deliver, node,
                                [(m, targets) for m in unpack(frames)])
