@@ -396,6 +396,9 @@ def _wills(wills: list[WillClient], subs: list[Subscriber], victims: list[str],
             "broke_s_after_fault": round(w.broken_at - events["fault"], 3) if broke else None,
             "delay_s": round(arrived - events["fault"], 3) if arrived and broke else None,
             "arrived_s_after_fault": round(arrived - events["fault"], 3) if arrived else None,
-            "spurious": arrived is not None and not broke,
+            "disconnect_sent": w.disconnect_sent,
+            # A will after the client's DISCONNECT breaks MQTT-3.14.4-3.  A client that
+            # could not write its DISCONNECT (connection already gone) may get its will.
+            "spurious": arrived is not None and not broke and w.disconnect_sent,
         })
     return out

@@ -61,6 +61,9 @@ class Conn:
         self.closed = threading.Event()
         self.closed_at: float | None = None
         self.closed_by_us = False
+        #: Whether ``close(disconnect=True)`` wrote a DISCONNECT (paho closes the socket
+        #: right after writing one).
+        self.disconnect_sent = False
         self.subacks: dict[int, tuple[float, list[int]]] = {}
         self.suback_event = threading.Condition()
         self.acks: list[tuple[int, float]] = []
@@ -128,13 +131,18 @@ class Conn:
 
     def close(self, disconnect: bool = False) -> None:
         self.closed_by_us = True
-        if disconnect:
-            with contextlib.suppress(Exception):
-                self.paho.disconnect()
+        # The network thread stops first: paho's thread, finding a keepalive due after
+        # ``disconnect()`` set its state but before the DISCONNECT was written, closes the
+        # socket without it (observed: a will the broker rightly published, counted as
+        # spurious).  With no thread, ``disconnect()`` writes the packet here, at once.
         if self.looping:
             with contextlib.suppress(Exception):
                 self.paho.loop_stop()
             self.looping = False
+        if disconnect:
+            with contextlib.suppress(Exception):
+                self.disconnect_sent = (self.paho.disconnect() == mqtt.MQTT_ERR_SUCCESS
+                                        and self.paho.socket() is None)
         sock = self.paho.socket()
         if sock is not None:  # no DISCONNECT: the broker must see the TCP connection end
             with contextlib.suppress(OSError):
@@ -397,6 +405,7 @@ class WillClient(Role):
         self.node = node
         self.will_topic = will_topic
         self.broken_at: float | None = None
+        self.disconnect_sent = False
         self.connected = threading.Event()
         self.conn: Conn | None = None
 
@@ -414,6 +423,7 @@ class WillClient(Role):
         if conn.closed.is_set() and not conn.closed_by_us:
             self.broken_at = conn.closed_at
         conn.close(disconnect=True)  # a clean DISCONNECT: no will from here
+        self.disconnect_sent = conn.disconnect_sent
 
 
 @dataclass

@@ -68,6 +68,7 @@ class ClientHandler:
         "conn",
         "core",
         "finished",
+        "owed_will",
         "session",
         "token",
         "transport",
@@ -86,6 +87,9 @@ class ClientHandler:
         self.will: Will | None = None
         self.clean_disconnect = False
         self.finished = False
+        #: Decided once when the connection ends: whether its will is owed (it closed
+        #: without DISCONNECT, and not because the broker is shutting down).
+        self.owed_will = False
         self._writing = False
         #: Events read and not yet handled (the acceptor's backlog, at most the window),
         #: and the payload bytes of those that are publishes.

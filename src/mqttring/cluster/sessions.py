@@ -28,7 +28,7 @@ cannot prove it is still the lock for any id), and the wills it owes are held ba
 majority declares it down, the will keepers on that side publish them; if it gets back into
 the view without being declared down, it publishes them then.
 
-Tokens: each connection has a token ``edge:counter``; messages about a connection carry it,
+Tokens: each connection has a token ``edge:life:counter``; messages about a connection carry it,
 and a home ignores messages whose token is not the registered one (a late close of a
 connection that was already taken over must not unregister its successor).
 """
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -205,7 +206,7 @@ class ClusterSessions(LocalSessions):
         self.wait_for_view_change = wait_for_view_change
         self.patience = patience
         #: Wills due while fenced: published if we get back into the view undeclared.
-        self.owed_wills: list[Will] = []
+        self.owed_wills: list[tuple[str, Will]] = []
         self.links = links
         self.view = view
         self.spawn = spawn
@@ -219,6 +220,9 @@ class ClusterSessions(LocalSessions):
         self.proxies: dict[str, SessionProxy] = {}
         self.remote: dict[tuple[str, str], RemoteSession] = {}
         self._locks: dict[str, trio.Lock] = {}
+        #: Tokens are ``node:life:counter``: a restarted edge must never reuse a token its
+        #: previous life registered, or a home would take a new connection for the old one.
+        self._token_prefix = f"{node_id}:{secrets.token_hex(4)}"
         self._tokens = itertools.count(1)
 
     def home(self, client_id: str, view: ClusterView | None = None) -> str | None:
@@ -231,7 +235,7 @@ class ClusterSessions(LocalSessions):
                    packet: Connect) -> tuple[Session, bool]:
         if self.fenced():
             raise SessionUnavailable("this node is cut off from the cluster majority")
-        token = f"{self.node_id}:{next(self._tokens)}"
+        token = f"{self._token_prefix}:{next(self._tokens)}"
         handler.token = token
         self.by_token[token] = handler
         home = self.home(client_id)
@@ -269,17 +273,21 @@ class ClusterSessions(LocalSessions):
         session = handler.session
         assert session is not None
         owed_will = not handler.clean_disconnect and not self.core.shutting_down
+        handler.owed_will = owed_will
         if isinstance(session, RemoteSession):
             session.detach()
             self.remote.pop((session.client_id, session.token), None)
         else:
             await self.unbind(handler, session)
         handler.will = None  # the home holds the will and publishes it if owed
-        home = self.home(session.client_id)
+        await self._end_registration(session.client_id, handler.token, owed_will)
+
+    async def _end_registration(self, client_id: str, token: str, publish_will: bool) -> None:
+        home = self.home(client_id)
         if home is None or home == self.node_id:
-            await self.unregister(session.client_id, handler.token, owed_will)
+            await self.unregister(client_id, token, publish_will, "connection closed")
         else:
-            self.links.send(home, SessionClose(session.client_id, handler.token, owed_will))
+            self.links.send(home, SessionClose(client_id, token, publish_will))
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         local = []
@@ -373,6 +381,14 @@ class ClusterSessions(LocalSessions):
                 # Its close may have reached us meanwhile and unregistered it, publishing
                 # its will: then it is no longer ours to publish.
                 previous = self.registrations.get(client_id)
+            view = self.view()
+            if view.epoch and view.owner(view.shard_for_client(client_id)) not in (
+                    self.node_id, None):
+                # The view moved while we waited (lock, kick): a registration kept here now
+                # would outlive the view change that demoted this node's others, a stale
+                # lock and will nobody ends.
+                raise SessionUnavailable(f"{self.node_id} is no longer the home of "
+                                         f"{client_id!r}")
             self.registrations[client_id] = Registration(node, token, will, clean)
             self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
                                                     clean))
@@ -385,7 +401,7 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                await self._publish_will(previous.will)
+                await self._publish_will(client_id, previous.will, "taken over")
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 
@@ -412,7 +428,8 @@ class ClusterSessions(LocalSessions):
                         f"{client_id!r}: {exc}") from exc
                 await self.wait_for_view_change(0.5)
 
-    async def unregister(self, client_id: str, token: str, publish_will: bool) -> None:
+    async def unregister(self, client_id: str, token: str, publish_will: bool,
+                         reason: str) -> None:
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
             return  # a connection that was already replaced
@@ -420,7 +437,7 @@ class ClusterSessions(LocalSessions):
         self._replicate(client_id, WillDelete(client_id, token))
         self._detach_proxy(client_id, token)
         if publish_will:
-            await self._publish_will(current.will)
+            await self._publish_will(client_id, current.will, reason)
 
     def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
         view = self.view()
@@ -438,11 +455,17 @@ class ClusterSessions(LocalSessions):
         if current is not None and current.token == message.token:
             del self.replica_registrations[message.client_id]
 
-    async def _publish_will(self, will: Will | None) -> None:
-        if will is not None and self.fenced():
-            self.owed_wills.append(will)
+    async def _publish_will(self, client_id: str, will: Will | None, reason: str) -> None:
+        if will is None:
             return
-        if will is not None and not self.core.shutting_down:
+        if self.fenced():
+            log.info("will of %r owed (%s); held while fenced", client_id, reason)
+            self.owed_wills.append((client_id, will))
+            return
+        if not self.core.shutting_down:
+            # Every will says why it went out: an operator asking "why did my device's will
+            # fire?" finds the answer in the log of its home.
+            log.info("publishing the will of %r on %r: %s", client_id, will.topic, reason)
             self.core.metrics.messages_received += 1
             # In a task: a will waits for its topic's owner like any publish (through a
             # failover, say), and neither the lock held here nor a view change may wait.
@@ -462,8 +485,8 @@ class ClusterSessions(LocalSessions):
 
     async def publish_owed_wills(self) -> None:
         wills, self.owed_wills = self.owed_wills, []
-        for will in wills:
-            await self._publish_will(will)
+        for client_id, will in wills:
+            await self._publish_will(client_id, will, "owed while this node was fenced")
 
     def forget_owed_wills(self) -> None:
         """Declared down: the will keepers on the majority side published these."""
@@ -515,7 +538,8 @@ class ClusterSessions(LocalSessions):
             raise
 
     async def on_sclose(self, message: SessionClose) -> None:
-        await self.unregister(message.client_id, message.token, message.publish_will)
+        await self.unregister(message.client_id, message.token, message.publish_will,
+                              "connection closed without DISCONNECT at its edge")
 
     def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
         proxy = self.proxies.get(client_id)
@@ -602,7 +626,8 @@ class ClusterSessions(LocalSessions):
         gone = {n for n in old.members if n not in new.live_members()}
         for client_id, reg in list(self.registrations.items()):
             if reg.node in gone:
-                await self.unregister(client_id, reg.token, True)
+                await self.unregister(client_id, reg.token, True,
+                                      f"its node {reg.node} left the view")
         for handler in list(self.core.clients.values()):
             session = handler.session
             if session is None or handler.client_id is None:
@@ -632,6 +657,13 @@ class ClusterSessions(LocalSessions):
                 else:
                     await self.links.request(home, SessionOpen(
                         0, handler.client_id, self.node_id, handler.token, True, will))
+                if handler.finished:
+                    # The connection closed while the home was registering it; its close
+                    # may have reached the home first and been ignored (nothing was
+                    # registered yet).  End the registration now, or it would stay: a will
+                    # published later for a client that said DISCONNECT.
+                    await self._end_registration(handler.client_id, handler.token,
+                                                 handler.owed_will)
                 return
             except (PeerUnavailable, RemoteError, SessionUnavailable) as exc:
                 if trio.current_time() >= deadline:

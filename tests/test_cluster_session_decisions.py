@@ -1,0 +1,140 @@
+"""Session registrations without processes or sockets: the races a fault run hits rarely.
+
+A home holds one registration (edge, connection token, will) per client id; the will is
+published when that registration ends uncleanly.  A registration that outlives its
+connection is a will waiting to fire for a client that said DISCONNECT [MQTT-3.14.4-3], and
+a lock on the client id nobody releases.  These pin the three ways one could be left:
+
+* a connection that closes while its edge is re-registering it at a new home (the close can
+  reach the home before the registration, and is then ignored);
+* a home that registers a connection after the view made another node the home (the view
+  change already demoted this node's registrations; this one would stay);
+* an edge that restarts and hands out the tokens of its previous life again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from mqttring.broker.client import ClientHandler
+from mqttring.broker.core import BrokerCore
+from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.retained import RetainedStore
+from mqttring.broker.router import LocalRouter
+from mqttring.broker.session_store import SessionStore
+from mqttring.broker.sessions import SessionUnavailable
+from mqttring.cluster.messages import SessionClose, SessionKick, SessionOpen, WillRegister
+from mqttring.cluster.sessions import ClusterSessions
+from mqttring.cluster.viewchanges import ViewChanges
+from mqttring.config import BrokerConfig
+from mqttring.protocol.packets import Connect, Will
+from mqttring.raft.view import ClusterView
+
+from decision_support import NUM_SHARDS, Metadata, RecordingLinks
+
+
+def make_node(node: str, views: list[ClusterView]) -> tuple[BrokerCore, ClusterSessions,
+                                                             RecordingLinks, list[Any]]:
+    """A real broker core whose session manager is the cluster's, on recorded links."""
+    links = RecordingLinks()
+    spawned: list[Any] = []
+    holder: dict[str, ClusterSessions] = {}
+
+    def manager(core: BrokerCore) -> ClusterSessions:
+        holder["sessions"] = ClusterSessions(
+            core, node, links, lambda: views[-1],  # type: ignore[arg-type]
+            lambda fn, *args: spawned.append((fn, args)), lambda: False, lambda shard: True,
+            ViewChanges().wait, patience=2.0)
+        return holder["sessions"]
+
+    store = SessionStore(None, NUM_SHARDS, None)  # type: ignore[arg-type]
+    core = BrokerCore(
+        BrokerConfig(), store, BrokerMetrics(),
+        lambda core: LocalRouter(core.sessions, RetainedStore(None, NUM_SHARDS), store,
+                                 core.metrics, lambda client_id: None),
+        manager)
+    return core, holder["sessions"], links, spawned
+
+
+def client_homed_at(view: ClusterView, node: str) -> str:
+    for k in range(1000):
+        client_id = f"device-{k}"
+        if view.owner(view.shard_for_client(client_id)) == node:
+            return client_id
+    raise AssertionError(f"no client id homed at {node}")
+
+
+WILL = Will("devices/gone", b"offline", 1, False)
+
+
+async def test_a_connection_closed_during_its_reregistration_is_unregistered_after_it() -> None:
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    core, edge, links, _ = make_node("n1", views)
+    client_id = client_homed_at(views[-1], "n2")
+    handler = ClientHandler(core, None)  # type: ignore[arg-type]
+    session, _ = await edge.open(handler, client_id, Connect(
+        client_id=client_id, clean_session=True, keepalive=60, will=WILL))
+    handler.client_id, handler.session, handler.will = client_id, session, WILL
+    answered_at: list[int] = []
+
+    async def the_client_disconnects_before_the_home_answers() -> bool:
+        handler.clean_disconnect = True
+        await core.connection_lost(handler)  # its SessionClose may overtake the SessionOpen
+        answered_at.append(len(links.sent))
+        return True
+
+    links.answers["n2"] = [the_client_disconnects_before_the_home_answers]
+    await edge._reregister(handler, "n2")  # the home moved back to n2: register there again
+
+    opens = [m for n, m in links.sent if n == "n2" and isinstance(m, SessionOpen)]
+    assert [m.token for m in opens] == [handler.token] * len(opens) and len(opens) == 2
+    after_answer = [m for n, m in links.sent[answered_at[0]:] if n == "n2"]
+    # Sent after the home registered the connection, so the home ends that registration,
+    # and without the will: the client said DISCONNECT.
+    assert after_answer == [SessionClose(client_id, handler.token, False)]
+
+
+async def test_a_home_never_registers_a_connection_once_the_view_moved_the_client_away(
+) -> None:
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    core, home, links, _ = make_node("n1", views)
+    client_id = client_homed_at(views[-1], "n1")
+    await home.register(client_id, "n3", "n3:a:1", WILL, True)
+    assert home.registrations[client_id].token == "n3:a:1"
+
+    def old_edge_confirms_after_the_view_moved() -> bool:
+        meta.down("n1")  # the majority declared this home down meanwhile: n1 is no home now
+        views.append(meta.view())
+        return True
+
+    links.answers["n3"] = [old_edge_confirms_after_the_view_moved]
+    with pytest.raises(SessionUnavailable):
+        await home.register(client_id, "n2", "n2:b:1", WILL, True)
+    assert [m.token for _, m in links.take(SessionKick)] == ["n3:a:1"]
+    # Nothing registered for the new connection here: the new home (which the edge asks
+    # next) is the only one to hold it.
+    assert client_id not in home.registrations or \
+        home.registrations[client_id].token != "n2:b:1"
+    assert all(m.token != "n2:b:1" for _, m in links.take(WillRegister))
+
+
+async def test_an_edge_never_reuses_the_tokens_of_its_previous_life() -> None:
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    client_id = client_homed_at(views[-1], "n2")
+    tokens = []
+    for _life in range(2):
+        core, edge, links, _ = make_node("n1", views)
+        handler = ClientHandler(core, None)  # type: ignore[arg-type]
+        with trio.fail_after(5):
+            await edge.open(handler, client_id, Connect(
+                client_id=client_id, clean_session=True, keepalive=60, will=WILL))
+        tokens.append(handler.token)
+        opened = links.take(SessionOpen)
+        assert [m.token for _, m in opened] == [handler.token]
+    assert tokens[0] != tokens[1] and all(t.startswith("n1:") for t in tokens)
