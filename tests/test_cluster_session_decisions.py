@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import trio
 
+from decision_support import NUM_SHARDS, Metadata, RecordingLinks
 from mqttring.broker.client import ClientHandler
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.metrics import BrokerMetrics
@@ -32,8 +33,6 @@ from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.config import BrokerConfig
 from mqttring.protocol.packets import Connect, Will
 from mqttring.raft.view import ClusterView
-
-from decision_support import NUM_SHARDS, Metadata, RecordingLinks
 
 
 def make_node(node: str, views: list[ClusterView]) -> tuple[BrokerCore, ClusterSessions,
@@ -102,7 +101,7 @@ async def test_a_home_never_registers_a_connection_once_the_view_moved_the_clien
 ) -> None:
     meta = Metadata("n1", "n2", "n3")
     views = [meta.view()]
-    core, home, links, _ = make_node("n1", views)
+    _, home, links, _ = make_node("n1", views)
     client_id = client_homed_at(views[-1], "n1")
     await home.register(client_id, "n3", "n3:a:1", WILL, True)
     assert home.registrations[client_id].token == "n3:a:1"

@@ -238,7 +238,9 @@ class BrokerNode:
         async with listener:
             while True:
                 try:
-                    sock, _ = await listen_socket.accept()
+                    accepted, _ = await listen_socket.accept()
+                    # The plain socket from here on (see ``TcpTransport``).
+                    sock = socket.socket(fileno=accepted.detach())
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:

@@ -49,7 +49,7 @@ class StoredSession:
     client_id: str
     subscriptions: dict[str, int]
     outbound: list[Outbound]
-    inbound_qos2: set[int]
+    inbound_qos2: dict[int, None]
 
     def to_session(self, limits: SessionLimits, now: float | None = None) -> Session:
         """The offline persistent session this record describes.
@@ -215,7 +215,7 @@ class SessionStore:
         for key, record in await self._store.scan("sessions", prefix):
             cid = _client_id(key)
             subs = {f: int(q) for f, q in record["subs"]}
-            sessions[key] = StoredSession(cid, subs, [], set())
+            sessions[key] = StoredSession(cid, subs, [], {})
         for key, value in await self._store.scan("queues", prefix):
             owner = sessions.get(key[:-8])
             if owner is None:
@@ -235,7 +235,7 @@ class SessionStore:
         for key, _ in await self._store.scan("inflight", prefix):
             owner = sessions.get(key[:-2])
             if owner is not None:
-                owner.inbound_qos2.add(_PID.unpack(key[-2:])[0])
+                owner.inbound_qos2[_PID.unpack(key[-2:])[0]] = None
         return list(sessions.values())
 
 

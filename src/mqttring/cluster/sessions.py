@@ -111,7 +111,7 @@ class RemoteSession(Session):
         self.home = home
         self.token = token
         self.subscriptions = dict(subscriptions)
-        self.inbound_qos2 = set(inbound_qos2)
+        self.inbound_qos2 = dict.fromkeys(inbound_qos2)
         self.q2_changes: dict[int, bool] = {}
         #: Called with (this session, packet type, packet id) for each acknowledgement.
         self.on_ack = on_ack
@@ -149,13 +149,13 @@ class RemoteSession(Session):
     def begin_inbound_qos2(self, packet_id: int) -> bool:
         if packet_id in self.inbound_qos2:
             return False
-        self.inbound_qos2.add(packet_id)
+        self.inbound_qos2[packet_id] = None
         self.q2_changes[packet_id] = True
         return True
 
     def release_inbound_qos2(self, packet_id: int) -> None:
         if packet_id in self.inbound_qos2:
-            self.inbound_qos2.discard(packet_id)
+            del self.inbound_qos2[packet_id]
             self.q2_changes[packet_id] = False
 
     def has_changes(self) -> bool:
@@ -265,7 +265,7 @@ class ClusterSessions(LocalSessions):
         if stand_in is None:
             return await self.bind(client_id, True)
         stand_in.subscriptions = dict(answer.subscriptions)
-        stand_in.inbound_qos2 = set(answer.inbound_qos2)
+        stand_in.inbound_qos2 = dict.fromkeys(answer.inbound_qos2)
         return stand_in, answer.present
 
     async def close(self, handler: ClientHandler) -> None:
