@@ -66,6 +66,10 @@ class Limits:
     #: The same bound in payload bytes (whichever is reached first; one packet always fits):
     #: the read-ahead memory of one connection.
     publish_window_bytes: int = 1024 * 1024
+    #: Seconds without a byte either way after which a TCP connection gives up its task and
+    #: waits in the node's parking lot (``mqttring.broker.parking``): an idle connection then
+    #: costs its state, not a task.  0 = never park.
+    park_idle_after: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,8 @@ class BrokerConfig:
             raise ConfigError("limits.publish_window must be in 1..65535")
         if lim.publish_window_bytes < 1:
             raise ConfigError("limits.publish_window_bytes must be >= 1")
+        if not lim.park_idle_after >= 0:
+            raise ConfigError("limits.park_idle_after must be >= 0 (0 = never park)")
 
     @property
     def fence_seconds(self) -> float:

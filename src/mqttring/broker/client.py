@@ -17,8 +17,11 @@ after another and acknowledged in order, so PUBACK/PUBREC leave in the order the
 came [MQTT-4.6.0-2/3] and messages keep their order.
 
 A writer task is started when output appears and ends when the buffer is
-empty (an idle connection then costs one task, which matters at 10,000 connections); it
-sends everything queued while it was busy (many deliveries, acks) in one write.
+empty; it sends everything queued while it was busy (many deliveries, acks) in one write.
+A TCP connection quiet both ways for ``park_idle_after`` gives up even its reader task
+(``mqttring.broker.parking``): ``run`` returns without closing, and the parking lot runs it
+again on the next byte, delivery (``wake``), close (``kick``) or keepalive expiry, so an
+idle connection costs its state and no task (which matters at 10,000 connections).
 Deliveries never wait for a socket: routers append to the buffer and call ``wake``; a slow
 reader only grows its own buffer, where the session drops QoS 0 past the configured limit
 and the inflight window bounds QoS 1/2, so one slow client costs at most
@@ -40,6 +43,7 @@ import math
 import trio
 
 from mqttring.broker.core import BrokerCore
+from mqttring.broker.parking import ParkingLot
 from mqttring.broker.transport import Transport
 from mqttring.protocol.connection import ConnState, Event, PublishReceived, ServerConnection
 from mqttring.protocol.errors import MQTTError
@@ -54,14 +58,19 @@ FINAL_FLUSH_SECONDS = 5.0
 class ClientHandler:
     __slots__ = (
         "_accepting",
+        "_active",
         "_busy",
         "_busy_bytes",
         "_closing",
         "_connect_deadline",
+        "_fd",
         "_nursery",
+        "_parked",
+        "_parking",
         "_pending",
         "_pending_bytes",
         "_progress",
+        "_resume_deadline",
         "_writing",
         "clean_disconnect",
         "client_id",
@@ -75,9 +84,19 @@ class ClientHandler:
         "will",
     )
 
-    def __init__(self, core: BrokerCore, transport: Transport) -> None:
+    def __init__(self, core: BrokerCore, transport: Transport,
+                 parking: ParkingLot | None = None) -> None:
         self.core = core
         self.transport = transport
+        #: Where this connection goes while idle (``mqttring.broker.parking``); None: never.
+        self._parking = parking
+        self._parked = False
+        self._fd = -1
+        #: Bytes moved either way since the idle timer started (a connection parks only
+        #: after a whole quiet ``park_idle_after``).
+        self._active = False
+        #: The keepalive deadline a parked connection resumes with.
+        self._resume_deadline: float | None = None
         self.conn = ServerConnection(core.limits.max_packet_size)
         self.session: Session | None = None
         self.client_id: str | None = None
@@ -109,6 +128,9 @@ class ClientHandler:
 
     def wake(self) -> None:
         """Output is pending: make sure a writer task is draining it."""
+        if self._parked:
+            self._unpark()  # its task comes back and starts the writer
+            return
         if self._writing or self._nursery is None:
             return
         try:
@@ -124,29 +146,30 @@ class ClientHandler:
     def kick(self) -> None:
         """Close this connection now (takeover, slow consumer, shutdown)."""
         self.conn.close()
-        if self._nursery is not None:
+        if self._parked:
+            self._unpark()  # its task comes back, finds it closed, and ends it
+        elif self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    def _unpark(self) -> None:
+        assert self._parking is not None
+        self._parking.resume(self, self._fd)
+
     async def run(self) -> None:
+        """Serve the connection until it ends, or until it parks (idle: its task ends and
+        the parking lot runs this again when there is something to do)."""
         core = self.core
-        timed_out = False
+        self._parked = False
+        timed_out = parked = False
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    await self._reader(nursery.cancel_scope)
-                    # What was read is still handled (a PUBLISH sent just before the client
-                    # closed its socket is routed); the acceptor runs only while there are
-                    # events, like the writer, so an idle connection costs no task for it.
-                    while self._accepting:
-                        await self._wait_progress()
-                finally:
-                    # The writer gets a bounded time to flush the last packets (a CONNACK
-                    # refusal, a PUBACK) to a peer that may have stopped reading.
-                    nursery.cancel_scope.deadline = trio.current_time() + FINAL_FLUSH_SECONDS
-                    if self.conn.pending_output:
-                        self.wake()
-            timed_out = nursery.cancel_scope.cancelled_caught and not self.conn.closed
+            while True:
+                park, timed_out = await self._serve()
+                if not park:
+                    break
+                if self._park():
+                    parked = True
+                    return
+                # Something arrived between the decision and now: serve on.
         except Exception:
             # A bug of ours while serving this client: close this connection, say so loudly,
             # and keep the node serving everyone else.
@@ -154,16 +177,61 @@ class ClientHandler:
             log.exception("internal error on connection %s; closing it", self.transport.peer)
         finally:
             self._nursery = None
-            if timed_out:
-                log.debug("closing %s: timeout in state %s", self.transport.peer,
-                          self.conn.state.name)
-            with trio.CancelScope(shield=True):
-                try:
-                    await core.connection_lost(self)
-                finally:
-                    with trio.move_on_after(1):
-                        with contextlib.suppress(trio.BrokenResourceError, OSError):
-                            await self.transport.aclose()
+            if not parked:
+                await self._close(timed_out)
+
+    async def _serve(self) -> tuple[bool, bool]:
+        """One stretch of the connection's life with a task: (parks now, timed out)."""
+        park = False
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                if self.conn.pending_output:
+                    self.wake()  # resumed for a delivery
+                park = await self._reader(nursery.cancel_scope)
+                # What was read is still handled (a PUBLISH sent just before the client
+                # closed its socket is routed); the acceptor runs only while there are
+                # events, like the writer, so an idle connection costs no task for it.
+                while self._accepting:
+                    await self._wait_progress()
+            finally:
+                if not park:
+                    # The writer gets a bounded time to flush the last packets (a CONNACK
+                    # refusal, a PUBACK) to a peer that may have stopped reading.
+                    nursery.cancel_scope.deadline = trio.current_time() + FINAL_FLUSH_SECONDS
+                    if self.conn.pending_output:
+                        self.wake()
+        self._nursery = None
+        return park, nursery.cancel_scope.cancelled_caught and not self.conn.closed
+
+    def _idle(self) -> bool:
+        """Nothing read ahead, being accepted, written or waiting to be: may park."""
+        conn = self.conn
+        return (not self._busy and not self._accepting and not self._writing
+                and not self._closing and not conn.pending_output
+                and conn.state is ConnState.CONNECTED and self.session is not None
+                and not self.finished and not self.core.shutting_down)
+
+    def _park(self) -> bool:
+        if self._parking is None or not self._idle():
+            return False
+        self._fd = self.transport.fileno()  # type: ignore[attr-defined]
+        assert self._resume_deadline is not None
+        self._parked = self._parking.park(self, self._fd, self._resume_deadline)
+        return self._parked
+
+    async def _close(self, timed_out: bool) -> None:
+        core = self.core
+        if timed_out:
+            log.debug("closing %s: timeout in state %s", self.transport.peer,
+                      self.conn.state.name)
+        with trio.CancelScope(shield=True):
+            try:
+                await core.connection_lost(self)
+            finally:
+                with trio.move_on_after(1):
+                    with contextlib.suppress(trio.BrokenResourceError, OSError):
+                        await self.transport.aclose()
 
     async def _wait_progress(self) -> None:
         if self._progress is None:
@@ -178,7 +246,10 @@ class ClientHandler:
     def _arm(self, timer: trio.CancelScope) -> None:
         """The receive timeout, unless events are waiting to be handled (then none)."""
         conn = self.conn
-        if self._busy:
+        if self._resume_deadline is not None:
+            # Back from the parking lot: the keepalive runs from before it parked.
+            timer.deadline, self._resume_deadline = self._resume_deadline, None
+        elif self._busy:
             timer.deadline = math.inf
         elif conn.state is ConnState.AWAIT_CONNECT:
             timer.deadline = self._connect_deadline
@@ -187,8 +258,9 @@ class ClientHandler:
         else:
             timer.deadline = math.inf
 
-    async def _reader(self, timer: trio.CancelScope) -> None:
-        """Feed the protocol machine until the peer leaves, breaks a rule or times out.
+    async def _reader(self, timer: trio.CancelScope) -> bool:
+        """Feed the protocol machine until the peer leaves, breaks a rule or times out
+        (False), or until the connection has been idle ``park_idle_after`` (True: park).
 
         ``timer`` is the connection's own scope (``_arm``); expiring cancels the whole
         connection.  Events wait in ``_pending`` for the acceptor; at ``publish_window``
@@ -201,20 +273,36 @@ class ClientHandler:
         window = core.limits.publish_window
         window_bytes = core.limits.publish_window_bytes
         transport = self.transport
-        self._connect_deadline = trio.current_time() + core.limits.connect_timeout
+        park_after = core.limits.park_idle_after if self._parking is not None else 0.0
+        if conn.state is ConnState.AWAIT_CONNECT:
+            self._connect_deadline = trio.current_time() + core.limits.connect_timeout
         while True:
+            if conn.closed:
+                return False  # kicked (while parked, say)
             self._arm(timer)
-            data = await transport.receive()
+            if park_after:
+                # Also while busy: the connection may fall idle during this wait (its
+                # CONNECT accepted, its output flushed), and is checked when it ends.
+                self._active = False
+                with trio.move_on_after(park_after) as quiet:
+                    data = await transport.receive()
+                if quiet.cancelled_caught:
+                    if not self._active and self._idle():
+                        self._resume_deadline = timer.deadline
+                        return True
+                    continue
+            else:
+                data = await transport.receive()
             timer.deadline = math.inf
             if not data:
-                return  # peer closed
+                return False  # peer closed
             metrics.bytes_received += len(data)
             try:
                 received = conn.receive_data(data)
             except MQTTError as exc:
                 metrics.protocol_errors += 1
                 log.debug("closing %s: %s", transport.peer, exc)
-                return
+                return False
             if conn.pending_output:
                 self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
             if self.session is not None:
@@ -233,7 +321,7 @@ class ClientHandler:
                     assert self._nursery is not None
                     self._nursery.start_soon(self._acceptor, timer)
             if conn.closed:
-                return
+                return False
 
     async def _acceptor(self, timer: trio.CancelScope) -> None:
         """Hand the waiting events to the core in order, as many as there are at a time;
@@ -279,6 +367,7 @@ class ClientHandler:
                         self._end()
                     return
                 metrics.bytes_sent += len(data)
+                self._active = True
                 await transport.send(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             # The peer went away: end the connection (the reader may be waiting for bytes

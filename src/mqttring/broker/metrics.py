@@ -16,6 +16,10 @@ class BrokerMetrics:
     started_at: float = field(default_factory=time.time)
     clients_connected: int = 0
     connections_total: int = 0
+    #: Idle TCP connections waiting in the parking lot, without a task (a gauge).
+    clients_parked: int = 0
+    #: Times a parked connection got its task back (data, a delivery, a close, a timeout).
+    connections_resumed: int = 0
     #: PUBLISH packets received from clients (including wills published for them).
     messages_received: int = 0
     #: PUBLISH packets handed to local clients' connections (deliveries).

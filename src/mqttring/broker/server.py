@@ -41,6 +41,7 @@ from mqttring.broker.core import BrokerCore
 from mqttring.broker.listeners import open_listeners
 from mqttring.broker.membership import ClusterFactory, ClusterMember
 from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.parking import ParkingLot, parking_supported
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter, Router
 from mqttring.broker.session_store import SessionStore
@@ -93,6 +94,8 @@ class BrokerNode:
         #: The admin RPC server (the cluster RPC in a cluster, ``config.admin`` alone).
         self.admin: RpcServer | None = None
         self.admin_port: int | None = None
+        #: Idle TCP connections without a task (None: parking off, or no epoll here).
+        self.parking: ParkingLot | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -168,8 +171,13 @@ class BrokerNode:
                                                              reuse_port=config.reuse_port)
                     listeners = tcp_listeners
                     mqtt_port = listeners[0].socket.getsockname()[1]
+                    parking = None
+                    if config.limits.park_idle_after > 0 and parking_supported():
+                        parking = ParkingLot(nursery, self.metrics)
+                        nursery.start_soon(parking.run)
+                    self.parking = parking
                     for listener in listeners:
-                        nursery.start_soon(self._accept_loop, listener, nursery)
+                        nursery.start_soon(self._accept_loop, listener, nursery, parking)
                 if config.ws is not None:
                     host, port = parse_hostport(config.ws)
                     ws_server = WebSocketServer(
@@ -227,7 +235,7 @@ class BrokerNode:
         self.store = None
 
     async def _accept_loop(
-        self, listener: trio.SocketListener, nursery: trio.Nursery
+        self, listener: trio.SocketListener, nursery: trio.Nursery, parking: ParkingLot | None
     ) -> None:
         """Accept forever; each connection is one task of the node's nursery.
 
@@ -250,7 +258,7 @@ class BrokerNode:
                     await trio.sleep(_ACCEPT_BACKOFF)
                     continue
                 assert self.core is not None
-                nursery.start_soon(ClientHandler(self.core, TcpTransport(sock)).run)
+                nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), parking).run)
 
     async def _on_websocket(self, request: WebSocketRequest) -> None:
         assert self.core is not None

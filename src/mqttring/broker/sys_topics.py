@@ -22,6 +22,7 @@ def sys_values(metrics: BrokerMetrics, retained: RetainedStore) -> dict[str, str
         "$SYS/broker/uptime": f"{int(metrics.uptime())} seconds",
         "$SYS/broker/clients/connected": str(metrics.clients_connected),
         "$SYS/broker/clients/total": str(metrics.connections_total),
+        "$SYS/broker/clients/parked": str(metrics.clients_parked),
         "$SYS/broker/messages/received": str(metrics.messages_received),
         "$SYS/broker/messages/sent": str(metrics.messages_sent),
         "$SYS/broker/messages/dropped": str(metrics.messages_dropped),

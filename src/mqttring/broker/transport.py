@@ -52,6 +52,9 @@ class TcpTransport:
         except OSError:
             self.peer = "?"
 
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
     async def receive(self) -> bytes:
         sock = self.sock
         await trio.lowlevel.checkpoint_if_cancelled()
