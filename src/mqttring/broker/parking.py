@@ -94,7 +94,11 @@ class ParkingLot:
         # A closed descriptor or a closed lot: nothing is watched any more.
         with contextlib.suppress(OSError, ValueError):
             self._epoll.unregister(fd)
-        self._nursery.start_soon(handler.run)
+        try:
+            self._nursery.start_soon(handler.run)
+        except RuntimeError:
+            # The node's nursery has closed: the node is gone, and its sockets with it.
+            log.debug("connection on fd %d not resumed: the node is shutting down", fd)
 
     async def run(self) -> None:
         """Resume connections whose socket became readable or whose keepalive ran out."""
