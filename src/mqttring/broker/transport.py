@@ -55,6 +55,14 @@ class TcpTransport:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def send_now(self, data: memoryview) -> int:
+        """Write what the socket takes without waiting (0 if its buffer is full); raises
+        ``OSError`` if the connection is broken."""
+        try:
+            return self.sock.send(data)
+        except BlockingIOError:
+            return 0
+
     async def receive(self) -> bytes:
         sock = self.sock
         await trio.lowlevel.checkpoint_if_cancelled()

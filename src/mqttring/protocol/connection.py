@@ -23,6 +23,7 @@ The session (``Session``) is separate: it survives this connection when CleanSes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple
@@ -295,6 +296,15 @@ class ServerConnection:
         data = bytes(self._out)
         self._out.clear()
         return data
+
+    def send_into(self, send: Callable[[memoryview], int]) -> int:
+        """Hand the pending output to ``send`` (a non-blocking write: returns how much it
+        took); what it did not take stays pending, in order.  Returns the bytes taken."""
+        out = self._out
+        with memoryview(out) as view:
+            taken = send(view)
+        del out[:taken]
+        return taken
 
     @property
     def pending_output(self) -> int:
