@@ -55,6 +55,30 @@ async def test_one_node_cluster_view_subscribe_pin_restart(tmp_path: Path) -> No
         nursery.cancel_scope.cancel()
 
 
+def listening_ipv4(port: int) -> set[str]:
+    """Addresses listening on ``port``, read from /proc/net/tcp (not psutil: pysyncobj
+    replaces ``socket.inet_ntop`` in every process that imports it, which breaks psutil's
+    address decoding)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+async def test_raft_listens_only_on_the_address_it_is_given(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    port = int(cfg.raft.rsplit(":", 1)[1])  # type: ignore[union-attr]
+    service = MetadataService(cfg)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        listening = listening_ipv4(port)
+        assert listening == {"127.0.0.1"}, f"Raft port {port} listens on {listening}"
+        nursery.cancel_scope.cancel()
+
+
 async def test_mark_caught_up_refuses_shards_not_targeted(tmp_path: Path) -> None:
     service = MetadataService(config(tmp_path), catch_up=CatchUp.DATA_PLANE)
     async with trio.open_nursery() as nursery:

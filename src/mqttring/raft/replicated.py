@@ -97,6 +97,9 @@ def make_syncobj(
     """Start a pysyncobj node (its thread starts here; the constructor blocks briefly)."""
     journal, dump = raft_files(data_dir) if data_dir is not None else (None, None)
     conf = SyncObjConf(
+        # The address it is given, not pysyncobj's default of every interface: a node told
+        # to use 127.0.0.1 (or one private interface) must not expose Raft beyond it.
+        bindAddress=self_raft,
         password=password,
         useFork=False,
         dynamicMembershipChange=True,
