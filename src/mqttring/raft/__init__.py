@@ -7,9 +7,25 @@ shell around it (``replicated.py``).  See ``docs/cluster.md``.
 
 from __future__ import annotations
 
-from mqttring.raft.service import CatchUp, CommitError, MetadataService
-from mqttring.raft.state import MetadataState
-from mqttring.raft.view import ClusterView, Member, MemberState, ShardAssignment, ShardState
+import _socket
+import socket
+
+import pysyncobj  # noqa: F401  (imported first, for the repair below)
+
+# pysyncobj's win_inet_pton replaces socket.inet_ntop on every platform with a shim that
+# only works on Windows: anything in a node process decoding an address (psutil, TLS
+# libraries, user code embedding the broker) would fail.  Put the real one back.
+socket.inet_ntop = _socket.inet_ntop
+
+from mqttring.raft.service import CatchUp, CommitError, MetadataService  # noqa: E402
+from mqttring.raft.state import MetadataState  # noqa: E402
+from mqttring.raft.view import (  # noqa: E402
+    ClusterView,
+    Member,
+    MemberState,
+    ShardAssignment,
+    ShardState,
+)
 
 __all__ = [
     "CatchUp",
