@@ -75,6 +75,7 @@ class ClientHandler:
         "_writing",
         "clean_disconnect",
         "client_id",
+        "close_reason",
         "conn",
         "core",
         "finished",
@@ -108,6 +109,8 @@ class ClientHandler:
         self.token = ""
         self.will: Will | None = None
         self.clean_disconnect = False
+        #: Why the connection ended, for the log line (the first reason given wins).
+        self.close_reason = ""
         self.finished = False
         #: Decided once when the connection ends: whether its will is owed (it closed
         #: without DISCONNECT, and not because the broker is shutting down).
@@ -148,7 +151,7 @@ class ClientHandler:
                 sent = conn.send_into(self.transport.send_now)  # type: ignore[attr-defined]
             except OSError as exc:
                 log.debug("connection %s: write failed: %s", self.transport.peer, exc)
-                self.kick()
+                self.kick(f"write failed: {exc}")
                 return
             if sent:
                 self.core.metrics.bytes_sent += sent
@@ -167,8 +170,9 @@ class ClientHandler:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    def kick(self) -> None:
+    def kick(self, reason: str = "closed by the broker") -> None:
         """Close this connection now (takeover, slow consumer, shutdown)."""
+        self.close_reason = self.close_reason or reason
         self.conn.close()
         if self._parked:
             self._unpark()  # its task comes back, finds it closed, and ends it
@@ -249,6 +253,9 @@ class ClientHandler:
         if timed_out:
             log.debug("closing %s: timeout in state %s", self.transport.peer,
                       self.conn.state.name)
+            self.close_reason = self.close_reason or (
+                "keepalive timeout" if self.conn.state is ConnState.CONNECTED
+                else "no CONNECT within connect_timeout")
         with trio.CancelScope(shield=True):
             try:
                 await core.connection_lost(self)
@@ -319,13 +326,15 @@ class ClientHandler:
                 data = await transport.receive()
             timer.deadline = math.inf
             if not data:
-                return False  # peer closed
+                self.close_reason = self.close_reason or "connection closed by the client"
+                return False
             metrics.bytes_received += len(data)
             try:
                 received = conn.receive_data(data)
             except MQTTError as exc:
                 metrics.protocol_errors += 1
                 log.debug("closing %s: %s", transport.peer, exc)
+                self.close_reason = self.close_reason or f"protocol error: {exc}"
                 return False
             if conn.pending_output:
                 self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
@@ -397,6 +406,6 @@ class ClientHandler:
             # The peer went away: end the connection (the reader may be waiting for bytes
             # that will never come); its will is published as for any unclean close.
             log.debug("connection %s: write failed: %s", transport.peer, exc)
-            self.kick()
+            self.kick(f"write failed: {exc}")
         finally:
             self._writing = False

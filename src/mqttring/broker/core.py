@@ -111,7 +111,7 @@ class BrokerCore:
         """Disconnect a client, wherever its connection is (a slow consumer)."""
         waker = self.wakers.get(client_id)
         if waker is not None:
-            waker.kick()
+            waker.kick("slow consumer (no room within slow_subscriber_hold)")
 
     async def restore_sessions(self) -> int:
         """Load persistent sessions from the store at start-up (all offline)."""
@@ -190,6 +190,9 @@ class BrokerCore:
         conn = handler.conn
         code = self._authenticate(packet)
         if code is not ConnectReturnCode.ACCEPTED:
+            log.info("refusing client %r from %s: %s (user %r)", packet.client_id,
+                     handler.transport.peer, code.name.lower().replace("_", " "),
+                     packet.username)
             conn.refuse(code)
             return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
@@ -211,6 +214,9 @@ class BrokerCore:
         self.wakers[client_id] = handler
         self.metrics.clients_connected += 1
         self.metrics.connections_total += 1
+        log.info("client %r connected from %s (clean session %s, keepalive %d s%s)",
+                 client_id, handler.transport.peer, packet.clean_session, packet.keepalive,
+                 ", session present" if present else "")
         dropped = session.dropped
         # Wall clock: ``now`` only feeds queued-message expiry, whose deadlines are UNIX time.
         events = conn.accept(session, present, time.time())
@@ -234,7 +240,7 @@ class BrokerCore:
                 log.warning("%d publishes to %r and on from %r not accepted (%s); closing the "
                             "connection without acknowledging them", len(messages),
                             messages[0].topic, handler.client_id, exc)
-                handler.kick()
+                handler.kick(f"publishes not accepted: {exc}")
                 return
         session = handler.session
         if session is not None and session.persistent and any(
@@ -312,6 +318,9 @@ class BrokerCore:
         if session is None:
             return  # never got past CONNECT
         client_id = session.client_id
+        log.info("client %r disconnected (%s)", client_id,
+                 "DISCONNECT" if handler.clean_disconnect
+                 else handler.close_reason or "connection closed")
         if self.clients.get(client_id) is handler:
             del self.clients[client_id]
             self.metrics.clients_connected -= 1
@@ -323,4 +332,4 @@ class BrokerCore:
 class Waker(Protocol):
     def wake(self) -> None: ...
 
-    def kick(self) -> None: ...
+    def kick(self, reason: str = ...) -> None: ...

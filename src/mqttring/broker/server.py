@@ -199,7 +199,7 @@ class BrokerNode:
                 finally:
                     core.shutting_down = True
                     for handler in list(core.clients.values()):
-                        handler.kick()
+                        handler.kick("node shutting down")
         finally:
             with trio.CancelScope(shield=True):
                 await self._close_store()

@@ -78,8 +78,9 @@ class LocalSessions:
         old = core.clients.get(client_id)
         if old is not None:
             log.info("takeover of client %r", client_id)
+            old.close_reason = old.close_reason or "taken over by a new connection"
             await core.connection_lost(old)
-            old.kick()
+            old.kick("taken over by a new connection")
         return await self.bind(client_id, packet.clean_session)
 
     async def bind(self, client_id: str, clean_session: bool) -> tuple[Session, bool]:

@@ -213,7 +213,7 @@ class DataPlane:
                     "and refusing CONNECT until it is back in the view", self.node_id,
                     self.config.fence_seconds, len(handlers))
         for handler in handlers:
-            handler.kick()
+            handler.kick("node cut off from the cluster majority (fenced)")
 
     def _unfence(self) -> None:
         self.fenced = False
@@ -406,7 +406,8 @@ class DataPlane:
                 continue
             handler = self.core.clients.get(client_id)
             if handler is not None:
-                handler.kick()  # it reconnects and finds the session at its new home
+                # It reconnects and finds the session at its new home.
+                handler.kick("its session moved to another node")
             self.router.forget(session, moving=True)
             del self.core.sessions[client_id]
             self.sessions.proxies.pop(client_id, None)

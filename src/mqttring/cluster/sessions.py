@@ -184,7 +184,7 @@ class SessionProxy:
                                                     bytes(self.output)))
             self.output.clear()
 
-    def kick(self) -> None:
+    def kick(self, reason: str = "closed by the broker") -> None:
         """Close the connection at the edge (its will is published as for any unclean
         close: the edge reports the close, and this registration is still current)."""
         self.links.send(self.node, SessionKick(0, self.client_id, self.token))
@@ -344,7 +344,7 @@ class ClusterSessions(LocalSessions):
             if handler.client_id is not None:
                 self.remote.pop((handler.client_id, token), None)
             handler.will = None  # the home publishes it
-            handler.kick()  # also when it is still waiting for its CONNACK
+            handler.kick("taken over by a new connection")  # also before its CONNACK
 
     # -- home side --------------------------------------------------------------------------
 
@@ -639,7 +639,8 @@ class ClusterSessions(LocalSessions):
                 # Re-register (same token: no takeover) so the new home holds the will.
                 self.spawn(self._reregister, handler, after)
             else:
-                handler.kick()  # its session moved; the client reconnects to the new home
+                # Its session moved; the client reconnects to the new home.
+                handler.kick("its session moved to another node")
 
     async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
         """Register a clean session's connection (and will) at its new home.
