@@ -40,9 +40,11 @@ def test_connections_and_their_ends_are_logged_with_reasons(broker_factory, raw,
     wait_for_line(caplog, f"client {polite!r} disconnected (DISCONNECT)")
 
     gone: RawClient = raw(b)
-    assert gone.connect(rude).return_code == 0
+    assert gone.connect(rude, will=("wills/rude", b"x", 0, False)).return_code == 0
     gone.close()
     wait_for_line(caplog, f"client {rude!r} disconnected (connection closed by the client)")
+    wait_for_line(caplog, f"publishing the will of {rude!r} on 'wills/rude': connection "
+                          "closed by the client")
 
     silent: RawClient = raw(b)
     assert silent.connect(quiet, keepalive=1).return_code == 0

@@ -121,6 +121,8 @@ class LocalSessions:
         will = handler.will
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
+            log.info("publishing the will of %r on %r: %s", handler.client_id, will.topic,
+                     handler.close_reason or "closed without DISCONNECT")
             self.core.metrics.messages_received += 1
             await self.core.router.publish(
                 Message(will.topic, will.payload, will.qos, will.retain)
