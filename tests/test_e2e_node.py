@@ -107,3 +107,16 @@ def test_node_tunes_the_collector_of_its_own_process():
         gc.set_threshold(*saved)
     with pytest.raises(ConfigError, match="gc_full_every"):
         BrokerConfig(gc_full_every=0)
+
+
+@pytest.mark.parametrize("module", ["mqttring.cli", "mqttring.node"])
+def test_version_is_printed_and_exits_zero(module):
+    import subprocess
+    import sys
+
+    from mqttring import __version__
+
+    done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"mqttring {__version__}"

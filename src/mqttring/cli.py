@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from mqttring import __version__
+
 #: Modules that provide ``register(subparsers)``.
 SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin",
                                 "mqttring.analytics.cli", "mqttring.spark.cli")
@@ -21,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mqttring", description="mqttring: a distributed MQTT 3.1.1 broker."
     )
+    parser.add_argument("--version", action="version", version=f"mqttring {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)

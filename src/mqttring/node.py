@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from mqttring import __version__
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.embedded import MqttRingBroker
 from mqttring.workers import run_workers, worker_count
@@ -159,6 +160,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mqttring.node", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"mqttring {__version__}")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
