@@ -63,7 +63,6 @@ class ClientHandler:
         "_busy_bytes",
         "_closing",
         "_connect_deadline",
-        "_fd",
         "_nursery",
         "_parked",
         "_parking",
@@ -95,7 +94,6 @@ class ClientHandler:
         self._parked = False
         #: A TCP socket can be written without waiting (``wake``).
         self._tcp = isinstance(transport, TcpTransport)
-        self._fd = -1
         #: Bytes moved either way since the idle timer started (a connection parks only
         #: after a whole quiet ``park_idle_after``).
         self._active = False
@@ -181,7 +179,7 @@ class ClientHandler:
 
     def _unpark(self) -> None:
         assert self._parking is not None
-        self._parking.resume(self, self._fd)
+        self._parking.resume(self, self.transport.fileno())  # type: ignore[attr-defined]
 
     async def run(self) -> None:
         """Serve the connection until it ends, or until it parks (idle: its task ends and
@@ -243,9 +241,9 @@ class ClientHandler:
     def _park(self) -> bool:
         if self._parking is None or not self._idle():
             return False
-        self._fd = self.transport.fileno()  # type: ignore[attr-defined]
         assert self._resume_deadline is not None
-        self._parked = self._parking.park(self, self._fd, self._resume_deadline)
+        self._parked = self._parking.park(self, self.transport.fileno(),  # type: ignore[attr-defined]
+                                          self._resume_deadline)
         return self._parked
 
     async def _close(self, timed_out: bool) -> None:
