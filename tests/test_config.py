@@ -169,6 +169,25 @@ def test_environment_errors_name_the_variable(environ: dict[str, str], message: 
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_docs_list_every_setting_with_what_it_allows():
+    """docs/configuration.md's table is the schema's: a new field needs its row there."""
+    from mqttring.config_fields import field_specs
+
+    rows = []
+    for name, spec in field_specs(BrokerConfig).items():
+        subs = field_specs(spec.table).items() if spec.table else [("", spec)]
+        for sub, leaf in subs:
+            key, var = (f"{name}.{sub}", f"{name}__{sub}") if sub else (name, name)
+            rows.append(f"| `{key}` | `MQTTRING_{var.upper()}` | {leaf.allowed} |")
+    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    section = doc.split("## Allowed values and environment variables", 1)[1].split("\n## ")[0]
+    documented = [line for line in section.splitlines() if line.startswith("| `")]
+    missing = [row for row in rows if row not in documented]
+    stale = [row for row in documented if row not in rows]
+    assert not missing and not stale, f"add to docs/configuration.md: {missing}; " \
+                                      f"remove: {stale}"
+
+
 def parse_node_args(*argv: str) -> argparse.Namespace:
     from mqttring.node import add_arguments
 
