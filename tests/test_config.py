@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
+from msgspec import Meta
 
 from mqttring.config import (
     BrokerConfig,
@@ -29,6 +31,7 @@ from mqttring.config import (
     environment_overrides,
     flag_overrides,
 )
+from mqttring.config_fields import check_fields, field_specs, parse_text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,6 +133,24 @@ def test_python_construction_is_checked_and_normalised():
     assert nested.limits == Limits(max_inflight=5)
 
 
+def test_a_new_setting_is_one_annotated_line():
+    """The contract other branches rely on: type and range in the annotation, nothing else."""
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Settings:
+        log_level: Literal["debug", "info"] = "info"
+        log_file: Path | None = None
+        http_workers: Annotated[int, Meta(ge=1, le=64)] = 4
+
+        def __post_init__(self) -> None:
+            check_fields(self)
+
+    assert Settings(log_file="x.log").log_file == Path("x.log")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r'^log_level = "loud": expected one of "debug", '):
+        Settings(log_level="loud")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^--http-workers = \"0\": expected an integer in 1..64"):
+        parse_text(field_specs(Settings)["http_workers"], "0", "--http-workers")
+
+
 def test_precedence_defaults_file_environment_flags(tmp_path: Path):
     text = 'node_id = "from-file"\nsys_interval = 3\n[limits]\nmax_inflight = 7\nmax_queued = 9\n'
     environ = {"MQTTRING_SYS_INTERVAL": "4", "MQTTRING_LIMITS__MAX_INFLIGHT": "8",
@@ -171,8 +192,6 @@ def test_environment_errors_name_the_variable(environ: dict[str, str], message: 
 
 def test_docs_list_every_setting_with_what_it_allows():
     """docs/configuration.md's table is the schema's: a new field needs its row there."""
-    from mqttring.config_fields import field_specs
-
     rows = []
     for name, spec in field_specs(BrokerConfig).items():
         subs = field_specs(spec.table).items() if spec.table else [("", spec)]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -190,6 +190,8 @@ def _describe(tp: Any) -> str:
     if tp is Path:
         return "a path (a string)"
     origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(show(choice) for choice in typing.get_args(tp))
     if origin in (tuple, list):
         return "a list"
     if origin is dict:
