@@ -102,7 +102,8 @@ Seconds = Annotated[float, Meta(ge=0)]
 Interval = Annotated[float, Meta(gt=0)]
 #: HOST:PORT the node binds or dials; ``""`` or ``false`` turn it off (``None``).
 Address = Annotated[str | None, OFF, Rule(_address, "HOST:PORT with a port in 0..65535")]
-Port16 = Annotated[int, Meta(ge=1, le=65535)]
+#: 1..65535: what 16-bit MQTT packet identifiers can number at once.
+Window16 = Annotated[int, Meta(ge=1, le=65535)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class Limits:
     #: Largest packet accepted (remaining length); a bigger one closes the connection.
     max_packet_size: Annotated[int, Meta(ge=16, le=268_435_455)] = 1 * 1024 * 1024
     #: Outbound QoS 1/2 messages awaiting acknowledgement per client; more wait in its queue.
-    max_inflight: Port16 = 32
+    max_inflight: Window16 = 32
     #: Messages queued per session (offline or behind the inflight window).  When full, the
     #: oldest QoS 0 message is dropped first, then the oldest QoS 1/2 message; drops are counted.
     max_queued: Count = 1000
@@ -137,7 +138,7 @@ class Limits:
     #: Packets one connection may have read and not yet handled: how many of its QoS 1/2
     #: publishes can be in flight at once (accepted in batches, acknowledged in order).  At
     #: the bound the connection stops reading until a batch is handled (back-pressure).
-    publish_window: Port16 = 256
+    publish_window: Window16 = 256
     #: The same bound in payload bytes (whichever is reached first; one packet always fits):
     #: the read-ahead memory of one connection.
     publish_window_bytes: Count = 1024 * 1024
