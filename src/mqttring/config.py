@@ -1,20 +1,56 @@
-"""Node configuration: one frozen value built from defaults, a TOML file and CLI flags.
+"""Node configuration: one frozen value built from defaults, a TOML file, the environment
+and CLI flags (later wins), checked against one schema whichever way it is built.
 
 Every limit the broker enforces lives here so that it is configurable and documented in
-one place (``docs/configuration.md`` mirrors this file).  A value is validated when the
-config is built, so a bad setting stops the node at start-up rather than at the first client.
+one place (``docs/configuration.md`` mirrors this file).  Each field declares its type and
+range as its annotation (``mqttring.config_fields`` explains the vocabulary); the check runs
+in ``__post_init__``, so a value built in Python (an embedding program, ``dataclasses.replace``)
+is held to the same rules as one read from a file, and a bad setting stops the node at
+start-up with one line naming the key, the value and what is allowed, rather than at the first
+client.  Rules that tie several fields together follow the per-field checks.
+
+Adding a setting is one line: ``name: Annotated[int, Meta(ge=1, le=100)] = 10`` (or one of
+the aliases below); the file key, ``MQTTRING_NAME`` and a flag passed through
+``flag_overrides`` all follow from it.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
+from msgspec import Meta
 
-class ConfigError(ValueError):
-    """A configuration value is missing, of the wrong type or out of range."""
+from mqttring.config_fields import (
+    OFF,
+    SECRET,
+    ConfigError,
+    Invalid,
+    Rule,
+    build,
+    check_fields,
+    check_value,
+    error,
+    field_specs,
+    parse_text,
+    show,
+    suggest,
+    table_values,
+)
+from mqttring.protocol.errors import InvalidTopic
+from mqttring.protocol.topics import validate_topic_filter
+
+__all__ = ["ENV_PREFIX", "BrokerConfig", "ConfigError", "Limits", "StoreSettings",
+           "environment_overrides", "flag_overrides", "parse_hostport"]
+
+#: ``MQTTRING_NODE_ID``, ``MQTTRING_LIMITS__MAX_INFLIGHT``: see ``environment_overrides``.
+ENV_PREFIX = "MQTTRING_"
+SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
 
 
 def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -32,110 +68,164 @@ def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int
     return host, number
 
 
+def _address(text: str) -> str:
+    parse_hostport(text)
+    return text
+
+
+def _topic_filters(filters: tuple[str, ...]) -> tuple[str, ...]:
+    for topic_filter in filters:
+        try:
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as exc:
+            raise Invalid(f"expected MQTT topic filters: {exc}") from None
+    return filters
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _users(users: dict[str, Any]) -> dict[str, str]:
+    for name, digest in users.items():
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise Invalid("expected the SHA-256 digest of the password as 64 lowercase hex "
+                          "digits", part=name, value=digest, secret=True)
+    return users
+
+
+# Aliases for the annotations used more than once; each says what the field allows.
+#: An integer >= 1 (a count, a bound that must let something through).
+Count = Annotated[int, Meta(ge=1)]
+#: Seconds, 0 allowed (0 usually turns the feature off; the field's comment says).
+Seconds = Annotated[float, Meta(ge=0)]
+#: Seconds > 0 (a period or a timeout that cannot be zero).
+Interval = Annotated[float, Meta(gt=0)]
+#: HOST:PORT the node binds or dials; ``""`` or ``false`` turn it off (``None``).
+Address = Annotated[str | None, OFF, Rule(_address, "HOST:PORT with a port in 0..65535")]
+#: 1..65535: what 16-bit MQTT packet identifiers can number at once.
+Window16 = Annotated[int, Meta(ge=1, le=65535)]
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one client may cost the node; each limit has one documented outcome."""
 
+    TABLE: ClassVar[str] = "limits"
+
     #: Largest packet accepted (remaining length); a bigger one closes the connection.
-    max_packet_size: int = 1 * 1024 * 1024
+    max_packet_size: Annotated[int, Meta(ge=16, le=268_435_455)] = 1 * 1024 * 1024
     #: Outbound QoS 1/2 messages awaiting acknowledgement per client; more wait in its queue.
-    max_inflight: int = 32
+    max_inflight: Window16 = 32
     #: Messages queued per session (offline or behind the inflight window).  When full, the
     #: oldest QoS 0 message is dropped first, then the oldest QoS 1/2 message; drops are counted.
-    max_queued: int = 1000
+    max_queued: Count = 1000
     #: Open client connections per node; CONNECT beyond it gets CONNACK 3 (server unavailable).
-    max_connections: int = 100_000
+    max_connections: Count = 100_000
     #: Seconds a socket may stay open without sending CONNECT before it is closed.
-    connect_timeout: float = 10.0
+    connect_timeout: Interval = 10.0
     #: Bytes of encoded packets buffered for one connection before QoS 0 deliveries to it are
     #: dropped (and counted); QoS 1/2 are bounded by ``max_inflight`` instead.
-    max_outgoing_buffer: int = 4 * 1024 * 1024
+    max_outgoing_buffer: Count = 4 * 1024 * 1024
     #: Subscriptions per client; more are refused with SUBACK 0x80.
-    max_subscriptions: int = 10_000
+    max_subscriptions: Count = 10_000
     #: Seconds a queued message for an offline session is kept (0 = forever).
-    queued_message_ttl: float = 0.0
+    queued_message_ttl: Seconds = 0.0
     #: Seconds a publish may be held back (not acknowledged, its connection reading no
     #: further PUBLISH) while a connected subscriber it feeds has ``max_queued`` messages
     #: waiting; past it that subscriber is disconnected as a slow consumer.  0: never hold,
     #: drop the oldest queued message instead (``mqttring.broker.flow``).
-    slow_subscriber_hold: float = 10.0
+    slow_subscriber_hold: Seconds = 10.0
     #: Packets one connection may have read and not yet handled: how many of its QoS 1/2
     #: publishes can be in flight at once (accepted in batches, acknowledged in order).  At
     #: the bound the connection stops reading until a batch is handled (back-pressure).
-    publish_window: int = 256
+    publish_window: Window16 = 256
     #: The same bound in payload bytes (whichever is reached first; one packet always fits):
     #: the read-ahead memory of one connection.
-    publish_window_bytes: int = 1024 * 1024
+    publish_window_bytes: Count = 1024 * 1024
     #: Seconds without a byte either way after which a TCP connection gives up its task and
     #: waits in the node's parking lot (``mqttring.broker.parking``): an idle connection then
     #: costs its state, not a task.  0 = never park.
-    park_idle_after: float = 0.25
+    park_idle_after: Seconds = 0.25
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
     """Tuning of the node's LMDB store (see ``docs/storage.md``)."""
 
-    map_size: int = 256 * 1024 * 1024
-    lazy_sync_ms: int = 200
-    memtable_max_bytes: int = 64 * 1024 * 1024
+    TABLE: ClassVar[str] = "store"
+
+    #: Initial LMDB map size in bytes (it grows when full); 64 KiB at least.
+    map_size: Annotated[int, Meta(ge=64 * 1024)] = 256 * 1024 * 1024
+    #: Milliseconds within which lazily written data is synced to disk (0: at once).
+    lazy_sync_ms: Annotated[int, Meta(ge=0)] = 200
+    memtable_max_bytes: Count = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Everything one node needs to run; ``BrokerConfig()`` is a working single node."""
 
-    node_id: str = "node1"
-    mqtt: str | None = "127.0.0.1:1883"
-    ws: str | None = None
+    node_id: Annotated[str, Meta(min_length=1)] = "node1"
+    mqtt: Address = "127.0.0.1:1883"
+    ws: Address = None
+    #: Where the node store lives; None (embedded use only) keeps everything in memory.
     data_dir: Path | None = Path("data")
-    sys_interval: float = 10.0
+    #: Seconds between ``$SYS`` updates; 0 disables ``$SYS``.
+    sys_interval: Seconds = 10.0
     #: Bind the MQTT and WebSocket ports with SO_REUSEPORT, so that several nodes on one
     #: machine share them (``--workers``; ``mqttring.broker.listeners``).
     reuse_port: bool = False
     limits: Limits = field(default_factory=Limits)
     store: StoreSettings = field(default_factory=StoreSettings)
-    num_shards: int = 1024
+    num_shards: Count = 1024
     #: Topic filters whose messages are archived for analytics (``docs/analytics.md``).
-    archive: tuple[str, ...] = ()
+    archive: Annotated[tuple[str, ...], Rule(_topic_filters, "a list of MQTT topic filters")
+                       ] = ()
     #: Archived messages older than this many seconds are removed (0 keeps them).
-    archive_max_age: float = 7 * 24 * 3600.0
+    archive_max_age: Seconds = 7 * 24 * 3600.0
     #: Archive size bound in bytes of topics and payloads, oldest removed first (0 = none).
-    archive_max_bytes: int = 1024 * 1024 * 1024
+    archive_max_bytes: Annotated[int, Meta(ge=0)] = 1024 * 1024 * 1024
     #: Seconds between archive retention passes.
-    archive_expiry_interval: float = 60.0
+    archive_expiry_interval: Interval = 60.0
     #: Accept CONNECTs without a username (else CONNACK 5, not authorized).
     allow_anonymous: bool = True
     #: username -> SHA-256 hex digest of the password; a wrong pair gets CONNACK 4.
-    users: dict[str, str] | None = None
+    users: Annotated[dict[str, Any] | None, Rule(
+        _users, "a table of username = SHA-256 hex digest of the password")] = None
     #: Admin RPC (stats, snapshots) of a single node, HOST:PORT; needs ``cluster_secret``.
     #: A cluster node serves the same requests on its ``cluster`` address.
-    admin: str | None = None
+    admin: Address = None
     # Cluster settings (used when a node joins or forms a cluster).
-    cluster: str | None = None
-    raft: str | None = None
-    join: str | None = None
-    cluster_secret: str | None = None
-    replication: int = 2
+    cluster: Address = None
+    raft: Address = None
+    join: Address = None
+    cluster_secret: Annotated[str | None, SECRET] = None
+    replication: Count = 2
     #: Seconds between a member's heartbeats to the Raft leader.
-    heartbeat_interval: float = 0.5
+    heartbeat_interval: Interval = 0.5
     #: Seconds without a heartbeat before the leader marks a member down and moves its shards.
-    failure_grace: float = 5.0
+    failure_grace: Interval = 5.0
     #: Seconds a node may go without proof that it is in the majority's view before it
     #: stops serving (disconnects its clients, answers CONNECT with CONNACK 3).  0 means
     #: ``failure_grace - heartbeat_interval``; it must stay below ``failure_grace`` so the node
     #: stops before the majority takes its shards over (see docs/design.md, netsplits).
-    fence_after: float = 0.0
+    fence_after: Seconds = 0.0
     #: Seconds between route digests sent to each peer (anti-entropy; docs/design.md).
-    route_sync_interval: float = 2.0
+    route_sync_interval: Interval = 2.0
     #: Longest an owner holds a QoS >= 1 publish while its routes are not known complete,
     #: and longest a durable write waits for a replica the view still names; past it the
     #: publish is refused (no PUBACK) rather than acknowledged on incomplete state.
-    cluster_write_patience: float = 15.0
+    cluster_write_patience: Interval = 15.0
     #: Relative share of shards this node takes on the ring (an integer >= 1).
-    node_weight: int = 1
+    node_weight: Count = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.
-    leave_timeout: float = 30.0
+    leave_timeout: Seconds = 30.0
     #: SIGINT/SIGTERM: leave the cluster (hand the shards away) before stopping.  False:
     #: stop and stay a member, as for a restart (``--workers`` stops all its nodes at once,
     #: with nobody to hand shards to).
@@ -143,64 +233,46 @@ class BrokerConfig:
     #: ``python -m mqttring.node`` only (an embedding process owns its own GC): a full
     #: garbage collection at most once per this many middle-generation ones (CPython: 10).
     #: Every full collection walks every connection's objects; see ``docs/operations.md``.
-    gc_full_every: int = 100
+    gc_full_every: Count = 100
     #: ``python -m mqttring.node`` only: move what start-up allocated out of the collector's
     #: reach once the node listens (it lives as long as the process anyway).
     gc_freeze: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("mqtt", "ws", "cluster", "raft", "join", "admin"):
-            value = getattr(self, name)
-            if value is not None:
-                parse_hostport(value)
+        check_fields(self)
+        self._check_together()
+
+    def _check_together(self) -> None:
+        """Rules over several fields; each message names every field it involves."""
         if self.mqtt is None and self.ws is None:
-            raise ConfigError("at least one of mqtt or ws listeners is needed")
-        if self.sys_interval < 0:
-            raise ConfigError("sys_interval must be >= 0 (0 disables $SYS)")
-        if self.num_shards < 1:
-            raise ConfigError("num_shards must be >= 1")
-        if self.replication < 1:
-            raise ConfigError("replication must be >= 1")
-        if self.gc_full_every < 1:
-            raise ConfigError("gc_full_every must be >= 1")
-        if self.heartbeat_interval <= 0 or self.failure_grace <= self.heartbeat_interval:
-            raise ConfigError("need 0 < heartbeat_interval < failure_grace")
-        if self.fence_after < 0 or self.fence_after >= self.failure_grace:
-            raise ConfigError("need 0 <= fence_after < failure_grace (0: derived)")
-        if self.fence_seconds <= self.failure_grace / 4:
-            raise ConfigError("fence_after (default failure_grace - heartbeat_interval) must "
-                              "exceed failure_grace / 4: a heartbeat cannot prove quorum "
-                              "for less than that")
-        if self.route_sync_interval <= 0:
-            raise ConfigError("route_sync_interval must be > 0")
-        if self.cluster_write_patience <= 0:
-            raise ConfigError("cluster_write_patience must be > 0")
-        if self.node_weight < 1:
-            raise ConfigError("node_weight must be >= 1")
-        if self.leave_timeout < 0:
-            raise ConfigError("leave_timeout must be >= 0")
-        lim = self.limits
-        if lim.max_packet_size < 16 or lim.max_packet_size > 268_435_455:
-            raise ConfigError("limits.max_packet_size must be in 16..268435455")
-        if not 1 <= lim.max_inflight <= 65535:
-            raise ConfigError("limits.max_inflight must be in 1..65535")
-        for name in ("max_queued", "max_connections", "max_subscriptions"):
-            if getattr(lim, name) < 1:
-                raise ConfigError(f"limits.{name} must be >= 1")
-        if lim.connect_timeout <= 0:
-            raise ConfigError("limits.connect_timeout must be > 0")
-        if lim.slow_subscriber_hold < 0:
-            raise ConfigError("limits.slow_subscriber_hold must be >= 0")
-        if lim.slow_subscriber_hold >= self.cluster_write_patience:
-            raise ConfigError("limits.slow_subscriber_hold must be below cluster_write_patience "
-                              f"({self.cluster_write_patience}s): a publish held longer would "
-                              "be refused by the node waiting for it")
-        if not 1 <= lim.publish_window <= 65535:
-            raise ConfigError("limits.publish_window must be in 1..65535")
-        if lim.publish_window_bytes < 1:
-            raise ConfigError("limits.publish_window_bytes must be >= 1")
-        if not lim.park_idle_after >= 0:
-            raise ConfigError("limits.park_idle_after must be >= 0 (0 = never park)")
+            raise ConfigError('mqtt and ws are both off: at least one listener is needed '
+                              '(mqtt = "HOST:PORT" or ws = "HOST:PORT")')
+        beat, grace = self.heartbeat_interval, self.failure_grace
+        if grace <= beat:
+            raise ConfigError(f"failure_grace = {grace}: must exceed heartbeat_interval "
+                              f"= {beat}")
+        if self.fence_after >= grace:
+            raise ConfigError(f"fence_after = {self.fence_after}: must be below failure_grace "
+                              f"= {grace} (0: failure_grace - heartbeat_interval)")
+        if self.fence_seconds <= grace / 4:
+            raise ConfigError(f"fence_after = {self.fence_after} (in effect "
+                              f"{self.fence_seconds}s): must exceed failure_grace / 4 = "
+                              f"{grace / 4}: a heartbeat cannot prove quorum for less than that")
+        hold = self.limits.slow_subscriber_hold
+        if hold >= self.cluster_write_patience:
+            raise ConfigError(f"limits.slow_subscriber_hold = {hold}: must be below "
+                              f"cluster_write_patience = {self.cluster_write_patience}: a "
+                              "publish held longer would be refused by the node waiting for it")
+        for name in ("cluster", "admin"):
+            address = getattr(self, name)
+            if address is not None and not (self.cluster_secret or os.environ.get(SECRET_ENV)):
+                raise ConfigError(f"{name} = {show(address)}: needs cluster_secret (or "
+                                  f"${SECRET_ENV}): the {name} port authenticates every peer "
+                                  "with it")
+        if self.cluster is not None and self.raft is None and parse_hostport(self.cluster)[1] == 0:
+            raise ConfigError(f"cluster = {show(self.cluster)}: with port 0 give raft = "
+                              "HOST:PORT explicitly (Raft needs a fixed port: cluster port + 1 "
+                              "by default)")
 
     @property
     def fence_seconds(self) -> float:
@@ -208,40 +280,113 @@ class BrokerConfig:
         return self.fence_after or self.failure_grace - self.heartbeat_interval
 
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides: Any) -> BrokerConfig:
-        """Read a TOML file (top-level keys plus ``[limits]`` and ``[store]`` tables)."""
+    def from_toml(cls, path: str | Path, *, environ: Mapping[str, str] | None = None,
+                  **overrides: Any) -> BrokerConfig:
+        """Read a TOML file (top-level keys plus ``[limits]``, ``[store]`` and ``[users]``);
+        then ``from_mapping`` (environment, then ``overrides``)."""
         try:
             raw = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from exc
-        return cls.from_mapping(raw, **overrides)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            hint = ""
+            if re.search(r"=\s*null\b", Path(path).read_text(errors="replace")):
+                hint = ('; TOML has no null: leave the key out, or write "" or false to '
+                        "turn a listener off")
+            raise ConfigError(f"cannot read config {path}: not valid TOML: {exc}{hint}"
+                              ) from None
+        return cls.from_mapping(raw, environ=environ, **overrides)
 
     @classmethod
-    def from_mapping(cls, raw: dict[str, Any], **overrides: Any) -> BrokerConfig:
-        raw = dict(raw)
-        limits = _build(Limits, raw.pop("limits", {}), "limits")
-        store = _build(StoreSettings, raw.pop("store", {}), "store")
-        base = _build(cls, raw, "")
-        base = replace(base, limits=limits, store=store)
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    def from_mapping(cls, raw: Mapping[str, Any], *, environ: Mapping[str, str] | None = None,
+                     **overrides: Any) -> BrokerConfig:
+        """Settings as TOML would give them, then ``MQTTRING_*`` variables of ``environ``
+        (``os.environ`` unless given), then ``overrides`` (typed values; None: not given).
+
+        Each layer is checked as it comes, so an error names the key, variable or flag that
+        holds the bad value; rules over several fields run on the result.
+        """
+        values = table_values(cls, raw)
+        env = os.environ if environ is None else environ
+        _merge(values, environment_overrides(env, cls))
+        specs = field_specs(cls)
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key not in specs:
+                raise ConfigError(f"{key} = {show(value)}: unknown setting{suggest(key, specs)}")
+            values[key] = value
+        result: BrokerConfig = build(cls, values)
+        return result
 
 
-def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
-    known = {f.name: f for f in fields(kind)}
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in known or name in ("limits", "store"):
-            where = f"[{section}] " if section else ""
-            raise ConfigError(f"unknown setting {where}{key!r}")
-        if name == "data_dir" and value is not None:
-            value = Path(value)
-        if name == "archive":
-            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-                raise ConfigError("archive must be a list of topic filters")
-            value = tuple(value)
-        kwargs[name] = value
-    try:
-        return kind(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from exc
+def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:
+    for key, value in more.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _env_names(cls: type, prefix: str) -> dict[str, tuple[str, ...]]:
+    """Every variable name a settings class answers to, and the key path it sets."""
+    names: dict[str, tuple[str, ...]] = {}
+    for name, spec in field_specs(cls).items():
+        names[f"{prefix}{name.upper()}"] = (name,)
+        if spec.table is not None:
+            for sub in field_specs(spec.table):
+                names[f"{prefix}{name.upper()}__{sub.upper()}"] = (name, sub)
+    return names
+
+
+def environment_overrides(environ: Mapping[str, str],
+                          cls: type = BrokerConfig) -> dict[str, Any]:
+    """``MQTTRING_<KEY>`` and ``MQTTRING_<TABLE>__<KEY>`` variables, parsed and checked.
+
+    A string becomes the field's type (``"32"`` an integer, ``"true"``/``"false"`` a boolean,
+    a list or table a TOML value); an error names the variable.  Any other ``MQTTRING_``
+    variable is refused (with the closest name): a mistyped one would otherwise be ignored.
+    """
+    names = _env_names(cls, ENV_PREFIX)
+    values: dict[str, Any] = {}
+    for var, text in sorted(environ.items()):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        path = names.get(var)
+        if path is None:
+            raise ConfigError(f"{var}: no such setting{suggest(var, names)}")
+        spec = field_specs(cls)[path[0]]
+        if spec.table is not None and len(path) == 1:
+            first = next(iter(field_specs(spec.table))).upper()
+            raise ConfigError(f"{var}: [{path[0]}] is a table: set its keys one by one, as "
+                              f"{var}__<KEY> (e.g. {var}__{first})")
+        if len(path) == 2:
+            assert spec.table is not None
+            spec = field_specs(spec.table)[path[1]]
+            values.setdefault(path[0], {})[path[1]] = parse_text(spec, text, var)
+        else:
+            values[path[0]] = parse_text(spec, text, var)
+    return values
+
+
+def flag_overrides(flags: Mapping[str, Any], cls: type = BrokerConfig) -> dict[str, Any]:
+    """Command-line values by field name, checked; a string is parsed as in the environment.
+
+    An error names the flag (``--max-inflight``, from the field name).  None (a flag not
+    given) is left out, so that the file's and the environment's values stand.
+    """
+    specs = field_specs(cls)
+    values: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is None:
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        if name not in specs:
+            raise error(flag, value, "unknown setting")
+        if isinstance(value, str):
+            parsed = parse_text(specs[name], value, flag)
+            # "" turns a listener off; kept as "" so that it is not taken for "not given".
+            values[name] = "" if parsed is None and specs[name].off else parsed
+        else:
+            values[name] = check_value(specs[name], value, flag)
+    return values

@@ -1,6 +1,8 @@
 """``python -m mqttring.node`` / ``mqttring node``: run one broker node until a signal.
 
-Settings come from defaults, then ``--config FILE`` (TOML), then flags, later winning.  With
+Settings come from defaults, then ``--config FILE`` (TOML), then ``MQTTRING_*`` environment
+variables, then flags, later winning, all checked against the one schema of
+``mqttring.config`` before anything starts (a bad one: one line on stderr, exit 2).  With
 ``--cluster`` the node also runs the cluster metadata service (Raft) next to the broker; on
 SIGINT/SIGTERM it leaves the cluster (handing its shards away) before it stops.
 
@@ -25,7 +27,7 @@ from typing import Any
 import trio
 
 from mqttring import __version__
-from mqttring.config import BrokerConfig, ConfigError
+from mqttring.config import BrokerConfig, ConfigError, flag_overrides
 from mqttring.embedded import MqttRingBroker
 from mqttring.workers import run_workers, worker_count
 
@@ -38,21 +40,20 @@ LEAVE_SLACK = 15.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with settings")
     parser.add_argument("--node-id", help="unique name of this node (default node1)")
-    parser.add_argument("--mqtt", help="MQTT TCP listener HOST:PORT (default 127.0.0.1:1883)")
-    parser.add_argument("--ws", help="MQTT over WebSocket listener HOST:PORT (off by default)")
-    parser.add_argument("--data-dir", type=Path, help="where the node store lives (./data)")
-    parser.add_argument("--sys-interval", type=float, help="seconds between $SYS updates")
+    parser.add_argument("--mqtt", help="MQTT TCP listener HOST:PORT (default 127.0.0.1:1883; "
+                        "'' turns it off)")
+    parser.add_argument("--ws", help="MQTT over WebSocket listener HOST:PORT (off by default; "
+                        "'' turns it off)")
+    parser.add_argument("--data-dir", help="where the node store lives (./data)")
+    parser.add_argument("--sys-interval", help="seconds between $SYS updates")
     parser.add_argument("--cluster", help="HOST:PORT for inter-node links and the admin RPC")
     parser.add_argument("--admin", help="single node: HOST:PORT of the admin RPC (snapshots)")
     parser.add_argument("--raft", help="HOST:PORT for Raft (default: cluster port + 1)")
     parser.add_argument("--join", help="HOST:PORT (cluster address) of any existing member")
-    parser.add_argument(
-        "--cluster-secret",
-        default=os.environ.get("MQTTRING_CLUSTER_SECRET"),
-        help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)",
-    )
-    parser.add_argument("--replication", type=int, help="replicas per shard (default 2)")
-    parser.add_argument("--num-shards", type=int, help="shards, fixed when a cluster forms")
+    parser.add_argument("--cluster-secret",
+                        help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)")
+    parser.add_argument("--replication", help="replicas per shard (default 2)")
+    parser.add_argument("--num-shards", help="shards, fixed when a cluster forms")
     parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
@@ -68,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    """Defaults < ``--config`` file < ``MQTTRING_*`` environment < these flags.
+
+    Flag values are strings here (no argparse ``type=``) so that they are parsed and checked
+    by the config schema like the environment's, with the same one-line errors.
+    """
     overrides: dict[str, Any] = {
         "node_id": args.node_id,
         "mqtt": args.mqtt,
@@ -84,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "reuse_port": args.reuse_port,
         "leave_on_stop": None if args.stay_on_stop is None else not args.stay_on_stop,
     }
+    overrides = flag_overrides(overrides)
     if args.config is not None:
         return BrokerConfig.from_toml(args.config, **overrides)
     return BrokerConfig.from_mapping({}, **overrides)

@@ -48,7 +48,7 @@ from typing import Any
 
 import trio
 
-from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.config import ENV_PREFIX, BrokerConfig, ConfigError, parse_hostport
 from mqttring.raft.localcluster import free_port
 
 log = logging.getLogger("mqttring.workers")
@@ -158,7 +158,11 @@ def plan(config: BrokerConfig, count: int, args: argparse.Namespace, run_dir: Pa
             continue
         flag = f"--{name.replace('_', '-')}"
         passed += [flag] if value is True else [flag, str(value)]
-    return Plan(config, workers, passed, {**os.environ, SECRET_ENV: secret},
+    # What the supervisor decides per worker must not reach a worker from the environment
+    # (MQTTRING_ADMIN would have every worker bind one port; MQTTRING_WS a port it turned off).
+    own_env = {f"{ENV_PREFIX}{name.upper()}" for name in OWN_FLAGS}
+    env = {k: v for k, v in os.environ.items() if k not in own_env}
+    return Plan(config, workers, passed, {**env, SECRET_ENV: secret},
                 f"{mqtt_host}:{mqtt_port}", ws)
 
 
