@@ -7,6 +7,7 @@ config is built, so a bad setting stops the node at start-up rather than at the 
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -30,6 +31,16 @@ def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int
     if not 0 <= number <= 65535:
         raise ConfigError(f"port out of range in {text!r}")
     return host, number
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +122,12 @@ class BrokerConfig:
     #: Admin RPC (stats, snapshots) of a single node, HOST:PORT; needs ``cluster_secret``.
     #: A cluster node serves the same requests on its ``cluster`` address.
     admin: str | None = None
+    #: HTTP API, ``/metrics`` and dashboard listener, HOST:PORT (``:PORT`` is loopback); off
+    #: when None.  Bound beyond loopback it needs ``http_token`` (``docs/operations.md``).
+    http: str | None = None
+    #: Bearer token every HTTP request must carry (or ``$MQTTRING_HTTP_TOKEN``, which
+    #: ``python -m mqttring.node`` reads into this setting).
+    http_token: str | None = None
     # Cluster settings (used when a node joins or forms a cluster).
     cluster: str | None = None
     raft: str | None = None
@@ -149,10 +166,13 @@ class BrokerConfig:
     gc_freeze: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("mqtt", "ws", "cluster", "raft", "join", "admin"):
+        for name in ("mqtt", "ws", "cluster", "raft", "join", "admin", "http"):
             value = getattr(self, name)
             if value is not None:
                 parse_hostport(value)
+        if self.http_token is not None and (not isinstance(self.http_token, str)
+                                            or len(self.http_token) < 16):
+            raise ConfigError("http_token must be a string of at least 16 characters")
         if self.mqtt is None and self.ws is None:
             raise ConfigError("at least one of mqtt or ws listeners is needed")
         if self.sys_interval < 0:
@@ -223,7 +243,18 @@ class BrokerConfig:
         store = _build(StoreSettings, raw.pop("store", {}), "store")
         base = _build(cls, raw, "")
         base = replace(base, limits=limits, store=store)
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        config = replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        check_http_exposure(config)  # here, not in __post_init__: the token may be an override
+        return config
+
+
+def check_http_exposure(config: BrokerConfig) -> None:
+    """An HTTP API reachable beyond this machine must demand a token (it can kick clients
+    and publish)."""
+    if config.http is not None and config.http_token is None \
+            and not is_loopback(parse_hostport(config.http)[0]):
+        raise ConfigError(f"http listener {config.http!r} is reachable beyond this machine: "
+                          "set http_token (or $MQTTRING_HTTP_TOKEN)")
 
 
 def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
