@@ -42,12 +42,20 @@ def test_a_token_is_required_beyond_loopback(tmp_path: Path) -> None:
 def test_every_request_needs_the_token(node: HttpNode) -> None:
     for client in (node.http(token="wrong-token-wrong-token"), node.http(token=None)):
         with client:
-            for path in ("/api/v1/cluster", "/metrics", "/", "/api/v1/clients"):
+            for path in ("/api/v1/cluster", "/metrics", "/api/v1/clients",
+                         "/api/v1/nodes/h1/stats", "/static/../api/v1/cluster"):
                 response = client.get(path)
                 assert response.status_code == 401, (path, response.text)
                 assert response.json() == {"error": "missing or wrong token"}
             response = client.post("/api/v1/publish", json={"topic": "x", "retain": True})
             assert response.status_code == 401
+            assert client.delete("/api/v1/clients/x").status_code == 401
+            # The dashboard's page and files hold no data: a browser loads them, then the
+            # page asks for the token.
+            page = client.get("/")
+            assert page.status_code == 200 and "mqttring" in page.text
+            assert client.get("/static/dashboard.js").status_code == 200
+            assert client.post("/").status_code == 401
     with node.http() as client:
         assert client.get("/api/v1/cluster").status_code == 200
         assert client.get("/api/v1/retained").json()["retained"] == []  # nothing published

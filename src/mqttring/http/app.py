@@ -51,9 +51,16 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+#: Open without a token: the dashboard's page and its static files (shipped in the
+#: package, no data in them), so a browser can load the page, which then asks for the token.
+PUBLIC_PATHS = ("/", "/dashboard")
+PUBLIC_PREFIX = "/static/"
+
+
 class TokenAuth:
     """Refuse (401) every request without ``Authorization: Bearer <token>`` or HTTP basic
-    with the token as password (any user name: browsers prompt for basic auth)."""
+    with the token as password (any user name), except GETs of the dashboard's static files.
+    """
 
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
@@ -61,12 +68,18 @@ class TokenAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.token is None or scope["type"] not in ("http", "websocket") \
-                or self._authorized(scope):
+                or self._public(scope) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         response = error(401, "missing or wrong token",
                          {"WWW-Authenticate": 'Basic realm="mqttring", charset="UTF-8"'})
         await response(scope, receive, send)
+
+    @staticmethod
+    def _public(scope: Scope) -> bool:
+        path = scope["path"]
+        return scope.get("method") in ("GET", "HEAD") and (
+            path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIX))
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
