@@ -39,6 +39,33 @@ def test_a_token_is_required_beyond_loopback(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(("http", "token", "ok"), [
+    (":8080", None, True), ("127.0.0.1:8080", None, True), ("localhost:0", None, True),
+    ("[::1]:8080", None, True), ("0.0.0.0:8080", None, False), ("10.1.2.3:8080", None, False),
+    ("broker.example:8080", None, False), ("[::]:8080", None, False),
+    ("0.0.0.0:8080", TOKEN, True),
+])
+def test_http_settings(http: str, token: str | None, ok: bool) -> None:
+    from mqttring.config import BrokerConfig, ConfigError
+
+    if ok:
+        config = BrokerConfig.from_mapping({"http": http}, http_token=token)
+        assert (config.http, config.http_token) == (http, token)
+    else:
+        with pytest.raises(ConfigError, match="http_token"):
+            BrokerConfig.from_mapping({"http": http}, http_token=token)
+
+
+def test_http_token_must_be_long_enough() -> None:
+    from mqttring.config import BrokerConfig, ConfigError
+
+    for bad in ("short", 12345678901234567890):
+        with pytest.raises(ConfigError, match="http_token"):
+            BrokerConfig.from_mapping({"http": ":0", "http_token": bad})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        BrokerConfig.from_mapping({"http": "nowhere"})
+
+
 def test_every_request_needs_the_token(node: HttpNode) -> None:
     for client in (node.http(token="wrong-token-wrong-token"), node.http(token=None)):
         with client:

@@ -81,6 +81,21 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
     subs = http["a"].get("/api/v1/subscriptions").json()["subscriptions"]
     assert [(s["client_id"], s["filter"]) for s in subs] == [("sub-on-b", "plant/#")]
 
+    # Persistent sessions live at their client id's home node; the figures come from there
+    # whichever node holds the connection (some of these ids are homed on b or c).
+    persistent = [paho_any(Target(HOST, cluster.port("a")), f"p-{i}", clean_session=False)
+                  for i in range(6)]
+    for client in persistent:
+        client.connect()
+        assert client.subscribe([("p/one", 1), ("p/two", 0)]) == [1, 0]
+    for node in "abc":
+        rows = http[node].get("/api/v1/clients", params={"limit": 100}).json()["clients"]
+        figures = {r["client_id"]: r["subscriptions"] for r in rows if r["client_id"][:2] == "p-"}
+        assert figures == {f"p-{i}": 2 for i in range(6)}, (node, rows)
+    assert http["b"].get("/api/v1/clients/p-3").json()["subscriptions"] == 2
+    for client in persistent:
+        client.disconnect()
+
     # Any node's counters, through any node (proxied over the admin RPC).
     stats = http["a"].get("/api/v1/nodes/b/stats").json()
     assert stats["node_id"] == "b" and stats["metrics"]["clients_connected"] == 1

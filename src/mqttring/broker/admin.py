@@ -6,8 +6,9 @@ request writes files on the node's machine, so it is never open to anyone.
 
 Kinds:
 * ``stats``: the node's counters (``$SYS`` values plus per-link figures in a cluster);
-* ``clients`` / ``subscriptions`` / ``kick``: this node's connected clients, the
-  subscriptions of the sessions it holds, and closing one client's connection here
+* ``clients`` / ``subscriptions`` / ``session_counts`` / ``kick``: this node's connected
+  clients, the subscriptions and figures of the sessions it holds, and closing one client's
+  connection here
   (``mqttring.broker.inspect``; the HTTP API of any member merges them cluster-wide);
 * ``snapshot``: a consistent point-in-time copy of the node store under
   ``<out>/<node id>/`` (a path on the *node's* filesystem), taken while the node serves.
@@ -96,11 +97,19 @@ def register_admin(rpc: RpcServer, broker: BrokerNode) -> None:
         return {"subscriptions": inspect.list_subscriptions(
             core(), broker.config.node_id, client=client, after=after, limit=limit(body))}
 
+    async def session_counts(body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        ids = body.get("clients")
+        if not isinstance(ids, list) or len(ids) > 10_000 \
+                or not all(isinstance(i, str) for i in ids):
+            raise RpcError("'clients' must be a list of at most 10000 client ids")
+        return {"sessions": inspect.session_counts(core(), ids)}
+
     async def kick(body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         return {"kicked": inspect.kick_client(core(), text(body, "client_id"))}
 
     rpc.register("stats", stats)
     rpc.register("clients", clients)
     rpc.register("subscriptions", subscriptions)
+    rpc.register("session_counts", session_counts)
     rpc.register("kick", kick)
     rpc.register("snapshot", snapshot)

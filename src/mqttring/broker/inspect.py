@@ -7,9 +7,10 @@ all members.  They read in-memory state only (no store, no I/O), so they run on 
 loop; their cost is one pass over this node's clients or sessions, bounded by ``limit``.
 
 A node reports the connections it holds (its ``clients``), and the subscriptions of the
-sessions it holds.  In a cluster a persistent session lives at its home node while its
-connection may be on another (``mqttring.cluster.sessions``): both may list it, and the HTTP
-layer keeps one row per client and filter.
+sessions it holds (``core.sessions``).  In a cluster a persistent session lives at its home
+node while its connection may be on another (``mqttring.cluster.sessions``): the connection's
+node holds only a stand-in, whose figures are not the session's, so the HTTP layer asks the
+home for them (``session_counts``).
 """
 
 from __future__ import annotations
@@ -77,3 +78,16 @@ def list_subscriptions(core: BrokerCore, node_id: str, *, client: str | None = N
     rows.sort()
     return [{"client_id": cid, "filter": f, "qos": qos, "node": node_id}
             for cid, f, qos in rows[:limit]]
+
+
+def session_counts(core: BrokerCore, client_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Subscriptions, queued and inflight messages of the sessions held here, by client id
+    (ids of sessions not held here are left out)."""
+    counts: dict[str, dict[str, int]] = {}
+    for client_id in client_ids:
+        session = core.sessions.get(client_id)
+        if session is not None:
+            counts[client_id] = {"subscriptions": len(session.subscriptions),
+                                 "queued": len(session.queue),
+                                 "inflight": len(session.inflight)}
+    return counts

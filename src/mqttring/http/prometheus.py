@@ -114,20 +114,20 @@ class NodeCollector(Collector):
         quorum = self.queries.quorum()
         yield _gauge("cluster_quorum", "1 while this node can prove it is in the majority's "
                      "view (always 1 on a single node).", int(quorum))
-        plane = self.broker.plane
+        plane = self.queries.plane
         if plane is None:
             return
         yield _gauge("cluster_fenced", "1 while this node refuses clients (no quorum).",
-                     int(plane.fenced))  # type: ignore[attr-defined]
+                     int(plane.fenced))
         links = plane.link_stats()
         for key, (name, doc, counter) in _LINKS.items():
-            family: Metric = (CounterMetricFamily(f"mqttring_{name}", doc, labels=["peer"])
-                              if counter else
-                              GaugeMetricFamily(f"mqttring_{name}", doc, labels=["peer"]))
+            family = (CounterMetricFamily(f"mqttring_{name}", doc, labels=["peer"])
+                      if counter else
+                      GaugeMetricFamily(f"mqttring_{name}", doc, labels=["peer"]))
             for peer, values in sorted(links.items()):
-                family.add_metric([peer], values.get(key, 0))  # type: ignore[attr-defined]
+                family.add_metric([peer], values.get(key, 0))
             yield family
-        status = plane.metadata.status(brief=True)  # type: ignore[attr-defined]
+        status = plane.metadata.status(brief=True)
         raft, view = status["raft"], status["view"]
         if raft:
             yield _gauge("raft_term", "Current Raft term.", raft["term"])

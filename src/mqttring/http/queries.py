@@ -21,7 +21,9 @@ import trio
 from mqttring.broker import inspect
 from mqttring.broker.admin import node_stats
 from mqttring.broker.router import PublishRefused
+from mqttring.cluster.plane import DataPlane
 from mqttring.protocol.session import Message
+from mqttring.raft.view import MemberState
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
     AuthError,
@@ -60,16 +62,25 @@ class ClusterQueries:
 
     # -- the cluster ---------------------------------------------------------------------
 
-    def quorum(self) -> bool:
-        """Whether this node can prove it is in the majority's view (a single node: yes)."""
+    @property
+    def plane(self) -> DataPlane | None:
+        """The node's cluster data plane (the only ``ClusterMember`` mqttring builds)."""
         plane = self.broker.plane
+        assert plane is None or isinstance(plane, DataPlane)
+        return plane
+
+    def quorum(self) -> bool:
+        """Whether this node can prove it is in the majority's view (a single node: yes).
+
+        The same proof the node's fence uses (``DataPlane._guard_quorum``), taken now."""
+        plane = self.plane
         if plane is None:
             return True
-        return plane.metadata.in_quorum(self.broker.config.fence_seconds)  # type: ignore[attr-defined]
+        return plane.metadata.in_quorum(self.broker.config.fence_seconds)
 
     def cluster(self) -> dict[str, Any]:
         broker, config = self.broker, self.broker.config
-        plane = broker.plane
+        plane = self.plane
         if plane is None:
             ports = broker.ports
             mqtt = f"{config.mqtt.rpartition(':')[0] or '127.0.0.1'}:{ports.mqtt}" \
@@ -83,7 +94,7 @@ class ClusterQueries:
                              "shards": {"owner": config.num_shards,
                                         "replica": config.num_shards, "catching_up": 0}}],
             }
-        status = plane.metadata.status(brief=True)  # type: ignore[attr-defined]
+        status = plane.metadata.status(brief=True)
         view, raft = status["view"], status["raft"]
         counts = view["shard_counts"]
         empty = {"owner": 0, "replica": 0, "catching_up": 0}
@@ -91,7 +102,7 @@ class ClusterQueries:
             "node_id": self.node_id, "clustered": True, "leader": view["leader"],
             "epoch": view["epoch"], "term": raft.get("term"),
             "commit_index": raft.get("commit_index"), "quorum": self.quorum(),
-            "fenced": bool(plane.fenced),  # type: ignore[attr-defined]
+            "fenced": plane.fenced,
             "num_shards": view["num_shards"], "replication": view["replication"],
             "members": [{"id": node, "state": m["state"], "mqtt": m["mqtt"],
                          "cluster": m["cluster"], "raft": m["raft"],
@@ -101,11 +112,11 @@ class ClusterQueries:
 
     def _members(self) -> dict[str, str]:
         """Members worth asking (not down), id -> cluster address; this node included."""
-        plane = self.broker.plane
+        plane = self.plane
         if plane is None:
             return {self.node_id: ""}
-        view = plane.view  # type: ignore[attr-defined]
-        return {n: m.cluster for n, m in view.members.items() if m.state.value != "down"}
+        view = plane.view
+        return {n: m.cluster for n, m in view.members.items() if m.state is not MemberState.DOWN}
 
     async def _ask(self, node: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         address = self._members().get(node)
@@ -156,6 +167,7 @@ class ClusterQueries:
                                                      limit=limit)}, "clients", body)
         rows = sorted((c for a in answers for c in a["clients"]), key=lambda c: c["client_id"])
         page = rows[:limit]
+        await self._session_figures(page)
         return {"clients": page, "unreachable": unreachable,
                 "next": page[-1]["client_id"] if len(rows) > limit or len(page) == limit
                 else None}
@@ -167,8 +179,41 @@ class ClusterQueries:
         answers, _ = await self._fanout(local, "clients", {"client_id": client_id})
         for answer in answers:
             if answer["clients"]:
-                return answer["clients"][0]  # type: ignore[no-any-return]
+                row: dict[str, Any] = answer["clients"][0]
+                await self._session_figures([row])
+                return row
         raise NotFound(f"client {client_id!r} is not connected")
+
+    async def _session_figures(self, rows: list[dict[str, Any]]) -> None:
+        """Patch in the subscriptions, queued and inflight counts of persistent sessions
+        from their home nodes (the connection's node holds a stand-in whose figures are
+        not the session's); None where the home did not answer."""
+        plane = self.plane
+        if plane is None:
+            return
+        view = plane.view
+        by_home: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            if row["clean_session"] is False:
+                home = view.owner(view.shard_for_client(row["client_id"]))
+                if home is not None and home != row["node"]:
+                    by_home.setdefault(home, []).append(row)
+
+        async def one(home: str, wanted: list[dict[str, Any]]) -> None:
+            ids = [row["client_id"] for row in wanted]
+            try:
+                counts = (inspect.session_counts(self._core(), ids) if home == self.node_id
+                          else (await self._ask(home, "session_counts",
+                                                {"clients": ids}))["sessions"])
+            except (Unavailable, NotFound):
+                counts = {}
+            unknown = dict.fromkeys(("subscriptions", "queued", "inflight"))
+            for row in wanted:
+                row.update(counts.get(row["client_id"], unknown))
+
+        async with trio.open_nursery() as nursery:
+            for home, wanted in by_home.items():
+                nursery.start_soon(one, home, wanted)
 
     async def kick(self, client_id: str) -> dict[str, Any]:
         kicked: list[str] = []
