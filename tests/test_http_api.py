@@ -92,6 +92,23 @@ def test_every_request_needs_the_token(node: HttpNode) -> None:
         assert ok.status_code == 200
 
 
+def test_without_a_token_only_loopback_hosts_are_served(tmp_path: Path) -> None:
+    node = HttpNode(tmp_path, token=None)
+    try:
+        with node.http() as client:
+            assert client.get("/api/v1/cluster").status_code == 200
+            for host in (f"localhost:{node.http_port}", "[::1]:1", "127.0.0.1"):
+                response = client.get("/api/v1/cluster", headers={"host": host})
+                assert response.status_code == 200, host
+            # DNS rebinding: a page of rebind.example resolved to 127.0.0.1 names its host.
+            for path in ("/api/v1/cluster", "/", "/metrics"):
+                response = client.get(path, headers={"host": f"rebind.example:{node.http_port}"})
+                assert response.status_code == 403, path
+                assert "loopback" in response.json()["error"]
+    finally:
+        node.stop()
+
+
 def test_cluster_of_one(node: HttpNode) -> None:
     with node.http() as client:
         cluster = client.get("/api/v1/cluster").json()
@@ -183,8 +200,14 @@ def test_bad_requests_change_nothing(node: HttpNode, paho_any) -> None:
             assert response.status_code == status, (body, response.text)
             assert set(response.json()) == {"error"}, body
         huge = b'{"topic": "a", "retain": true, "payload": "' + b"x" * 2_000_000 + b'"}'
-        response = client.post("/api/v1/publish", content=huge)
+        response = client.post("/api/v1/publish", content=huge,
+                               headers={"content-type": "application/json"})
         assert response.status_code == 413, response.text
+        # A form or text/plain post is what a page from elsewhere can send without asking.
+        for media_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            response = client.post("/api/v1/publish", content=b'{"topic": "a"}',
+                                   headers={"content-type": media_type} if media_type else {})
+            assert response.status_code == 415, (media_type, response.text)
         for method, path, status in [
             ("GET", "/api/v1/clients/nobody", 404), ("DELETE", "/api/v1/clients/nobody", 404),
             ("GET", "/api/v1/clients?limit=0", 400), ("GET", "/api/v1/clients?limit=x", 400),

@@ -4,7 +4,8 @@ Real ``mqttring.node`` processes with ``--http``; real paho clients; real HTTP. 
 proves: every member reports the same members, leader and quorum; one node lists a client
 connected to another, proxies another node's counters, kicks a client held by another node,
 and a publish made through one node's API reaches a subscriber on another; the Raft, quorum
-and link metrics are there.
+and link metrics are there; and once two nodes die the third reports that it lost quorum
+(API and metrics) while its listings still answer, naming the members that did not.
 """
 
 from __future__ import annotations
@@ -128,3 +129,19 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
     wait_for(lambda: http["a"].get("/api/v1/clients").json()["clients"] == [], 10,
              "the kicked client to leave the listing")
     assert http["a"].delete("/api/v1/clients/sub-on-b").status_code == 404
+
+    # Quorum lost: with b and c dead, a cannot prove it is in the majority's view any more;
+    # the API and the metrics say so, and listings still answer, naming who did not.
+    for node in "bc":
+        popen = cluster.procs[node].popen
+        assert popen is not None
+        popen.kill()
+        popen.wait(10)
+    wait_for(lambda: http["a"].get("/api/v1/cluster").json()["quorum"] is False, 30,
+             "a to report that it lost quorum")
+    samples = scrape(http["a"])
+    assert samples[("mqttring_cluster_quorum", ())] == 0
+    listed = http["a"].get("/api/v1/clients").json()
+    # Nobody can mark b and c down without a majority: they are asked, and do not answer.
+    assert listed["unreachable"] == ["b", "c"], listed
+    assert http["a"].get("/api/v1/nodes/b/stats").status_code == 503

@@ -25,6 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mqttring.config import is_loopback
 from mqttring.http.prometheus import node_registry
 from mqttring.http.queries import ClusterQueries, NotFound, Unavailable, decode_cursor
 from mqttring.protocol.errors import InvalidTopic
@@ -67,13 +68,23 @@ class TokenAuth:
         self.token = token.encode() if token is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] not in ("http", "websocket") \
-                or self._public(scope) or self._authorized(scope):
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # lifespan
             return
-        response = error(401, "missing or wrong token",
-                         {"WWW-Authenticate": 'Basic realm="mqttring", charset="UTF-8"'})
-        await response(scope, receive, send)
+        if self.token is None:
+            # No token: the listener is on loopback (config.check_http_exposure).  A web page
+            # the operator visits could still reach it through a name of its own that
+            # resolves to 127.0.0.1 (DNS rebinding); such a request names that host.
+            if not _loopback_host(scope):
+                response = error(403, "without http_token only a loopback Host is served")
+                await response(scope, receive, send)
+                return
+        elif not (self._public(scope) or self._authorized(scope)):
+            response = error(401, "missing or wrong token",
+                             {"WWW-Authenticate": 'Basic realm="mqttring", charset="UTF-8"'})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
     @staticmethod
     def _public(scope: Scope) -> bool:
@@ -100,6 +111,20 @@ class TokenAuth:
         return hmac.compare_digest(given, self.token)
 
 
+def _loopback_host(scope: Scope) -> bool:
+    host = b""
+    for name, value in scope["headers"]:
+        if name == b"host":
+            host = value
+            break
+    text = host.decode("latin-1")
+    if text.startswith("["):
+        name = text[1:].partition("]")[0]
+    else:
+        name = text.rpartition(":")[0] if ":" in text else text
+    return is_loopback(name)
+
+
 def _limit(request: Request) -> int:
     raw = request.query_params.get("limit", str(DEFAULT_LIMIT))
     try:
@@ -112,7 +137,13 @@ def _limit(request: Request) -> int:
 
 
 async def _json_body(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request's JSON object, read up to ``max_bytes`` (413 beyond, before parsing)."""
+    """The request's JSON object, read up to ``max_bytes`` (413 beyond, before parsing).
+
+    Only ``Content-Type: application/json``: a browser must then ask (CORS preflight, which
+    this API never grants) before a page from elsewhere could post here."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise HTTPException(415, "the body must be JSON (Content-Type: application/json)")
     # The rest of a refused body is never read, so the connection cannot carry another
     # request: say so, and the client opens a new one.
     too_large = HTTPException(413, f"body larger than {max_bytes} bytes",
