@@ -258,4 +258,5 @@ def test_metrics_move_with_traffic(node: HttpNode, paho_any) -> None:
     received = ("mqttring_bytes_received_total", ())
     assert after[received] > before[received]
     assert ("mqttring_store_commits_total", ()) in after  # lazily written: may still be 0
+    assert after[("mqttring_store_used_bytes", ())] > 0
     assert ("process_resident_memory_bytes", ()) in after
