@@ -54,6 +54,8 @@ class Unavailable(RuntimeError):
 
 
 class ClusterQueries:
+    """See the module docstring; one per HTTP listener, built with the app."""
+
     def __init__(self, broker: MqttRingBroker) -> None:
         self.broker = broker
         self.node_id = broker.config.node_id
@@ -259,6 +261,9 @@ class ClusterQueries:
     # -- messages ------------------------------------------------------------------------
 
     async def retained(self, topic_filter: str, after: str, limit: int) -> dict[str, Any]:
+        """A page of what a subscriber to ``topic_filter`` would get.  The router gathers
+        every match (from the owners of the shards concerned) before the page is cut: a
+        narrow filter is cheaper on a large store."""
         router = self.broker.router
         if router is None:
             raise Unavailable("the node is not serving yet")
