@@ -127,6 +127,8 @@ class NodeCluster(LocalCluster):
         self.sys_interval = sys_interval
         self.log_level = "info"
         self.ports: dict[str, int] = {}
+        #: More ``mqttring.node`` flags for every node started from now on.
+        self.extra_args: list[str] = []
 
     # LocalCluster.start with ``sys_interval`` in the TOML and a log level for diagnosis.
     def start(self, node_id: str, join: str | None = None, *, secret: str | None = None,
@@ -154,6 +156,7 @@ class NodeCluster(LocalCluster):
                "--cluster-secret", secret or self.secret, "--log-level", self.log_level]
         if join:
             cmd += ["--join", join]
+        cmd += self.extra_args
         with proc.log_file.open("ab") as log:
             log.write(f"\n==== {time.strftime('%H:%M:%S')} start {' '.join(cmd)}\n".encode())
             log.flush()

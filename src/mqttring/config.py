@@ -16,6 +16,7 @@ the aliases below); the file key, ``MQTTRING_NAME`` and a flag passed through
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -104,6 +105,22 @@ Interval = Annotated[float, Meta(gt=0)]
 Address = Annotated[str | None, OFF, Rule(_address, "HOST:PORT with a port in 0..65535")]
 #: 1..65535: what 16-bit MQTT packet identifiers can number at once.
 Window16 = Annotated[int, Meta(ge=1, le=65535)]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def _token(token: str) -> str:
+    if len(token) < 16:
+        raise ValueError(token)
+    return token
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +218,12 @@ class BrokerConfig:
     #: Admin RPC (stats, snapshots) of a single node, HOST:PORT; needs ``cluster_secret``.
     #: A cluster node serves the same requests on its ``cluster`` address.
     admin: Address = None
+    #: HTTP API, ``/metrics`` and dashboard listener, HOST:PORT (``:PORT`` is loopback); off
+    #: when None.  Bound beyond loopback it needs ``http_token`` (``docs/operations.md``).
+    http: Address = None
+    #: Bearer token every HTTP request must carry (or ``$MQTTRING_HTTP_TOKEN``).
+    http_token: Annotated[str | None, SECRET, Rule(_token, "a string of at least 16 characters")
+                          ] = None
     # Cluster settings (used when a node joins or forms a cluster).
     cluster: Address = None
     raft: Address = None
@@ -273,6 +296,11 @@ class BrokerConfig:
             raise ConfigError(f"cluster = {show(self.cluster)}: with port 0 give raft = "
                               "HOST:PORT explicitly (Raft needs a fixed port: cluster port + 1 "
                               "by default)")
+        if self.http is not None and self.http_token is None \
+                and not is_loopback(parse_hostport(self.http)[0]):
+            # The API can kick clients and publish: beyond this machine it demands a token.
+            raise ConfigError(f"http = {show(self.http)}: reachable beyond this machine, so "
+                              "it needs http_token (or $MQTTRING_HTTP_TOKEN)")
 
     @property
     def fence_seconds(self) -> float:

@@ -3,10 +3,13 @@
 The broker layer (``mqttring.broker``) runs one node and knows clustering only through the
 ``ClusterMember`` seam; the cluster layer (``mqttring.cluster``) builds on the broker layer.
 This module sits above both and decides which parts a node gets: with ``config.cluster``
-set, the cluster data plane; otherwise a single node's local router and sessions.
+set, the cluster data plane; otherwise a single node's local router and sessions.  With
+``config.http`` set it also runs the HTTP API (``mqttring.http``) beside the node.
 """
 
 from __future__ import annotations
+
+import trio
 
 from mqttring.broker.server import BoundPorts, BrokerNode
 from mqttring.cluster.plane import DataPlane
@@ -22,6 +25,19 @@ class MqttRingBroker(BrokerNode):
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         super().__init__(config, cluster=DataPlane)
+        #: The bound port of the HTTP API (``config.http``), once serving; None when off.
+        self.http_port: int | None = None
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The node, then its HTTP listener, in one nursery: cancelling it stops both."""
+        async with trio.open_nursery() as nursery:
+            ports = await nursery.start(super().serve)
+            if self.config.http is not None:
+                from mqttring.http.server import serve_http  # its libraries load only if used
+                self.http_port = await nursery.start(serve_http, self)
+            task_status.started(ports)
 
 
 __all__ = ["BoundPorts", "MqttRingBroker"]

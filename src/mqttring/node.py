@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--join", help="HOST:PORT (cluster address) of any existing member")
     parser.add_argument("--cluster-secret",
                         help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)")
+    parser.add_argument("--http", help="HTTP API, /metrics and dashboard HOST:PORT (off by "
+                                       "default; token in env MQTTRING_HTTP_TOKEN)")
     parser.add_argument("--replication", help="replicas per shard (default 2)")
     parser.add_argument("--num-shards", help="shards, fixed when a cluster forms")
     parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
@@ -86,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "join": args.join,
         "cluster_secret": args.cluster_secret,
         "replication": args.replication,
+        "http": args.http,
         "num_shards": args.num_shards,
         "reuse_port": args.reuse_port,
         "leave_on_stop": None if args.stay_on_stop is None else not args.stay_on_stop,
@@ -127,7 +130,7 @@ async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None
                     ready_file,
                     {"mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
                      "node_id": config.node_id, "cluster": config.cluster,
-                     "admin": broker.admin_port},
+                     "admin": broker.admin_port, "http": broker.http_port},
                 )
             async for signum in signals:
                 log.info("signal %s: shutting down", signal.Signals(signum).name)

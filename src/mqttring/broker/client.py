@@ -76,6 +76,7 @@ class ClientHandler:
         "client_id",
         "close_reason",
         "conn",
+        "connected_at",
         "core",
         "finished",
         "owed_will",
@@ -102,6 +103,8 @@ class ClientHandler:
         self.conn = ServerConnection(core.limits.max_packet_size)
         self.session: Session | None = None
         self.client_id: str | None = None
+        #: UNIX time the CONNECT was accepted (0 before): the HTTP API's "connected since".
+        self.connected_at = 0.0
         #: Identifies this connection to the client id's home node (cluster), so that a late
         #: message about an older connection with the same id is recognised and ignored.
         self.token = ""

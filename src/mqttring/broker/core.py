@@ -210,6 +210,7 @@ class BrokerCore:
             return []  # taken over while we were asking
         handler.session = session
         handler.will = packet.will
+        handler.connected_at = time.time()
         self.clients[client_id] = handler
         self.wakers[client_id] = handler
         self.metrics.clients_connected += 1
@@ -229,6 +230,9 @@ class BrokerCore:
         [MQTT-4.6.0-2/3]: all of them once the router accepted all, or none (the connection
         is closed and the client resends what it has no acknowledgement for)."""
         self.metrics.messages_received += len(events)
+        by_qos = self.metrics.received_by_qos
+        for event in events:
+            by_qos[event.message.qos] += 1
         # Clients may not write the broker's own $SYS tree; such a message is acknowledged
         # (refusing it would only make the client resend) and not routed.
         messages = [e.message for e in events if not e.message.topic.startswith("$SYS")]

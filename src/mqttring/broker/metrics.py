@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -22,6 +23,8 @@ class BrokerMetrics:
     connections_resumed: int = 0
     #: PUBLISH packets received from clients (including wills published for them).
     messages_received: int = 0
+    #: The same by the QoS the client published with (index 0, 1, 2), for ``/metrics``.
+    received_by_qos: list[int] = field(default_factory=lambda: [0, 0, 0])
     #: PUBLISH packets handed to local clients' connections (deliveries).
     messages_sent: int = 0
     bytes_received: int = 0
@@ -47,7 +50,7 @@ class BrokerMetrics:
     def uptime(self) -> float:
         return time.time() - self.started_at
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["uptime"] = self.uptime()
         return data

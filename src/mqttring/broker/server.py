@@ -96,6 +96,8 @@ class BrokerNode:
         self.admin_port: int | None = None
         #: Idle TCP connections without a task (None: parking off, or no epoll here).
         self.parking: ParkingLot | None = None
+        #: The node's retained messages (the shards it holds, in a cluster).
+        self.retained: RetainedStore | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class BrokerNode:
 
                 core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics,
                                   router=local_router)
-            self.core = core
+            self.core, self.retained = core, retained
             async with trio.open_nursery() as nursery:
                 tcp_listeners: list[trio.SocketListener] | None = None
                 if plane is not None:

@@ -190,7 +190,10 @@ class LsmStore:
         commits = out["commits"]
         out["mean_batch_ops"] = out["committed_ops"] / commits if commits else 0.0
         if not self._closed:
-            out["map_size"] = self._env.info()["map_size"]
+            info = self._env.info()
+            out["map_size"] = info["map_size"]
+            # Pages in use up to the highest one written: the file's real size on disk.
+            out["used_bytes"] = (info["last_pgno"] + 1) * self._env.stat()["psize"]
         return out
 
     # -- writes --------------------------------------------------------------------------

@@ -593,6 +593,10 @@ class MetadataService:
                 "member_up": member_up}
 
     async def _rpc_status(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return self.status(brief=bool(body.get("brief")))
+
+    def status(self, brief: bool = False) -> dict[str, Any]:
+        """This member's Raft figures and applied view (``mqttring status``, the HTTP API)."""
         syncobj = self._syncobj
         raft: dict[str, Any] = {}
         if syncobj is not None:
@@ -601,7 +605,7 @@ class MetadataService:
                     "nodes": sorted(self._raft_nodes())}
         view = self._view
         wire = view_to_wire(view)
-        if body.get("brief"):
+        if brief:
             del wire["shards"]  # ~30 kB with 1024 shards; pollers rarely need it
         return {"node_id": self.node_id, "raft": raft, "leader": view.leader,
                 "view": wire, "rpc_refused": self.rpc.refused}

@@ -1,0 +1,304 @@
+"""The ASGI application: routes of the JSON API, ``/metrics`` and the dashboard's files.
+
+Every answer is JSON (``/metrics`` aside); every refusal is ``{"error": "..."}`` with a 4xx
+status and changes nothing: a malformed body, an unknown client, a body over the bound, a
+missing or wrong token.  Authentication is one ASGI middleware in front of everything, so
+no route can forget it; the token is compared in constant time.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mqttring.config import is_loopback
+from mqttring.http.prometheus import node_registry
+from mqttring.http.queries import ClusterQueries, NotFound, Unavailable, decode_cursor
+from mqttring.protocol.errors import InvalidTopic
+from mqttring.protocol.session import Message
+from mqttring.protocol.topics import validate_topic_filter, validate_topic_name
+
+if TYPE_CHECKING:
+    from mqttring.embedded import MqttRingBroker
+
+log = logging.getLogger("mqttring.http")
+
+#: Longest page a listing returns.
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+#: Room a JSON publish body takes beyond the payload (base64 grows it by a third).
+_BODY_SLACK = 4096
+
+
+class BadRequest(ValueError):
+    """The request is malformed (HTTP 400); the message says what to fix."""
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+#: Open without a token: the dashboard's page and its static files (shipped in the
+#: package, no data in them), so a browser can load the page, which then asks for the token.
+PUBLIC_PATHS = ("/", "/dashboard")
+PUBLIC_PREFIX = "/static/"
+
+
+class TokenAuth:
+    """Refuse (401) every request without ``Authorization: Bearer <token>`` or HTTP basic
+    with the token as password (any user name), except GETs of the dashboard's static files.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token.encode() if token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # lifespan
+            return
+        if self.token is None:
+            # No token: the listener is on loopback (BrokerConfig refuses a token-less
+            # listener beyond it).  A web page
+            # the operator visits could still reach it through a name of its own that
+            # resolves to 127.0.0.1 (DNS rebinding); such a request names that host.
+            if not _loopback_host(scope):
+                response = error(403, "without http_token only a loopback Host is served")
+                await response(scope, receive, send)
+                return
+        elif not (self._public(scope) or self._authorized(scope)):
+            response = error(401, "missing or wrong token",
+                             {"WWW-Authenticate": 'Basic realm="mqttring", charset="UTF-8"'})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _public(scope: Scope) -> bool:
+        path = scope["path"]
+        return scope.get("method") in ("GET", "HEAD") and (
+            path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIX))
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self.token is not None
+        header = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value
+                break
+        scheme, _, credentials = header.partition(b" ")
+        given = b""
+        if scheme.lower() == b"bearer":
+            given = credentials.strip()
+        elif scheme.lower() == b"basic":
+            try:
+                given = base64.b64decode(credentials.strip(), validate=True).partition(b":")[2]
+            except (binascii.Error, ValueError):
+                return False
+        return hmac.compare_digest(given, self.token)
+
+
+def _loopback_host(scope: Scope) -> bool:
+    host = b""
+    for name, value in scope["headers"]:
+        if name == b"host":
+            host = value
+            break
+    text = host.decode("latin-1")
+    if text.startswith("["):
+        name = text[1:].partition("]")[0]
+    else:
+        name = text.rpartition(":")[0] if ":" in text else text
+    return is_loopback(name)
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit", str(DEFAULT_LIMIT))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"limit must be an integer, got {raw!r}") from None
+    if not 1 <= value <= MAX_LIMIT:
+        raise BadRequest(f"limit must be in 1..{MAX_LIMIT}")
+    return value
+
+
+async def _json_body(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The request's JSON object, read up to ``max_bytes`` (413 beyond, before parsing).
+
+    Only ``Content-Type: application/json``: a browser must then ask (CORS preflight, which
+    this API never grants) before a page from elsewhere could post here."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise HTTPException(415, "the body must be JSON (Content-Type: application/json)")
+    # The rest of a refused body is never read, so the connection cannot carry another
+    # request: say so, and the client opens a new one.
+    too_large = HTTPException(413, f"body larger than {max_bytes} bytes",
+                              headers={"Connection": "close"})
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise too_large
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body must be a JSON object")
+    return data
+
+
+def parse_publish(data: dict[str, Any], max_payload: int) -> Message:
+    """A publish request to a ``Message``, validated as a client's PUBLISH would be."""
+    unknown = set(data) - {"topic", "payload", "qos", "retain", "encoding"}
+    if unknown:
+        raise BadRequest(f"unknown fields: {', '.join(sorted(unknown))}")
+    topic, payload = data.get("topic"), data.get("payload", "")
+    qos, retain = data.get("qos", 0), data.get("retain", False)
+    encoding = data.get("encoding", "utf8")
+    if not isinstance(topic, str):
+        raise BadRequest("topic must be a string")
+    try:
+        validate_topic_name(topic)
+    except InvalidTopic as exc:
+        raise BadRequest(str(exc)) from None
+    if topic.startswith("$SYS"):
+        raise BadRequest("$SYS topics are the broker's own")
+    if type(qos) is not int or qos not in (0, 1, 2):
+        raise BadRequest("qos must be 0, 1 or 2")
+    if type(retain) is not bool:
+        raise BadRequest("retain must be true or false")
+    if not isinstance(payload, str):
+        raise BadRequest("payload must be a string (see encoding)")
+    if encoding == "utf8":
+        raw = payload.encode("utf-8", "surrogatepass")
+    elif encoding == "base64":
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest("payload is not valid base64") from None
+    else:
+        raise BadRequest("encoding must be 'utf8' or 'base64'")
+    if len(raw) > max_payload:
+        raise BadRequest(f"payload larger than {max_payload} bytes (limits.max_packet_size)")
+    return Message(topic, raw, qos, retain)
+
+
+def build_app(broker: MqttRingBroker) -> ASGIApp:
+    queries = ClusterQueries(broker)
+    registry = node_registry(broker, queries)
+    max_payload = broker.config.limits.max_packet_size
+    max_body = max_payload * 4 // 3 + _BODY_SLACK
+    static = resources.files("mqttring.http") / "static"
+
+    async def cluster(request: Request) -> Response:
+        return JSONResponse(queries.cluster())
+
+    async def node_stats(request: Request) -> Response:
+        return JSONResponse(await queries.node_stats(request.path_params["node"]))
+
+    async def clients(request: Request) -> Response:
+        after = request.query_params.get("after", "")
+        return JSONResponse(await queries.clients(after, _limit(request)))
+
+    async def client(request: Request) -> Response:
+        client_id = request.path_params["client_id"]
+        if request.method == "DELETE":
+            return JSONResponse(await queries.kick(client_id))
+        return JSONResponse(await queries.client(client_id))
+
+    async def subscriptions(request: Request) -> Response:
+        cursor = request.query_params.get("after")
+        try:
+            after = decode_cursor(cursor) if cursor else ("", "")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        return JSONResponse(await queries.subscriptions(
+            request.query_params.get("client"), after, _limit(request)))
+
+    async def retained(request: Request) -> Response:
+        topic_filter = request.query_params.get("filter", "#")
+        try:
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as exc:
+            raise BadRequest(str(exc)) from None
+        return JSONResponse(await queries.retained(
+            topic_filter, request.query_params.get("after", ""), _limit(request)))
+
+    async def delete_retained(request: Request) -> Response:
+        topic = request.path_params["topic"]
+        try:
+            validate_topic_name(topic)
+        except InvalidTopic as exc:
+            raise BadRequest(str(exc)) from None
+        if topic.startswith("$SYS"):
+            raise BadRequest("$SYS topics are the broker's own")
+        # An empty retained message deletes the topic's retained message [MQTT-3.3.1-10],
+        # on every replica of its shard: the router does what it does for a client.
+        await queries.publish(Message(topic, b"", 0, True))
+        log.info("retained message of %r deleted through the HTTP API", topic)
+        return JSONResponse({"deleted": topic})
+
+    async def publish(request: Request) -> Response:
+        message = parse_publish(await _json_body(request, max_body), max_payload)
+        await queries.publish(message)
+        return JSONResponse({"published": message.topic, "qos": message.qos,
+                             "retain": message.retain, "size": len(message.payload)})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(str(static / "index.html"))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error(exc.status_code, exc.detail, exc.headers)
+
+    async def on_bad_request(request: Request, exc: Exception) -> Response:
+        return error(400, str(exc))
+
+    async def on_not_found(request: Request, exc: Exception) -> Response:
+        return error(404, str(exc))
+
+    async def on_unavailable(request: Request, exc: Exception) -> Response:
+        return error(503, str(exc))
+
+    routes = [
+        Route("/", index),
+        Route("/dashboard", lambda r: RedirectResponse("/")),
+        Route("/metrics", metrics),
+        Route("/api/v1/cluster", cluster),
+        Route("/api/v1/nodes/{node}/stats", node_stats),
+        Route("/api/v1/clients", clients),
+        Route("/api/v1/clients/{client_id:path}", client, methods=["GET", "DELETE"]),
+        Route("/api/v1/subscriptions", subscriptions),
+        Route("/api/v1/retained", retained),
+        Route("/api/v1/retained/{topic:path}", delete_retained, methods=["DELETE"]),
+        Route("/api/v1/publish", publish, methods=["POST"]),
+    ]
+    if static.is_dir():
+        routes.append(Mount("/static", StaticFiles(directory=str(static)), name="static"))
+    app = Starlette(routes=routes, exception_handlers={
+        HTTPException: on_http_error, BadRequest: on_bad_request, NotFound: on_not_found,
+        Unavailable: on_unavailable,
+    })
+    return TokenAuth(app, broker.config.http_token)

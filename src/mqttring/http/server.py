@@ -1,0 +1,48 @@
+"""``serve_http``: the HTTP listener as one more task in the node's nursery.
+
+Hypercorn's trio worker serves the ASGI app on the node's own trio loop, so the API reads
+the broker's state directly (no locks, no threads) and a request never blocks the loop
+longer than the node's own code does.  Cancelling the nursery stops it (Hypercorn gives
+open requests ``GRACEFUL_TIMEOUT`` seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from mqttring.config import parse_hostport
+from mqttring.http.app import build_app
+
+if TYPE_CHECKING:
+    from mqttring.embedded import MqttRingBroker
+
+log = logging.getLogger("mqttring.http")
+
+GRACEFUL_TIMEOUT = 1.0
+
+
+async def serve_http(broker: MqttRingBroker, *,
+                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``broker.config.http`` until cancelled; ``started`` with the bound port."""
+    config = broker.config
+    assert config.http is not None
+    host, port = parse_hostport(config.http)
+    hyper = Config()
+    hyper.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hyper.accesslog = None
+    hyper.errorlog = logging.getLogger("mqttring.http.server")
+    hyper.graceful_timeout = GRACEFUL_TIMEOUT
+    hyper.include_server_header = False
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(partial(serve, build_app(broker), hyper))
+        bound = int(binds[0].rpartition(":")[2])
+        log.info("node %s: HTTP API, /metrics and dashboard on http://%s:%d/ (%s)",
+                 config.node_id, host, bound,
+                 "token required" if config.http_token else "no token: loopback only")
+        task_status.started(bound)

@@ -1,0 +1,262 @@
+"""The HTTP API and ``/metrics`` of one node process, over real HTTP, with real paho clients.
+
+What it proves: each endpoint answers what the broker holds (clients, subscriptions,
+retained messages), its actions act (a kick closes the real client's connection, a publish
+reaches a real subscriber, a retained delete is seen by the next subscriber), bad requests
+and bad tokens are refused with a JSON 4xx and change nothing, and the Prometheus metrics
+parse and move when messages flow.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from http_support import HOST, TOKEN, HttpNode, scrape, wait_for
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[HttpNode]:
+    node = HttpNode(tmp_path)
+    yield node
+    node.stop()
+
+
+def test_a_token_is_required_beyond_loopback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MQTTRING_HTTP_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--mqtt", f"{HOST}:0", "--http", "0.0.0.0:0",
+         "--data-dir", str(tmp_path / "d")], env=env, capture_output=True, text=True,
+        timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "configuration error" in done.stderr and "http_token" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("http", "token", "ok"), [
+    (":8080", None, True), ("127.0.0.1:8080", None, True), ("localhost:0", None, True),
+    ("[::1]:8080", None, True), ("0.0.0.0:8080", None, False), ("10.1.2.3:8080", None, False),
+    ("broker.example:8080", None, False), ("[::]:8080", None, False),
+    ("0.0.0.0:8080", TOKEN, True),
+])
+def test_http_settings(http: str, token: str | None, ok: bool) -> None:
+    from mqttring.config import BrokerConfig, ConfigError
+
+    if ok:
+        config = BrokerConfig.from_mapping({"http": http}, http_token=token)
+        assert (config.http, config.http_token) == (http, token)
+    else:
+        with pytest.raises(ConfigError, match="http_token"):
+            BrokerConfig.from_mapping({"http": http}, http_token=token)
+
+
+def test_http_token_must_be_long_enough() -> None:
+    from mqttring.config import BrokerConfig, ConfigError
+
+    for bad in ("short", 12345678901234567890):
+        with pytest.raises(ConfigError, match="http_token"):
+            BrokerConfig.from_mapping({"http": ":0", "http_token": bad})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        BrokerConfig.from_mapping({"http": "nowhere"})
+
+
+def test_every_request_needs_the_token(node: HttpNode) -> None:
+    for client in (node.http(token="wrong-token-wrong-token"), node.http(token=None)):
+        with client:
+            for path in ("/api/v1/cluster", "/metrics", "/api/v1/clients",
+                         "/api/v1/nodes/h1/stats", "/static/../api/v1/cluster"):
+                response = client.get(path)
+                assert response.status_code == 401, (path, response.text)
+                assert response.json() == {"error": "missing or wrong token"}
+            response = client.post("/api/v1/publish", json={"topic": "x", "retain": True})
+            assert response.status_code == 401
+            assert client.delete("/api/v1/clients/x").status_code == 401
+            # The dashboard's page and files hold no data: a browser loads them, then the
+            # page asks for the token.
+            page = client.get("/")
+            assert page.status_code == 200 and "mqttring" in page.text
+            assert client.get("/static/dashboard.js").status_code == 200
+            assert client.post("/").status_code == 401
+    with node.http() as client:
+        assert client.get("/api/v1/cluster").status_code == 200
+        assert client.get("/api/v1/retained").json()["retained"] == []  # nothing published
+    basic = base64.b64encode(f"anyone:{TOKEN}".encode()).decode()
+    with node.http(token=None) as client:
+        ok = client.get("/api/v1/cluster", headers={"Authorization": f"Basic {basic}"})
+        assert ok.status_code == 200
+
+
+def test_without_a_token_only_loopback_hosts_are_served(tmp_path: Path) -> None:
+    node = HttpNode(tmp_path, token=None)
+    try:
+        with node.http() as client:
+            assert client.get("/api/v1/cluster").status_code == 200
+            for host in (f"localhost:{node.http_port}", "[::1]:1", "127.0.0.1"):
+                response = client.get("/api/v1/cluster", headers={"host": host})
+                assert response.status_code == 200, host
+            # DNS rebinding: a page of rebind.example resolved to 127.0.0.1 names its host.
+            for path in ("/api/v1/cluster", "/", "/metrics"):
+                response = client.get(path, headers={"host": f"rebind.example:{node.http_port}"})
+                assert response.status_code == 403, path
+                assert "loopback" in response.json()["error"]
+    finally:
+        node.stop()
+
+
+def test_cluster_of_one(node: HttpNode) -> None:
+    with node.http() as client:
+        cluster = client.get("/api/v1/cluster").json()
+    assert cluster["quorum"] is True and cluster["clustered"] is False
+    assert cluster["leader"] == node.node_id
+    [member] = cluster["members"]
+    assert member["id"] == node.node_id and member["state"] == "up"
+    assert member["mqtt"] == f"{HOST}:{node.port}"
+    assert member["shards"]["owner"] == cluster["num_shards"]
+
+
+def test_clients_subscriptions_kick_and_publish(node: HttpNode, paho_any) -> None:
+    sub = paho_any(node, "sub-1", clean_session=False)
+    sub.connect(keepalive=42)
+    assert sub.subscribe("t/#", 1) == [1]
+    others = [paho_any(node, f"other-{i}") for i in range(3)]
+    for other in others:
+        other.connect()
+    with node.http() as client:
+        listed = client.get("/api/v1/clients").json()
+        ids = [c["client_id"] for c in listed["clients"]]
+        assert ids == ["other-0", "other-1", "other-2", "sub-1"]
+        one = client.get("/api/v1/clients/sub-1").json()
+        assert one["node"] == node.node_id and one["keepalive"] == 42
+        assert one["clean_session"] is False and one["subscriptions"] == 1
+        assert one["address"].startswith(f"{HOST}:") and one["connected_since"] > 0
+        assert {"queued", "inflight"} <= one.keys()
+
+        # Paging: two, then the rest after the cursor.
+        first = client.get("/api/v1/clients", params={"limit": 2}).json()
+        assert [c["client_id"] for c in first["clients"]] == ["other-0", "other-1"]
+        rest = client.get("/api/v1/clients", params={"limit": 2, "after": first["next"]}).json()
+        assert [c["client_id"] for c in rest["clients"]] == ["other-2", "sub-1"]
+
+        subs = client.get("/api/v1/subscriptions", params={"client": "sub-1"}).json()
+        assert subs["subscriptions"] == [
+            {"client_id": "sub-1", "filter": "t/#", "qos": 1, "node": node.node_id}]
+
+        # A publish through the API reaches the real subscriber.
+        response = client.post("/api/v1/publish",
+                               json={"topic": "t/api", "payload": "héllo", "qos": 1})
+        assert response.status_code == 200, response.text
+        message = sub.get()
+        assert (message.topic, message.payload, message.qos) == ("t/api", "héllo".encode(), 1)
+        raw = bytes(range(256))
+        client.post("/api/v1/publish", json={
+            "topic": "t/bin", "payload": base64.b64encode(raw).decode(), "encoding": "base64",
+            "retain": True}).raise_for_status()
+        assert sub.get().payload == raw
+
+        # The retained browser shows it; deleting it is seen by the next subscriber.
+        found = client.get("/api/v1/retained", params={"filter": "t/#"}).json()["retained"]
+        assert [(r["topic"], r["size"], r["encoding"]) for r in found] == [
+            ("t/bin", 256, "base64")]
+        assert base64.b64decode(found[0]["preview"]) == raw
+        assert client.delete("/api/v1/retained/t/bin").json() == {"deleted": "t/bin"}
+        assert client.get("/api/v1/retained", params={"filter": "#"}).json()["retained"] == []
+        late = paho_any(node, "late")
+        late.connect()
+        late.subscribe("t/#", 0)
+        assert late.drain(0.3) == []
+
+        # Kick: the real client's connection is closed, and it is gone from the listing.
+        assert client.delete("/api/v1/clients/sub-1").json() == {
+            "kicked": "sub-1", "nodes": [node.node_id]}
+        assert sub.disconnected.wait(10), "kicked client still connected"
+        wait_for(lambda: client.get("/api/v1/clients/sub-1").status_code == 404, 10,
+                 "the kicked client to leave the listing")
+        # Its persistent session stays (a kick is not a clean-session reset).
+        subs = client.get("/api/v1/subscriptions").json()["subscriptions"]
+        assert ("sub-1", "t/#") in [(s["client_id"], s["filter"]) for s in subs]
+
+
+def test_bad_requests_change_nothing(node: HttpNode, paho_any) -> None:
+    with node.http() as client:
+        before = scrape(client)
+        bad_publishes = [
+            (b"{not json", 400), (b"[1, 2]", 400), (b'{"topic": "a/+"}', 400),
+            (b'{"topic": ""}', 400), (b'{"topic": "a", "qos": 3}', 400),
+            (b'{"topic": "a", "qos": "1"}', 400), (b'{"topic": "a", "retain": 1}', 400),
+            (b'{"topic": "a", "payload": "***", "encoding": "base64"}', 400),
+            (b'{"topic": "a", "encoding": "rot13"}', 400), (b'{"topic": "a", "x": 1}', 400),
+            (b'{"topic": "$SYS/broker/version", "retain": true}', 400),
+            (b'{"topic": "a", "payload": 5}', 400),
+        ]
+        for body, status in bad_publishes:
+            response = client.post("/api/v1/publish", content=body,
+                                   headers={"content-type": "application/json"})
+            assert response.status_code == status, (body, response.text)
+            assert set(response.json()) == {"error"}, body
+        huge = b'{"topic": "a", "retain": true, "payload": "' + b"x" * 2_000_000 + b'"}'
+        response = client.post("/api/v1/publish", content=huge,
+                               headers={"content-type": "application/json"})
+        assert response.status_code == 413, response.text
+        # A form or text/plain post is what a page from elsewhere can send without asking.
+        for media_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            response = client.post("/api/v1/publish", content=b'{"topic": "a"}',
+                                   headers={"content-type": media_type} if media_type else {})
+            assert response.status_code == 415, (media_type, response.text)
+        for method, path, status in [
+            ("GET", "/api/v1/clients/nobody", 404), ("DELETE", "/api/v1/clients/nobody", 404),
+            ("GET", "/api/v1/clients?limit=0", 400), ("GET", "/api/v1/clients?limit=x", 400),
+            ("GET", "/api/v1/retained?filter=a/%23/b", 400),
+            ("GET", "/api/v1/subscriptions?after=%%%", 400),
+            ("DELETE", "/api/v1/retained/a/%2B", 400),
+            ("GET", "/api/v1/nodes/elsewhere/stats", 404),
+            ("GET", "/api/v1/nope", 404), ("PUT", "/api/v1/publish", 405),
+        ]:
+            response = client.request(method, path)
+            assert response.status_code == status, (method, path, response.text)
+            assert set(response.json()) == {"error"}, path
+        assert client.get("/api/v1/retained").json()["retained"] == []
+        after = scrape(client)
+    for key in ("mqttring_messages_received_total", "mqttring_messages_sent_total"):
+        assert after[(key, ())] == before[(key, ())], key
+
+
+def test_metrics_move_with_traffic(node: HttpNode, paho_any) -> None:
+    sub = paho_any(node, "m-sub")
+    sub.connect()
+    sub.subscribe("m/#", 1)
+    pub = paho_any(node, "m-pub")
+    pub.connect()
+    with node.http() as client:
+        before = scrape(client)
+        assert before[("mqttring_clients_connected", ())] == 2
+        assert before[("mqttring_cluster_quorum", ())] == 1
+        assert before[("mqttring_up", ())] == 1
+        for i in range(5):
+            pub.publish(f"m/{i}", b"x", qos=1)
+        pub.publish("m/retained", b"r", qos=0, retain=True)
+        sub.collect(6)
+
+        def moved() -> dict | None:
+            now = scrape(client)
+            return now if now[("mqttring_messages_sent_total", ())] >= \
+                before[("mqttring_messages_sent_total", ())] + 6 else None
+
+        after = wait_for(moved, 10, "messages_sent to count the deliveries")
+    q1 = ("mqttring_publishes_received_by_qos_total", (("qos", "1"),))
+    q0 = ("mqttring_publishes_received_by_qos_total", (("qos", "0"),))
+    assert after[q1] - before[q1] == 5 and after[q0] - before[q0] == 1
+    assert after[("mqttring_messages_received_total", ())] - \
+        before[("mqttring_messages_received_total", ())] == 6
+    assert after[("mqttring_retained_messages", ())] == 1
+    assert after[("mqttring_subscriptions", ())] == 1
+    received = ("mqttring_bytes_received_total", ())
+    assert after[received] > before[received]
+    assert ("mqttring_store_commits_total", ()) in after  # lazily written: may still be 0
+    assert after[("mqttring_store_used_bytes", ())] > 0
+    assert ("process_resident_memory_bytes", ()) in after
