@@ -132,3 +132,6 @@ def test_wheel_from_the_docker_build_context(tmp_path):
         assert "mqttring = mqttring.cli:main" in archive.read(entry_points).decode()
     assert "mqttring/py.typed" in names
     assert "mqttring/node.py" in names and "mqttring/raft/service.py" in names
+    static = ROOT / "src" / "mqttring" / "http" / "static"
+    shipped = {str(p.relative_to(ROOT / "src")) for p in static.rglob("*") if p.is_file()}
+    assert shipped and shipped <= names, f"dashboard files missing: {shipped - names}"
