@@ -11,6 +11,7 @@ and link metrics are there; and once two nodes die the third reports that it los
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,11 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
         assert samples[("mqttring_link_connected", (("peer", peer),))] == 1
     leader = views["a"]["leader"]
     assert scrape(http[leader])[("mqttring_raft_leader", ())] == 1
+    # The shipped Grafana dashboard charts only metrics a cluster node exposes.
+    grafana = Path(__file__).resolve().parent.parent / "deploy/grafana/mqttring-dashboard.json"
+    charted = set(re.findall(r"\b(?:mqttring|process)_[a-z_]+", grafana.read_text()))
+    exposed = {name for name, _ in samples}
+    assert charted and charted <= exposed, f"not exposed: {sorted(charted - exposed)}"
 
     # Kick from c: the connection held by b closes.
     assert http["c"].delete("/api/v1/clients/sub-on-b").json() == {
