@@ -106,8 +106,15 @@ class BrokerConfig:
     archive_expiry_interval: float = 60.0
     #: Accept CONNECTs without a username (else CONNACK 5, not authorized).
     allow_anonymous: bool = True
-    #: username -> SHA-256 hex digest of the password; a wrong pair gets CONNACK 4.
-    users: dict[str, str] | None = None
+    #: mosquitto-format password file (``mqttring passwd``, ``mosquitto_passwd``); a wrong
+    #: username/password pair gets CONNACK 4 (``docs/security.md``).
+    password_file: Path | None = None
+    #: mosquitto-format ACL file; with one, anything it does not grant is denied.
+    acl_file: Path | None = None
+    #: Failed logins one source address may make per ``auth_failure_window`` seconds before
+    #: its CONNECTs are refused unchecked (CONNACK 5); 0 = no limit.
+    auth_failures_allowed: int = 10
+    auth_failure_window: float = 60.0
     #: Admin RPC (stats, snapshots) of a single node, HOST:PORT; needs ``cluster_secret``.
     #: A cluster node serves the same requests on its ``cluster`` address.
     admin: str | None = None
@@ -179,6 +186,10 @@ class BrokerConfig:
             raise ConfigError("node_weight must be >= 1")
         if self.leave_timeout < 0:
             raise ConfigError("leave_timeout must be >= 0")
+        if self.auth_failures_allowed < 0:
+            raise ConfigError("auth_failures_allowed must be >= 0 (0 = no limit)")
+        if not self.auth_failure_window > 0:
+            raise ConfigError("auth_failure_window must be > 0")
         lim = self.limits
         if lim.max_packet_size < 16 or lim.max_packet_size > 268_435_455:
             raise ConfigError("limits.max_packet_size must be in 16..268435455")
@@ -226,15 +237,23 @@ class BrokerConfig:
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
+#: The unsalted ``[users]`` table of earlier versions is refused, saying how to migrate.
+_USERS_REMOVED = ("the [users] table (unsalted SHA-256) was removed: put each user in a "
+                  "password file with `mqttring passwd -c -b FILE USER PASSWORD` (then "
+                  "without -c for more) and set password_file = \"FILE\"")
+
+
 def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
     known = {f.name: f for f in fields(kind)}
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
+        if name == "users" and not section:
+            raise ConfigError(_USERS_REMOVED)
         if name not in known or name in ("limits", "store"):
             where = f"[{section}] " if section else ""
             raise ConfigError(f"unknown setting {where}{key!r}")
-        if name == "data_dir" and value is not None:
+        if name in ("data_dir", "password_file", "acl_file") and value is not None:
             value = Path(value)
         if name == "archive":
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):

@@ -28,8 +28,6 @@ clients proceed concurrently.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import time
 import uuid
@@ -53,6 +51,7 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.security.auth import Authenticator, AuthOutcome
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
@@ -96,6 +95,9 @@ class BrokerCore:
         #: connection, or (cluster) the proxy that ships it to the client's node.
         self.wakers: dict[str, Waker] = {}
         self.shutting_down = False
+        #: Who may connect (password file, anonymous access, failed-login limit); its
+        #: ``reload()`` re-reads the password file.
+        self.auth = Authenticator.from_config(config)
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
 
@@ -168,32 +170,16 @@ class BrokerCore:
                 # permitted redelivery, so it is written lazily.
                 await self.manager.persist([session], Durability.LAZY)
 
-    def _authenticate(self, packet: Connect) -> ConnectReturnCode:
-        users = self.config.users
-        if packet.username is None:
-            if self.config.allow_anonymous:
-                return ConnectReturnCode.ACCEPTED
-            return ConnectReturnCode.NOT_AUTHORIZED
-        if users is None:
-            return (
-                ConnectReturnCode.ACCEPTED
-                if self.config.allow_anonymous
-                else (ConnectReturnCode.NOT_AUTHORIZED)
-            )
-        expected = users.get(packet.username)
-        given = hashlib.sha256(packet.password or b"").hexdigest()
-        if expected is None or not hmac.compare_digest(expected.lower(), given):
-            return ConnectReturnCode.BAD_USERNAME_OR_PASSWORD
-        return ConnectReturnCode.ACCEPTED
-
     async def on_connect(self, handler: ClientHandler, packet: Connect) -> list[Event]:
         conn = handler.conn
-        code = self._authenticate(packet)
-        if code is not ConnectReturnCode.ACCEPTED:
-            log.info("refusing client %r from %s: %s (user %r)", packet.client_id,
-                     handler.transport.peer, code.name.lower().replace("_", " "),
-                     packet.username)
-            conn.refuse(code)
+        outcome = await self.auth.check(packet.username, packet.password,
+                                        handler.transport.peer)
+        if outcome is not AuthOutcome.ACCEPTED:
+            # A rate-limited address was logged once when it went over; not every CONNECT.
+            log.log(logging.DEBUG if outcome is AuthOutcome.RATE_LIMITED else logging.INFO,
+                    "refusing client %r from %s: %s (user %r)", packet.client_id,
+                    handler.transport.peer, outcome.value, packet.username)
+            conn.refuse(_CONNACK_FOR[outcome])
             return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
         if client_id not in self.clients and len(self.clients) >= self.limits.max_connections:
@@ -327,6 +313,14 @@ class BrokerCore:
         if self.wakers.get(client_id) is handler:
             del self.wakers[client_id]
         await self.manager.close(handler)
+
+
+_CONNACK_FOR = {
+    AuthOutcome.ACCEPTED: ConnectReturnCode.ACCEPTED,
+    AuthOutcome.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+    AuthOutcome.BAD_CREDENTIALS: ConnectReturnCode.BAD_USERNAME_OR_PASSWORD,
+    AuthOutcome.RATE_LIMITED: ConnectReturnCode.NOT_AUTHORIZED,
+}
 
 
 class Waker(Protocol):
