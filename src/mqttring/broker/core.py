@@ -51,6 +51,7 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.security.acl import AccessControl, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ class BrokerCore:
         #: Who may connect (password file, anonymous access, failed-login limit); its
         #: ``reload()`` re-reads the password file.
         self.auth = Authenticator.from_config(config)
+        #: What clients may read, write and subscribe to; None (no ``acl_file``): anything.
+        #: Its ``reload()`` swaps in the file as it is now.
+        self.acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
 
@@ -185,6 +189,14 @@ class BrokerCore:
         if client_id not in self.clients and len(self.clients) >= self.limits.max_connections:
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
             return []
+        access = self.access_for(packet.username, client_id)
+        if access is not None and packet.will is not None and not access.may_write(
+                packet.will.topic):
+            # As mosquitto: a will the client could not publish itself refuses the CONNECT.
+            log.info("refusing client %r from %s: the ACL denies its will topic %r",
+                     client_id, handler.transport.peer, packet.will.topic)
+            conn.refuse(ConnectReturnCode.NOT_AUTHORIZED)
+            return []
         handler.client_id = client_id
         try:
             session, present = await self.manager.open(handler, client_id, packet)
@@ -195,6 +207,7 @@ class BrokerCore:
         if conn.closed:
             return []  # taken over while we were asking
         handler.session = session
+        session.access = access  # before accept: what it sends from its queue is checked
         handler.will = packet.will
         self.clients[client_id] = handler
         self.wakers[client_id] = handler
@@ -218,6 +231,10 @@ class BrokerCore:
         # Clients may not write the broker's own $SYS tree; such a message is acknowledged
         # (refusing it would only make the client resend) and not routed.
         messages = [e.message for e in events if not e.message.topic.startswith("$SYS")]
+        session = handler.session
+        access = session.access if session is not None else None
+        if access is not None and messages:
+            messages = self._writable(handler, access, messages)
         if messages:
             try:
                 await self.router.publish_many(messages)
@@ -228,7 +245,6 @@ class BrokerCore:
                             messages[0].topic, handler.client_id, exc)
                 handler.kick(f"publishes not accepted: {exc}")
                 return
-        session = handler.session
         if session is not None and session.persistent and any(
                 e.message.qos == 2 for e in events):
             # The inbound QoS 2 ids must be durable before PUBREC, or a crash would let the
@@ -237,6 +253,23 @@ class BrokerCore:
         ack = handler.conn.ack_publish
         for event in events:
             ack(event.packet_id, event.message.qos)
+
+    def access_for(self, username: str | None, client_id: str) -> ClientAccess | None:
+        """The ACL's view of one client (None: no ACL file, anything goes)."""
+        return None if self.acl is None else self.acl.for_client(username, client_id)
+
+    def _writable(self, handler: ClientHandler, access: ClientAccess,
+                  messages: list[Message]) -> list[Message]:
+        """The messages the ACL lets this client publish.  A denied one is acknowledged
+        like the others (as mosquitto does: refusing would only make the client resend) but
+        never routed, so it is neither delivered, retained nor archived."""
+        allowed = [m for m in messages if access.may_write(m.topic)]
+        if len(allowed) != len(messages):
+            for m in messages:
+                if not access.may_write(m.topic):
+                    log.info("denied a publish of %r on %r by the ACL (not routed)",
+                             handler.client_id, m.topic)
+        return allowed
 
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
@@ -250,7 +283,14 @@ class BrokerCore:
     async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...]) -> list[int]:
         """Register a session's filters (durably for a persistent one); the SUBACK codes."""
         codes: list[int] = []
+        access = session.access
         for topic_filter, qos in topics:
+            if access is not None and not access.may_subscribe(topic_filter):
+                # mosquitto checks a subscription against read rules; SUBACK 0x80.
+                log.info("refused a subscription of %r to %r by the ACL", session.client_id,
+                         topic_filter)
+                codes.append(SUBACK_FAILURE)
+                continue
             if (
                 topic_filter not in session.subscriptions
                 and len(session.subscriptions) >= self.limits.max_subscriptions
