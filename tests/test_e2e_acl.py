@@ -119,6 +119,10 @@ def test_patterns_and_anonymous_rules(acl_node):
     pub(dev, "public/news", b"not allowed", pid=2)       # anonymous may only read public/
     pub(dev, "devices/dev1/state", b"mine", pid=3)
     assert received(dev, "devices/dev1/state") == []
+    # A will the client could not publish itself refuses the CONNECT (as mosquitto).
+    willing = RawClient("127.0.0.1", acl_node.port, timeout=10)
+    assert willing.connect("dev3", will=("public/will", b"w", 0, False)).return_code == 5
+    willing.close()
     other = client(acl_node.port, "dev2")
     assert other.subscribe([("devices/dev2/#", 1)]) == [1]
     pub(other, "devices/dev2/marker", b"m", pid=1)
@@ -126,7 +130,7 @@ def test_patterns_and_anonymous_rules(acl_node):
 
 
 def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
-    """``AccessControl.reload`` (what the SIGHUP hook calls) on a running broker: messages
+    """``BrokerCore.reload_security`` (what the SIGHUP hook calls) on a running broker: messages
     queued for an away persistent session before the change, and live ones after it, obey
     the new rules.  In-process, so the test can call the hook itself."""
     from mqttring import BrokerConfig, MqttRingBroker
@@ -150,8 +154,8 @@ def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
         pub(bob, "shared/a", b"queued-a", pid=1)
         pub(bob, "shared/b", b"queued-b", pid=2)
         acl.write_text(ACL.replace("topic read shared/#", "topic read shared/b/#"))
-        assert broker.core is not None and broker.core.acl is not None
-        broker.core.acl.reload()
+        assert broker.core is not None
+        broker.core.reload_security()  # what the SIGHUP hook calls
         back = RawClient("127.0.0.1", ports.mqtt, timeout=10)
         assert back.connect("alice-q", clean_session=False, username="alice",
                             password=b"a-pw").return_code == 0

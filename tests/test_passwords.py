@@ -194,3 +194,45 @@ def test_node_refuses_to_start_on_a_bad_password_file(tmp_path: Path):
     assert done.returncode == 2
     err = done.stderr.decode()
     assert "configuration error" in err and f"{bad}:1" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- Authenticator
+
+
+def test_authenticator_outcomes_cache_reload_and_limit(tmp_path):
+    import trio
+
+    from mqttring.security.auth import Authenticator, AuthOutcome
+    from mqttring.security.passwords import format_entries
+
+    f = tmp_path / "pw"
+    f.write_text(format_entries([("alice", hash_password(b"one"))]))
+    now = [0.0]
+    auth = Authenticator(allow_anonymous=False, password_file=f, failures_allowed=2,
+                         failure_window=60.0, clock=lambda: now[0])
+
+    async def main() -> None:
+        check = auth.check
+        assert await check(None, None, "1.1.1.1:1") is AuthOutcome.NOT_AUTHORIZED
+        assert await check("alice", b"one", "1.1.1.1:1") is AuthOutcome.ACCEPTED
+        assert await check("alice", b"one", "1.1.1.1:2") is AuthOutcome.ACCEPTED  # cached
+        # A changed file takes effect at reload, cached success or not.
+        f.write_text(format_entries([("alice", hash_password(b"two"))]))
+        auth.reload()
+        assert await check("alice", b"one", "1.1.1.1:3") is AuthOutcome.BAD_CREDENTIALS
+        assert await check("alice", b"two", "1.1.1.1:4") is AuthOutcome.ACCEPTED
+        # A file that does not parse keeps the old one in force.
+        f.write_text("alice:nonsense\n")
+        with pytest.raises(PasswordFileError):
+            auth.reload()
+        assert await check("alice", b"two", "2.2.2.2:1") is AuthOutcome.ACCEPTED
+        # Two failures from 1.1.1.1 (one above) use its budget: refused unchecked.
+        assert await check("bob", b"x", "1.1.1.1:5") is AuthOutcome.BAD_CREDENTIALS
+        assert await check("alice", b"two", "1.1.1.1:6") is AuthOutcome.RATE_LIMITED
+        assert await check("alice", b"two", "2.2.2.2:2") is AuthOutcome.ACCEPTED
+        now[0] = 31.0  # one token back (2 per 60 s)
+        assert await check("alice", b"two", "1.1.1.1:7") is AuthOutcome.ACCEPTED
+
+    trio.run(main)
+    anon = Authenticator(allow_anonymous=True)
+    assert trio.run(anon.check, "anyone", b"x", "h:1") is AuthOutcome.ACCEPTED

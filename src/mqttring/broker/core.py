@@ -39,7 +39,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
-from mqttring.config import BrokerConfig
+from mqttring.config import BrokerConfig, ConfigError
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
     ConnectRequested,
@@ -131,6 +131,26 @@ class BrokerCore:
         if restore is not None:
             restore(restored)
         return len(restored)
+
+    def reload_security(self) -> None:
+        """Re-read the password file and the ACL file (the reload hook's call; SIGHUP).
+
+        Each file is swapped in whole if it parses and left as it was if not; both are
+        tried, then the first error (a ``ConfigError`` naming the file and line) is raised.
+        It reads two small files: cheap, but a caller in the event loop may prefer
+        ``trio.to_thread.run_sync(core.reload_security)`` (each swap is one assignment).
+        """
+        errors: list[ConfigError] = []
+        for holder in (self.auth, self.acl):
+            if holder is None:
+                continue
+            try:
+                holder.reload()
+            except ConfigError as exc:
+                log.error("not reloaded, the previous rules stay in force: %s", exc)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     # -- events -----------------------------------------------------------------------------
 
