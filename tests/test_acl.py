@@ -151,3 +151,11 @@ def test_session_filters_on_delivery_and_when_its_queue_drains(tmp_path):
     session.attach(out)
     assert b"yes" in out and b"later denied" not in out
     assert not session.queue and len(session.inflight) == 1
+
+
+def test_the_documented_acl_sample_parses():
+    """The ACL sample in docs/security.md (the block after "ACL file") is a valid file."""
+    doc = (Path(__file__).parents[1] / "docs" / "security.md").read_text()
+    sample = doc.split("## ACL file", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
+    acl = AclFile.parse(sample, "docs/security.md")
+    assert set(acl.users) == {"alice", "bob"} and len(acl.patterns) == 2
