@@ -21,6 +21,11 @@ Invariants:
 * ``connection_lost`` runs once per handler (guarded by ``handler.finished``) and publishes
   the will unless the client sent DISCONNECT [MQTT-3.1.2-8, MQTT-3.14.4-3].
 
+Who may do what (``mqttring.security``, docs/security.md): ``auth`` decides CONNECT (the
+password check runs in a worker thread); ``acl`` (None without an ``acl_file``) is asked
+for a client's writes here at its edge, for its subscriptions where its session lives, and
+for each delivery by the session itself (``Session.access``, bound at connect).
+
 Events of one connection are handled in order by that connection's acceptor task
 (``mqttring.broker.client``), so one client's packets are processed sequentially; different
 clients proceed concurrently.
