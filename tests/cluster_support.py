@@ -129,6 +129,8 @@ class NodeCluster(LocalCluster):
         self.ports: dict[str, int] = {}
         #: More ``mqttring.node`` flags for every node started from now on.
         self.extra_args: list[str] = []
+        #: More TOML lines for every node (``acl_file = "..."``, ...).
+        self.extra_toml = ""
 
     # LocalCluster.start with ``sys_interval`` in the TOML and a log level for diagnosis.
     def start(self, node_id: str, join: str | None = None, *, secret: str | None = None,
@@ -147,7 +149,7 @@ class NodeCluster(LocalCluster):
         toml = self.root / f"{node_id}.toml"
         toml.write_text(f"heartbeat_interval = {self.heartbeat}\n"
                         f"failure_grace = {self.grace}\n"
-                        f"sys_interval = {self.sys_interval}\n")
+                        f"sys_interval = {self.sys_interval}\n" + self.extra_toml)
         cmd = [sys.executable, "-m", "mqttring.node", "--node-id", node_id,
                "--cluster", proc.cluster, "--raft", proc.raft,
                "--data-dir", str(proc.data_dir), "--ready-file", str(proc.ready_file),

@@ -114,6 +114,8 @@ class NodeProcess:
         self.ws_port: int | None = None
         self.pid = 0
         self.starts = 0
+        #: More command-line flags for the node (``--password-file F``, ...).
+        self.extra_args: list[str] = []
 
     @property
     def handle(self) -> BrokerHandle:
@@ -134,6 +136,7 @@ class NodeProcess:
         ]  # fmt: skip
         if self.ws:
             cmd += ["--ws", f"{HOST}:0"]
+        cmd += self.extra_args
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== start {self.starts}: {' '.join(cmd)}\n".encode())
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

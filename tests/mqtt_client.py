@@ -269,9 +269,12 @@ class RawClient:
     """One TCP connection to the broker; every wait is bounded."""
 
     def __init__(
-        self, host: str, port: int, timeout: float = 5.0, rcvbuf: int | None = None
+        self, host: str, port: int, timeout: float = 5.0, rcvbuf: int | None = None,
+        source: str | None = None,
     ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if source is not None:
+            self.sock.bind((source, 0))  # another loopback address: another client host
         if rcvbuf is not None:
             # Before connect, so the TCP window is small from the start (slow-reader tests).
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)

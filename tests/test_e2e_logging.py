@@ -58,14 +58,15 @@ def test_connections_and_their_ends_are_logged_with_reasons(broker_factory, raw,
 
 
 def test_a_refused_login_is_logged(tmp_path, uid, caplog):
-    import hashlib
-
     from mqttring import BrokerConfig, MqttRingBroker
+    from mqttring.security.passwords import format_entries, hash_password
 
     caplog.set_level(logging.INFO, logger="mqttring")
-    users = {"alice": hashlib.sha256(b"right").hexdigest()}
+    passwords = tmp_path / "passwords"
+    passwords.write_text(format_entries([("alice", hash_password(b"right"))]))
     broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path,
-                                         sys_interval=0, allow_anonymous=False, users=users))
+                                         sys_interval=0, allow_anonymous=False,
+                                         password_file=passwords))
     ports = broker.start()
     try:
         client = RawClient("127.0.0.1", ports.mqtt)

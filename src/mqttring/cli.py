@@ -16,7 +16,8 @@ from mqttring import __version__
 
 #: Modules that provide ``register(subparsers)``.
 SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin",
-                                "mqttring.analytics.cli", "mqttring.spark.cli")
+                                "mqttring.analytics.cli", "mqttring.spark.cli",
+                                "mqttring.security.passwd_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

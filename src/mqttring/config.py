@@ -83,17 +83,6 @@ def _topic_filters(filters: tuple[str, ...]) -> tuple[str, ...]:
     return filters
 
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def _users(users: dict[str, Any]) -> dict[str, str]:
-    for name, digest in users.items():
-        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-            raise Invalid("expected the SHA-256 digest of the password as 64 lowercase hex "
-                          "digits", part=name, value=digest, secret=True)
-    return users
-
-
 # Aliases for the annotations used more than once; each says what the field allows.
 #: An integer >= 1 (a count, a bound that must let something through).
 Count = Annotated[int, Meta(ge=1)]
@@ -212,9 +201,15 @@ class BrokerConfig:
     archive_expiry_interval: Interval = 60.0
     #: Accept CONNECTs without a username (else CONNACK 5, not authorized).
     allow_anonymous: bool = True
-    #: username -> SHA-256 hex digest of the password; a wrong pair gets CONNACK 4.
-    users: Annotated[dict[str, Any] | None, Rule(
-        _users, "a table of username = SHA-256 hex digest of the password")] = None
+    #: mosquitto-format password file (``mqttring passwd``, ``mosquitto_passwd``); a wrong
+    #: username/password pair gets CONNACK 4 (``docs/security.md``).
+    password_file: Path | None = None
+    #: mosquitto-format ACL file; with one, anything it does not grant is denied.
+    acl_file: Path | None = None
+    #: Failed logins one source address may make per ``auth_failure_window`` seconds before
+    #: its CONNECTs are refused unchecked (CONNACK 5); 0 = no limit.
+    auth_failures_allowed: Annotated[int, Meta(ge=0)] = 10
+    auth_failure_window: Interval = 60.0
     #: Admin RPC (stats, snapshots) of a single node, HOST:PORT; needs ``cluster_secret``.
     #: A cluster node serves the same requests on its ``cluster`` address.
     admin: Address = None
@@ -310,7 +305,7 @@ class BrokerConfig:
     @classmethod
     def from_toml(cls, path: str | Path, *, environ: Mapping[str, str] | None = None,
                   **overrides: Any) -> BrokerConfig:
-        """Read a TOML file (top-level keys plus ``[limits]``, ``[store]`` and ``[users]``);
+        """Read a TOML file (top-level keys plus the ``[limits]`` and ``[store]`` tables);
         then ``from_mapping`` (environment, then ``overrides``)."""
         try:
             raw = tomllib.loads(Path(path).read_text())
@@ -334,6 +329,8 @@ class BrokerConfig:
         Each layer is checked as it comes, so an error names the key, variable or flag that
         holds the bad value; rules over several fields run on the result.
         """
+        if "users" in raw:
+            raise ConfigError(_USERS_REMOVED)
         values = table_values(cls, raw)
         env = os.environ if environ is None else environ
         _merge(values, environment_overrides(env, cls))
@@ -418,3 +415,9 @@ def flag_overrides(flags: Mapping[str, Any], cls: type = BrokerConfig) -> dict[s
         else:
             values[name] = check_value(specs[name], value, flag)
     return values
+
+
+#: The unsalted ``[users]`` table of earlier versions is refused, saying how to migrate.
+_USERS_REMOVED = ("users: the [users] table (unsalted SHA-256) was removed: put each user in a "
+                  "password file with `mqttring passwd -c -b FILE USER PASSWORD` (then "
+                  "without -c for more) and set password_file = \"FILE\"")

@@ -29,6 +29,7 @@ import trio
 from mqttring import __version__
 from mqttring.config import BrokerConfig, ConfigError, flag_overrides
 from mqttring.embedded import MqttRingBroker
+from mqttring.security import check_security_files
 from mqttring.workers import run_workers, worker_count
 
 log = logging.getLogger("mqttring.node")
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)")
     parser.add_argument("--http", help="HTTP API, /metrics and dashboard HOST:PORT (off by "
                                        "default; token in env MQTTRING_HTTP_TOKEN)")
+    parser.add_argument("--password-file",
+                        help="mosquitto-format password file (mqttring passwd)")
+    parser.add_argument("--acl-file", help="mosquitto-format ACL file")
     parser.add_argument("--replication", help="replicas per shard (default 2)")
     parser.add_argument("--num-shards", help="shards, fixed when a cluster forms")
     parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
@@ -89,6 +93,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "cluster_secret": args.cluster_secret,
         "replication": args.replication,
         "http": args.http,
+        "password_file": args.password_file,
+        "acl_file": args.acl_file,
         "num_shards": args.num_shards,
         "reuse_port": args.reuse_port,
         "leave_on_stop": None if args.stay_on_stop is None else not args.stay_on_stop,
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         config = config_from_args(args)
+        check_security_files(config)  # a bad file is a one-line error, not a traceback
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,11 @@ Invariants:
 * ``connection_lost`` runs once per handler (guarded by ``handler.finished``) and publishes
   the will unless the client sent DISCONNECT [MQTT-3.1.2-8, MQTT-3.14.4-3].
 
+Who may do what (``mqttring.security``, docs/security.md): ``auth`` decides CONNECT (the
+password check runs in a worker thread); ``acl`` (None without an ``acl_file``) is asked
+for a client's writes here at its edge, for its subscriptions where its session lives, and
+for each delivery by the session itself (``Session.access``, bound at connect).
+
 Events of one connection are handled in order by that connection's acceptor task
 (``mqttring.broker.client``), so one client's packets are processed sequentially; different
 clients proceed concurrently.
@@ -28,8 +33,6 @@ clients proceed concurrently.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import time
 import uuid
@@ -41,7 +44,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
-from mqttring.config import BrokerConfig
+from mqttring.config import BrokerConfig, ConfigError
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
     ConnectRequested,
@@ -53,6 +56,8 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.security.acl import AccessControl, ClientAccess
+from mqttring.security.auth import Authenticator, AuthOutcome
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
@@ -96,6 +101,12 @@ class BrokerCore:
         #: connection, or (cluster) the proxy that ships it to the client's node.
         self.wakers: dict[str, Waker] = {}
         self.shutting_down = False
+        #: Who may connect (password file, anonymous access, failed-login limit); its
+        #: ``reload()`` re-reads the password file.
+        self.auth = Authenticator.from_config(config)
+        #: What clients may read, write and subscribe to; None (no ``acl_file``): anything.
+        #: Its ``reload()`` swaps in the file as it is now.
+        self.acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
 
@@ -125,6 +136,26 @@ class BrokerCore:
         if restore is not None:
             restore(restored)
         return len(restored)
+
+    def reload_security(self) -> None:
+        """Re-read the password file and the ACL file (the reload hook's call; SIGHUP).
+
+        Each file is swapped in whole if it parses and left as it was if not; both are
+        tried, then the first error (a ``ConfigError`` naming the file and line) is raised.
+        It reads two small files: cheap, but a caller in the event loop may prefer
+        ``trio.to_thread.run_sync(core.reload_security)`` (each swap is one assignment).
+        """
+        errors: list[ConfigError] = []
+        for holder in (self.auth, self.acl):
+            if holder is None:
+                continue
+            try:
+                holder.reload()
+            except ConfigError as exc:
+                log.error("not reloaded, the previous rules stay in force: %s", exc)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     # -- events -----------------------------------------------------------------------------
 
@@ -168,36 +199,28 @@ class BrokerCore:
                 # permitted redelivery, so it is written lazily.
                 await self.manager.persist([session], Durability.LAZY)
 
-    def _authenticate(self, packet: Connect) -> ConnectReturnCode:
-        users = self.config.users
-        if packet.username is None:
-            if self.config.allow_anonymous:
-                return ConnectReturnCode.ACCEPTED
-            return ConnectReturnCode.NOT_AUTHORIZED
-        if users is None:
-            return (
-                ConnectReturnCode.ACCEPTED
-                if self.config.allow_anonymous
-                else (ConnectReturnCode.NOT_AUTHORIZED)
-            )
-        expected = users.get(packet.username)
-        given = hashlib.sha256(packet.password or b"").hexdigest()
-        if expected is None or not hmac.compare_digest(expected.lower(), given):
-            return ConnectReturnCode.BAD_USERNAME_OR_PASSWORD
-        return ConnectReturnCode.ACCEPTED
-
     async def on_connect(self, handler: ClientHandler, packet: Connect) -> list[Event]:
         conn = handler.conn
-        code = self._authenticate(packet)
-        if code is not ConnectReturnCode.ACCEPTED:
-            log.info("refusing client %r from %s: %s (user %r)", packet.client_id,
-                     handler.transport.peer, code.name.lower().replace("_", " "),
-                     packet.username)
-            conn.refuse(code)
+        outcome = await self.auth.check(packet.username, packet.password,
+                                        handler.transport.peer)
+        if outcome is not AuthOutcome.ACCEPTED:
+            # A rate-limited address was logged once when it went over; not every CONNECT.
+            log.log(logging.DEBUG if outcome is AuthOutcome.RATE_LIMITED else logging.INFO,
+                    "refusing client %r from %s: %s (user %r)", packet.client_id,
+                    handler.transport.peer, outcome.value, packet.username)
+            conn.refuse(_CONNACK_FOR[outcome])
             return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
         if client_id not in self.clients and len(self.clients) >= self.limits.max_connections:
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
+            return []
+        access = self.access_for(packet.username, client_id)
+        if access is not None and packet.will is not None and not access.may_write(
+                packet.will.topic):
+            # As mosquitto: a will the client could not publish itself refuses the CONNECT.
+            log.info("refusing client %r from %s: the ACL denies its will topic %r",
+                     client_id, handler.transport.peer, packet.will.topic)
+            conn.refuse(ConnectReturnCode.NOT_AUTHORIZED)
             return []
         handler.client_id = client_id
         try:
@@ -209,6 +232,7 @@ class BrokerCore:
         if conn.closed:
             return []  # taken over while we were asking
         handler.session = session
+        session.access = access  # before accept: what it sends from its queue is checked
         handler.will = packet.will
         handler.connected_at = time.time()
         self.clients[client_id] = handler
@@ -236,6 +260,10 @@ class BrokerCore:
         # Clients may not write the broker's own $SYS tree; such a message is acknowledged
         # (refusing it would only make the client resend) and not routed.
         messages = [e.message for e in events if not e.message.topic.startswith("$SYS")]
+        session = handler.session
+        access = session.access if session is not None else None
+        if access is not None and messages:
+            messages = self._writable(handler, access, messages)
         if messages:
             try:
                 await self.router.publish_many(messages)
@@ -246,7 +274,6 @@ class BrokerCore:
                             messages[0].topic, handler.client_id, exc)
                 handler.kick(f"publishes not accepted: {exc}")
                 return
-        session = handler.session
         if session is not None and session.persistent and any(
                 e.message.qos == 2 for e in events):
             # The inbound QoS 2 ids must be durable before PUBREC, or a crash would let the
@@ -255,6 +282,23 @@ class BrokerCore:
         ack = handler.conn.ack_publish
         for event in events:
             ack(event.packet_id, event.message.qos)
+
+    def access_for(self, username: str | None, client_id: str) -> ClientAccess | None:
+        """The ACL's view of one client (None: no ACL file, anything goes)."""
+        return None if self.acl is None else self.acl.for_client(username, client_id)
+
+    def _writable(self, handler: ClientHandler, access: ClientAccess,
+                  messages: list[Message]) -> list[Message]:
+        """The messages the ACL lets this client publish.  A denied one is acknowledged
+        like the others (as mosquitto does: refusing would only make the client resend) but
+        never routed, so it is neither delivered, retained nor archived."""
+        allowed = [m for m in messages if access.may_write(m.topic)]
+        if len(allowed) != len(messages):
+            for m in messages:
+                if not access.may_write(m.topic):
+                    log.info("denied a publish of %r on %r by the ACL (not routed)",
+                             handler.client_id, m.topic)
+        return allowed
 
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
@@ -268,7 +312,14 @@ class BrokerCore:
     async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...]) -> list[int]:
         """Register a session's filters (durably for a persistent one); the SUBACK codes."""
         codes: list[int] = []
+        access = session.access
         for topic_filter, qos in topics:
+            if access is not None and not access.may_subscribe(topic_filter):
+                # mosquitto checks a subscription against read rules; SUBACK 0x80.
+                log.info("refused a subscription of %r to %r by the ACL", session.client_id,
+                         topic_filter)
+                codes.append(SUBACK_FAILURE)
+                continue
             if (
                 topic_filter not in session.subscriptions
                 and len(session.subscriptions) >= self.limits.max_subscriptions
@@ -331,6 +382,14 @@ class BrokerCore:
         if self.wakers.get(client_id) is handler:
             del self.wakers[client_id]
         await self.manager.close(handler)
+
+
+_CONNACK_FOR = {
+    AuthOutcome.ACCEPTED: ConnectReturnCode.ACCEPTED,
+    AuthOutcome.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+    AuthOutcome.BAD_CREDENTIALS: ConnectReturnCode.BAD_USERNAME_OR_PASSWORD,
+    AuthOutcome.RATE_LIMITED: ConnectReturnCode.NOT_AUTHORIZED,
+}
 
 
 class Waker(Protocol):

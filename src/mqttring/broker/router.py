@@ -218,6 +218,9 @@ class LocalRouter:
             session = sessions.get(cid)
             if session is None:
                 continue
+            access = session.access
+            if access is not None and not access.may_read(topic):
+                continue
             before = session.dropped
             if session.deliver_encoded(frames, count):
                 sent += count

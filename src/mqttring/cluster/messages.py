@@ -284,6 +284,9 @@ class SessionOpen(_Frozen, tag="sopen"):
     token: str
     clean: bool
     will: WillSpec | None
+    #: The CONNECT's username: the home applies the ACL (``acl_file``, the same on every
+    #: node) to what it delivers to a persistent session.  Defaults for older senders.
+    username: str | None = None
 
 
 class SessionClose(_Frozen, tag="sclose"):

@@ -254,7 +254,7 @@ class ClusterSessions(LocalSessions):
         try:
             answer = await self.links.request(
                 home, SessionOpen(0, client_id, self.node_id, token, packet.clean_session,
-                                  will_to_wire(packet.will)),
+                                  will_to_wire(packet.will), packet.username),
                 # The home may wait for its shard to load and for a previous connection to
                 # be closed, each up to ``patience``: never give up before it answers.
                 timeout=2 * self.patience + 5.0, expect=SessionOpened)
@@ -520,6 +520,8 @@ class ClusterSessions(LocalSessions):
                     del self.core.sessions[client_id]
                 self.links.reply(node, req, True, SessionOpened(False, [], []))
                 return
+            # The ACL's view of the client, before attach: queued messages are checked too.
+            session.access = self.core.access_for(message.username, client_id)
             proxy = SessionProxy(self.links, edge, client_id, token)
             self.proxies[client_id] = proxy
             self.core.wakers[client_id] = proxy

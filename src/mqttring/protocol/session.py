@@ -23,6 +23,12 @@ knows nothing of trio, sockets or LMDB:
 * Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
   until PUBREL, so a redelivered PUBLISH with the same id is acknowledged but not routed again.
 
+Access control: ``access`` (None unless the node has an ACL file) answers whether a topic
+may reach this client.  It is asked where a message enters the session (``deliver``) and
+again where a queued one leaves for the connection (``_pump``), so a message queued before
+an ACL change, or while the client's identity was unknown (a session restored from the
+store), never reaches a client the current rules do not let read it.
+
 Persistence is by *dirty sets*, not callbacks: every change to a persistent session marks the
 outbound message (by its sequence number) or the inbound QoS 2 id it touched.  Whoever owns
 the store drains them with ``take_changes()`` and writes the latest state of each; several
@@ -45,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Protocol
 
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
@@ -160,6 +167,10 @@ class SessionLimits:
     hold_when_online: bool = True
 
 
+class ReadAccess(Protocol):
+    def may_read(self, topic: str) -> bool: ...
+
+
 @dataclass(slots=True)
 class Session:
     client_id: str
@@ -186,6 +197,9 @@ class Session:
     #: being stored durably (a queued QoS 1/2 message, an inbound QoS 2 id): whoever takes
     #: the changes must write them durably, even a lazy writer that got there first.
     durable_due: bool = False
+    #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
+    #: Set by whoever binds the client's connection; it is not stored.
+    access: ReadAccess | None = None
 
     @property
     def persistent(self) -> bool:
@@ -213,6 +227,9 @@ class Session:
         deadline ``now + message_ttl`` is stored and read on other nodes and after restarts.
         It only matters when a message TTL is configured.
         """
+        access = self.access
+        if access is not None and not access.may_read(message.topic):
+            return
         out = self.output
         if qos == 0:
             if out is not None:  # deliver_encoded inlined: this runs once per subscriber
@@ -296,11 +313,15 @@ class Session:
         queue = self.queue
         inflight = self.inflight
         window = self.limits.max_inflight
+        access = self.access
         taken = 0
         for entry in queue:
             if entry.qos and len(inflight) >= window:
                 break
             taken += 1
+            if access is not None and not access.may_read(entry.message.topic):
+                self._forget(entry)  # queued before an ACL change, or before we knew who
+                continue
             if entry.qos == 0:
                 out += entry.message.encode_qos0(entry.retain)
                 continue

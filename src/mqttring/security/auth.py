@@ -1,0 +1,132 @@
+"""Who may connect: the password file, anonymous access and the failed-login limit.
+
+Theory of operation
+-------------------
+``Authenticator.check(username, password, peer)`` is the one seam the broker core asks on
+CONNECT (a TLS listener that takes the username from a client certificate feeds the same
+call).  It never stalls the event loop for other clients:
+
+* PBKDF2 runs in a worker thread under a small ``trio.CapacityLimiter``, so guesses cannot
+  take every thread either.
+* Recent successes are cached per password-file snapshot, keyed by username and a keyed
+  hash of the password (the password itself is never kept): a reconnect storm costs one
+  PBKDF2 per user.  ``reload()`` swaps in a new snapshot, which starts with an empty cache,
+  so a changed or removed password stops working at once.
+* Failures are counted per source address (``mqttring.security.ratelimit``); an address
+  over its budget is refused without verifying anything.
+
+``reload()`` reads the file into a new immutable ``PasswordFile`` and swaps it in one
+assignment: a check in flight finishes against the snapshot it started with.  A file that
+does not parse leaves the old one in force and raises ``PasswordFileError``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from mqttring.config import BrokerConfig
+from mqttring.security.passwords import PasswordFile
+from mqttring.security.ratelimit import FailureLimiter, source_address
+
+log = logging.getLogger("mqttring.security")
+
+#: Successful (user, password) pairs remembered per snapshot; cleared when full.
+CACHE_SIZE = 1024
+#: Threads hashing passwords at once (the node's other blocking work keeps the rest).
+HASH_THREADS = 2
+
+
+class AuthOutcome(enum.Enum):
+    ACCEPTED = "accepted"
+    #: No username where one is needed, or a username with no way to check it.
+    NOT_AUTHORIZED = "not authorized"
+    BAD_CREDENTIALS = "bad username or password"
+    #: Too many failures from the source address: refused without verifying.
+    RATE_LIMITED = "too many failed logins from this address"
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """One loaded password file and the successes verified against it."""
+
+    passwords: PasswordFile
+    ok: dict[tuple[str, bytes], None] = field(default_factory=dict)
+
+
+class Authenticator:
+    def __init__(
+        self,
+        *,
+        allow_anonymous: bool = True,
+        password_file: Path | None = None,
+        failures_allowed: int = 10,
+        failure_window: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.allow_anonymous = allow_anonymous
+        self.password_file = password_file
+        self.limiter = FailureLimiter(failures_allowed, failure_window)
+        self._clock = clock
+        self._key = secrets.token_bytes(32)  # cache keys: useless outside this process
+        self._threads = trio.CapacityLimiter(HASH_THREADS)
+        self._snapshot: _Snapshot | None = None
+        if password_file is not None:
+            self._snapshot = _Snapshot(PasswordFile.load(password_file))
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> Authenticator:
+        return cls(
+            allow_anonymous=config.allow_anonymous,
+            password_file=config.password_file,
+            failures_allowed=config.auth_failures_allowed,
+            failure_window=config.auth_failure_window,
+        )
+
+    def reload(self) -> None:
+        """Read the password file again and swap it in (see the module docstring)."""
+        if self.password_file is not None:
+            passwords = PasswordFile.load(self.password_file)
+            self._snapshot = _Snapshot(passwords)
+            log.info("password file %s loaded: %d users", self.password_file, len(passwords))
+
+    async def check(self, username: str | None, password: bytes | None,
+                    peer: str) -> AuthOutcome:
+        if username is None:
+            return AuthOutcome.ACCEPTED if self.allow_anonymous else AuthOutcome.NOT_AUTHORIZED
+        snapshot = self._snapshot
+        if snapshot is None:
+            # No password file: a username proves nothing; mosquitto lets it in exactly
+            # when anonymous clients are let in.
+            return AuthOutcome.ACCEPTED if self.allow_anonymous else AuthOutcome.NOT_AUTHORIZED
+        addr = source_address(peer)
+        if self.limiter.blocked(addr, self._clock()):
+            log.debug("refusing a login for %r from %s unchecked: too many failures",
+                      username, peer)
+            return AuthOutcome.RATE_LIMITED
+        secret = password or b""
+        key = (username, hmac.new(self._key, secret, hashlib.sha256).digest())
+        if key in snapshot.ok:
+            return AuthOutcome.ACCEPTED
+        entry = snapshot.passwords.get(username)
+        good = entry is not None and await trio.to_thread.run_sync(
+            entry.verify, secret, limiter=self._threads)
+        if good:
+            if len(snapshot.ok) >= CACHE_SIZE:
+                snapshot.ok.clear()
+            snapshot.ok[key] = None
+            return AuthOutcome.ACCEPTED
+        if self.limiter.failed(addr, self._clock()):
+            log.warning("failed logins from %s reached %d within %.0f s: refusing its "
+                        "CONNECTs unchecked for a while (last user %r)", addr,
+                        self.limiter.burst, self.limiter.burst / self.limiter.rate, username)
+        return AuthOutcome.BAD_CREDENTIALS

@@ -1,0 +1,133 @@
+"""``mqttring passwd``: manage a password file the way ``mosquitto_passwd`` does.
+
+``-c`` creates (or overwrites) the file, ``-D`` deletes a user, ``-b`` takes the password
+from the command line (batch), otherwise it is asked for twice without echo.  The file is
+replaced atomically with mode 0600, so a node reloading it never sees half a file.  Lines of
+other users (and comments) are kept as they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from pathlib import Path
+
+from mqttring.security.passwords import (
+    DEFAULT_ITERATIONS,
+    PasswordFile,
+    PasswordFileError,
+    hash_password,
+    write_atomically,
+)
+
+
+class PasswdError(Exception):
+    """What the operator asked for cannot be done; the message says why."""
+
+
+def _edit(lines: list[str], user: str, new_line: str | None) -> tuple[list[str], bool]:
+    """``lines`` with ``user``'s entry replaced by ``new_line`` (None: removed, absent:
+    appended); and whether the user had an entry."""
+    out: list[str] = []
+    found = False
+    for line in lines:
+        if line.partition(":")[0].strip() == user and not line.lstrip().startswith("#"):
+            found = True
+            if new_line is not None:
+                out.append(new_line)
+            continue
+        out.append(line)
+    if not found and new_line is not None:
+        out.append(new_line)
+    return out, found
+
+
+def _ask_password() -> str:
+    first = getpass.getpass("Password: ")
+    second = getpass.getpass("Reenter password: ")
+    if first != second:
+        raise PasswdError("passwords do not match")
+    return first
+
+
+def update(path: Path, user: str, password: str | None, *, create: bool = False,
+           delete: bool = False, iterations: int = DEFAULT_ITERATIONS) -> bool:
+    """Apply one change to the file; False when ``delete`` found no such user."""
+    if ":" in user:
+        raise PasswdError("username must not contain the ':' character")
+    if not user:
+        raise PasswdError("username must not be empty")
+    if create:
+        lines: list[str] = []
+    else:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PasswdError(f"cannot open password file {path}: {exc}") from None
+        PasswordFile.parse(text, str(path))  # refuse to rewrite a file we cannot read
+        lines = text.splitlines()
+    new_line = None
+    if not delete:
+        assert password is not None
+        new_line = f"{user}:{hash_password(password.encode(), iterations=iterations).encode()}"
+    lines, found = _edit(lines, user, new_line)
+    write_atomically(path, "".join(f"{line}\n" for line in lines))
+    return found or not delete
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.create and args.delete:
+            raise PasswdError("-c and -D cannot be used together")
+        if args.batch and args.delete:
+            raise PasswdError("-b and -D cannot be used together")
+        if args.batch:
+            if args.password is None:
+                raise PasswdError("-b needs FILE USERNAME PASSWORD")
+            password: str | None = args.password
+        elif args.password is not None:
+            raise PasswdError("a password on the command line needs -b")
+        else:
+            password = None if args.delete else _ask_password()
+        if not update(args.file, args.username, password, create=args.create,
+                      delete=args.delete, iterations=args.iterations):
+            print(f"mqttring passwd: warning: user {args.username} not found in "
+                  f"{args.file}", file=sys.stderr)
+            return 1
+    except (PasswdError, PasswordFileError) as exc:
+        print(f"mqttring passwd: error: {exc}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, EOFError):
+        print(file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"mqttring passwd: error: cannot write {args.file}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _iterations(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("iterations must be >= 1")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "passwd", help="add, update or delete a user in a password file (as mosquitto_passwd)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-c", dest="create", action="store_true",
+                        help="create a new password file, overwriting an existing one")
+    parser.add_argument("-b", dest="batch", action="store_true",
+                        help="batch mode: the password is the last argument")
+    parser.add_argument("-D", dest="delete", action="store_true",
+                        help="delete the user instead of adding or updating it")
+    parser.add_argument("-I", dest="iterations", type=_iterations,
+                        default=DEFAULT_ITERATIONS,
+                        help=f"PBKDF2 iterations (default {DEFAULT_ITERATIONS}, as mosquitto)")
+    parser.add_argument("file", type=Path, help="the password file")
+    parser.add_argument("username")
+    parser.add_argument("password", nargs="?", help="with -b only")
+    parser.set_defaults(func=run)

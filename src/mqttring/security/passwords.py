@@ -1,0 +1,164 @@
+"""Password files in mosquitto's format: parse, hash, verify, write.
+
+A file made by ``mosquitto_passwd`` works here unchanged, and one written by
+``mqttring passwd`` works in mosquitto.  One entry per line, ``username:hash``:
+
+* ``$7$ITERATIONS$SALT$HASH``: PBKDF2-HMAC-SHA512 (mosquitto 2.x, the default).  ``SALT`` is
+  12 random bytes, ``HASH`` the 64-byte derived key, both standard base64 with padding; the
+  derivation runs over the *decoded* salt.
+* ``$6$SALT$HASH``: one SHA-512 over ``password + salt`` (mosquitto 1.6 and earlier).
+
+Blank lines and lines starting with ``#`` are skipped, as mosquitto does.  Anything else that
+is not a valid entry is a ``PasswordFileError`` naming the file and line: a password file
+that half loads would lock out the users after the bad line without a word.
+
+This module does no I/O but ``load``/``write`` and never runs inside the event loop's
+hot path: verification is CPU-heavy by design (``mqttring.security.auth`` runs it in a
+thread).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from mqttring.config import ConfigError
+
+#: mosquitto's PW_DEFAULT_ITERATIONS and SALT_LEN (``mosquitto_passwd`` writes these).
+DEFAULT_ITERATIONS = 101
+SALT_BYTES = 12
+_SHA512_BYTES = 64
+
+
+class PasswordFileError(ConfigError):
+    """A password file cannot be read or holds a line that is not a valid entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class PasswordHash:
+    """One stored password: ``kind`` 7 (PBKDF2-SHA512) or 6 (salted SHA-512)."""
+
+    kind: int
+    salt: bytes
+    digest: bytes
+    iterations: int = 0
+
+    def verify(self, password: bytes) -> bool:
+        """True when ``password`` hashes to this entry (constant-time compare).
+
+        CPU-heavy for ``$7$`` entries: call it from a worker thread.
+        """
+        if self.kind == 7:
+            got = hashlib.pbkdf2_hmac("sha512", password, self.salt, self.iterations,
+                                      len(self.digest))
+        else:
+            got = hashlib.sha512(password + self.salt).digest()
+        return hmac.compare_digest(got, self.digest)
+
+    def encode(self) -> str:
+        """The hash field as mosquitto writes it."""
+        salt = base64.b64encode(self.salt).decode()
+        digest = base64.b64encode(self.digest).decode()
+        if self.kind == 7:
+            return f"$7${self.iterations}${salt}${digest}"
+        return f"$6${salt}${digest}"
+
+    @classmethod
+    def parse(cls, text: str) -> PasswordHash:
+        """The hash field of an entry; ``ValueError`` saying what is wrong with it."""
+        parts = text.split("$")
+        if len(parts) < 2 or parts[0] != "":
+            raise ValueError("the password is not hashed (run mosquitto_passwd -U or "
+                             "mqttring passwd on the file)")
+        try:
+            if parts[1] == "7" and len(parts) == 5:
+                iterations = int(parts[2])
+                if iterations < 1:
+                    raise ValueError("iterations must be >= 1")
+                return cls(7, _b64(parts[3]), _b64(parts[4]), iterations)
+            if parts[1] == "6" and len(parts) == 4:
+                digest = _b64(parts[3])
+                if len(digest) != _SHA512_BYTES:
+                    raise ValueError("a $6$ hash must be 64 bytes")
+                return cls(6, _b64(parts[2]), digest)
+        except (ValueError, binascii.Error) as exc:
+            raise ValueError(f"malformed hash: {exc}") from None
+        raise ValueError(f"unknown hash type {'$'.join(parts[:2])}$ (expected $7$ or $6$)")
+
+
+def _b64(text: str) -> bytes:
+    return base64.b64decode(text.encode(), validate=True)
+
+
+def hash_password(password: bytes, *, iterations: int = DEFAULT_ITERATIONS,
+                  salt: bytes | None = None) -> PasswordHash:
+    """A new ``$7$`` entry, exactly as ``mosquitto_passwd`` makes one."""
+    salt = secrets.token_bytes(SALT_BYTES) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password, salt, iterations, _SHA512_BYTES)
+    return PasswordHash(7, salt, digest, iterations)
+
+
+@dataclass(frozen=True, slots=True)
+class PasswordFile:
+    """The entries of one password file: an immutable ``username -> PasswordHash``."""
+
+    entries: Mapping[str, PasswordHash]
+
+    def get(self, username: str) -> PasswordHash | None:
+        return self.entries.get(username)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<password file>") -> PasswordFile:
+        entries: dict[str, PasswordHash] = {}
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            user, sep, field = line.partition(":")
+            if not sep or not user:
+                raise PasswordFileError(f"{source}:{number}: expected username:hash")
+            try:
+                entries[user] = PasswordHash.parse(field)
+            except ValueError as exc:
+                raise PasswordFileError(f"{source}:{number}: user {user!r}: {exc}") from None
+        return cls(MappingProxyType(entries))
+
+    @classmethod
+    def load(cls, path: Path) -> PasswordFile:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PasswordFileError(f"cannot read password file {path}: {exc}") from None
+        return cls.parse(text, str(path))
+
+
+def format_entries(entries: Iterable[tuple[str, PasswordHash]]) -> str:
+    return "".join(f"{user}:{h.encode()}\n" for user, h in entries)
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``text``: a reader (a node reloading) sees the old file or the
+    new one, never half of one; the file is private to its owner from its first byte."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

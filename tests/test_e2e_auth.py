@@ -1,0 +1,93 @@
+"""Logins against a real node process with a password file (``docs/security.md``): made by the
+real ``mosquitto_passwd``, refused and accepted as mosquitto would, and a password-guessing
+client limited per source address without slowing anybody else's login."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+
+import pytest
+
+from mqtt_client import RawClient
+
+pytestmark = pytest.mark.timeout(90)
+
+GUESSER = "127.0.0.2"  # another loopback address: another client host to the node
+
+
+@pytest.fixture
+def secured(node_factory, tmp_path):
+    """A node with ``allow_anonymous = false``, users alice/bob in a mosquitto_passwd file,
+    and at most 3 failed logins per address per minute."""
+    pw = tmp_path / "passwords"
+    for args in (["-c", "-b", str(pw), "alice", "wonderland"], ["-b", str(pw), "bob", "builder"]):
+        done = subprocess.run(["mosquitto_passwd", *args], capture_output=True, timeout=10)
+        assert done.returncode == 0, done.stderr
+    conf = tmp_path / "node.toml"
+    conf.write_text(f'allow_anonymous = false\npassword_file = "{pw}"\n'
+                    "auth_failures_allowed = 3\nauth_failure_window = 60\n")
+    node = node_factory()
+    node.extra_args = ["--config", str(conf)]
+    node.start()
+    yield node
+    assert node.terminate() == 0
+
+
+def login(node, username: str | None, password: bytes | None, source: str | None = None,
+          ) -> int:
+    client = RawClient(node.handle.host, node.port, source=source, timeout=10)
+    try:
+        ack = client.connect(f"c-{time.monotonic_ns()}", username=username, password=password,
+                             timeout=10)
+        assert ack.return_code is not None
+        return ack.return_code
+    finally:
+        client.close()
+
+
+def test_logins_are_checked_against_the_mosquitto_passwd_file(secured):
+    assert login(secured, "alice", b"wonderland") == 0
+    assert login(secured, "bob", b"builder") == 0
+    assert login(secured, "alice", b"builder") == 4, "wrong password: CONNACK 4"
+    assert login(secured, "mallory", b"x") == 4, "unknown user: CONNACK 4"
+    assert login(secured, None, None) == 5, "anonymous refused: CONNACK 5"
+    log = secured.log_path.read_text()
+    assert "bad username or password (user 'mallory')" in log and "from 127.0.0.1:" in log
+    assert "builder" not in log.split("==== start")[-1], "no password reaches the log"
+
+
+def test_a_guessing_client_is_limited_and_does_not_delay_others(secured):
+    codes = [login(secured, "alice", f"guess{i}".encode(), GUESSER) for i in range(3)]
+    assert codes == [4, 4, 4]
+    # Budget used up: even the right password is refused unchecked from that address.
+    assert login(secured, "alice", b"wonderland", GUESSER) == 5
+    stop = threading.Event()
+    guesses = [0]
+
+    def guess() -> None:
+        for i in range(2000):  # bounded; stopped by the event long before
+            if stop.is_set():
+                return
+            with contextlib.suppress(OSError, TimeoutError):
+                login(secured, "alice", f"x{i}".encode(), GUESSER)
+            guesses[0] += 1
+
+    guesser = threading.Thread(target=guess)
+    guesser.start()
+    try:
+        worst = 0.0
+        for _ in range(20):
+            started = time.monotonic()
+            assert login(secured, "bob", b"builder") == 0
+            worst = max(worst, time.monotonic() - started)
+    finally:
+        stop.set()
+        guesser.join(30)
+    assert guesses[0] > 0
+    assert worst < 3.0, f"a login took {worst:.2f}s while another address guessed"
+    log = secured.log_path.read_text()
+    assert f"failed logins from {GUESSER} reached 3" in log
+    assert log.count(f"failed logins from {GUESSER}") == 1, "logged once, not per attempt"

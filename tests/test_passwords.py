@@ -1,0 +1,238 @@
+"""Password files (``mqttring.security.passwords``), the failed-login limit and
+``mqttring passwd``: golden entries made by the real ``mosquitto_passwd``, files we write read
+by the real ``mosquitto_passwd`` and accepted by a real mosquitto broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mqttring.cli import main as cli
+from mqttring.config import BrokerConfig, ConfigError
+from mqttring.security.passwords import (
+    PasswordFile,
+    PasswordFileError,
+    PasswordHash,
+    hash_password,
+)
+from mqttring.security.ratelimit import FailureLimiter, source_address
+
+pytestmark = pytest.mark.timeout(60)
+
+#: ``mosquitto_passwd -c -b f alice secret`` (mosquitto 2.0.11): PBKDF2-SHA512, 101 rounds.
+GOLDEN_7 = ("alice:$7$101$0DFnO3FjseuMDGFa$KGgLA/lQR0MZn+b0/EqLD0cgMCyR9HY3c45X79smtgLDmIULwSn"
+            "/Q7/X+DbvbW70f1B0w1C93ymOYiQVRPjsCw==")
+#: ``mosquitto_passwd -H sha512 -c -b f bob pw``: salted SHA-512 of mosquitto <= 1.6.
+GOLDEN_6 = ("bob:$6$P+dvU6fgVQCYQQ74$+VgjDTP/OLfq6lv/esXOEBGLi0Nc4wvnVHRJop6rN5uydZn3jAp3SpD/"
+            "iNRyQjjJxwsFRhvWi424pr/IR4ieNw==")
+
+
+def test_golden_entries_from_mosquitto_passwd_verify():
+    pw = PasswordFile.parse(f"# made by mosquitto_passwd\n\n{GOLDEN_7}\n{GOLDEN_6}\n")
+    alice, bob = pw.get("alice"), pw.get("bob")
+    assert alice is not None and bob is not None
+    assert (alice.kind, alice.iterations, len(alice.salt), len(alice.digest)) == (7, 101, 12, 64)
+    assert alice.verify(b"secret") and not alice.verify(b"Secret")
+    assert bob.verify(b"pw") and not bob.verify(b"pw ")
+    assert pw.get("carol") is None
+    # Encoding round-trips byte for byte.
+    assert f"alice:{alice.encode()}" == GOLDEN_7 and f"bob:{bob.encode()}" == GOLDEN_6
+
+
+def test_our_hash_is_mosquittos_derivation():
+    salt = PasswordHash.parse(GOLDEN_7.split(":", 1)[1]).salt
+    assert f"alice:{hash_password(b'secret', salt=salt).encode()}" == GOLDEN_7
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    (f"{GOLDEN_7}\nbob\n", ":2: expected username:hash"),
+    ("alice:plaintext\n", ":1: user 'alice': the password is not hashed"),
+    ("alice:$5$abc$def\n", "unknown hash type $5$"),
+    ("alice:$7$x$AAAA$AAAA\n", "malformed hash"),
+    ("alice:$7$101$!!!$AAAA\n", "malformed hash"),
+    ("# c\nalice:$6$AAAA$AAAA\n", ":2: user 'alice': malformed hash"),
+])
+def test_a_bad_line_is_a_typed_error_naming_it(text, where):
+    with pytest.raises(PasswordFileError) as err:
+        PasswordFile.parse(text, "pw")
+    assert where in str(err.value) and isinstance(err.value, ConfigError)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(PasswordFileError, match="cannot read password file"):
+        PasswordFile.load(tmp_path / "nope")
+
+
+def test_users_table_is_refused_with_how_to_migrate():
+    with pytest.raises(ConfigError, match=r"mqttring passwd -c -b FILE USER PASSWORD"):
+        BrokerConfig.from_mapping({"users": {"alice": "00"}})
+
+
+def test_failure_limiter_token_bucket_and_bounded_memory():
+    lim = FailureLimiter(burst=3, window=30.0, max_addresses=2)  # one token per 10 s
+    assert not lim.blocked("a", 0.0)
+    assert not lim.failed("a", 0.0) and not lim.failed("a", 0.0)
+    assert lim.failed("a", 0.0), "the third failure uses the budget up"
+    assert lim.blocked("a", 1.0) and not lim.blocked("b", 1.0)
+    assert not lim.blocked("a", 10.5), "a token came back after 10 s"
+    assert lim.failed("a", 10.5)
+    assert not lim.blocked("a", 100.0) and len(lim) == 0, "refilled entries are forgotten"
+    for addr in ("x", "y", "z"):
+        lim.failed(addr, 200.0)
+    assert len(lim) == 2, "memory is bounded"
+    off = FailureLimiter(burst=0, window=1.0)
+    assert not any(off.failed("a", 0.0) for _ in range(100)) and not off.blocked("a", 0.0)
+    assert source_address("127.0.0.1:5555") == "127.0.0.1"
+    assert source_address("ws:[::1]:80") == "ws:[::1]"
+
+
+# --------------------------------------------------------------------------- mqttring passwd
+
+
+def passwd(*args: str) -> int:
+    return cli(["passwd", *args])
+
+
+def test_passwd_create_update_delete_and_mosquitto_reads_it(tmp_path, capsys):
+    f = tmp_path / "pw"
+    assert passwd("-c", "-b", str(f), "alice", "one") == 0
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert passwd("-b", str(f), "bob", "two") == 0
+    assert passwd("-b", str(f), "alice", "three") == 0  # update in place
+    pw = PasswordFile.load(f)
+    assert [line.split(":")[0] for line in f.read_text().splitlines()] == ["alice", "bob"]
+    assert pw.get("alice").verify(b"three") and pw.get("bob").verify(b"two")
+    # The real mosquitto_passwd reads our file (it refuses a corrupt one) and adds to it.
+    done = subprocess.run(["mosquitto_passwd", "-b", str(f), "carol", "four"],
+                          capture_output=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert PasswordFile.load(f).get("carol").verify(b"four")
+    assert passwd("-D", str(f), "bob") == 0
+    assert PasswordFile.load(f).get("bob") is None
+    assert passwd("-D", str(f), "bob") == 1
+    assert "not found" in capsys.readouterr().err
+    assert passwd("-c", "-b", str(f), "dave", "five") == 0
+    assert list(PasswordFile.load(f).entries) == ["dave"], "-c overwrites"
+
+
+def test_passwd_errors_are_one_line(tmp_path, capsys):
+    f = tmp_path / "pw"
+    assert passwd("-b", str(f), "alice", "x") == 1  # no -c: the file must exist
+    assert "cannot open password file" in capsys.readouterr().err
+    assert passwd("-c", "-b", str(f), "a:b", "x") == 1
+    assert "':'" in capsys.readouterr().err
+    f.write_text("alice:plain\n")
+    assert passwd("-b", str(f), "bob", "x") == 1
+    err = capsys.readouterr().err
+    assert "pw:1" in err and "Traceback" not in err
+    assert f.read_text() == "alice:plain\n", "a file we cannot read is left alone"
+
+
+def test_passwd_prompts_twice(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "pw"
+    answers = iter(["s3cret", "s3cret", "a", "b"])
+    monkeypatch.setattr("getpass.getpass", lambda prompt="": next(answers))
+    assert passwd("-c", str(f), "alice") == 0
+    assert PasswordFile.load(f).get("alice").verify(b"s3cret")
+    assert passwd(str(f), "alice") == 1
+    assert "do not match" in capsys.readouterr().err
+    assert PasswordFile.load(f).get("alice").verify(b"s3cret")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_mosquitto_broker_accepts_our_file(tmp_path):
+    f = tmp_path / "pw"
+    assert passwd("-c", "-b", str(f), "alice", "s3cret") == 0
+    port = _free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {f}\n"
+                    + ("user root\n" if os.geteuid() == 0 else ""))
+    broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15
+        while True:  # bounded: until mosquitto listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert broker.poll() is None and time.monotonic() < deadline, "no mosquitto"
+                time.sleep(0.05)
+
+        def pub(password: str) -> int:
+            return subprocess.run(
+                ["mosquitto_pub", "-p", str(port), "-u", "alice", "-P", password, "-t", "t",
+                 "-m", "x"], capture_output=True, timeout=15).returncode
+
+        assert pub("s3cret") == 0
+        assert pub("wrong") != 0
+    finally:
+        broker.kill()
+        broker.wait(10)
+        assert broker.stdout is not None
+        broker.stdout.close()
+
+
+def test_node_refuses_to_start_on_a_bad_password_file(tmp_path: Path):
+    import sys
+    bad = tmp_path / "pw"
+    bad.write_text("alice:$7$101$AAAA\n")
+    done = subprocess.run([sys.executable, "-m", "mqttring.node", "--mqtt", "127.0.0.1:0",
+                           "--data-dir", str(tmp_path / "d"), "--password-file", str(bad)],
+                          capture_output=True, timeout=30)
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert "configuration error" in err and f"{bad}:1" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- Authenticator
+
+
+def test_authenticator_outcomes_cache_reload_and_limit(tmp_path):
+    import trio
+
+    from mqttring.security.auth import Authenticator, AuthOutcome
+    from mqttring.security.passwords import format_entries
+
+    f = tmp_path / "pw"
+    f.write_text(format_entries([("alice", hash_password(b"one"))]))
+    now = [0.0]
+    auth = Authenticator(allow_anonymous=False, password_file=f, failures_allowed=2,
+                         failure_window=60.0, clock=lambda: now[0])
+
+    async def main() -> None:
+        check = auth.check
+        assert await check(None, None, "1.1.1.1:1") is AuthOutcome.NOT_AUTHORIZED
+        assert await check("alice", b"one", "1.1.1.1:1") is AuthOutcome.ACCEPTED
+        assert await check("alice", b"one", "1.1.1.1:2") is AuthOutcome.ACCEPTED  # cached
+        # A changed file takes effect at reload, cached success or not.
+        f.write_text(format_entries([("alice", hash_password(b"two"))]))
+        auth.reload()
+        assert await check("alice", b"one", "1.1.1.1:3") is AuthOutcome.BAD_CREDENTIALS
+        assert await check("alice", b"two", "1.1.1.1:4") is AuthOutcome.ACCEPTED
+        # A file that does not parse keeps the old one in force.
+        f.write_text("alice:nonsense\n")
+        with pytest.raises(PasswordFileError):
+            auth.reload()
+        assert await check("alice", b"two", "2.2.2.2:1") is AuthOutcome.ACCEPTED
+        # Two failures from 1.1.1.1 (one above) use its budget: refused unchecked.
+        assert await check("bob", b"x", "1.1.1.1:5") is AuthOutcome.BAD_CREDENTIALS
+        assert await check("alice", b"two", "1.1.1.1:6") is AuthOutcome.RATE_LIMITED
+        assert await check("alice", b"two", "2.2.2.2:2") is AuthOutcome.ACCEPTED
+        now[0] = 31.0  # one token back (2 per 60 s)
+        assert await check("alice", b"two", "1.1.1.1:7") is AuthOutcome.ACCEPTED
+
+    trio.run(main)
+    anon = Authenticator(allow_anonymous=True)
+    assert trio.run(anon.check, "anyone", b"x", "h:1") is AuthOutcome.ACCEPTED
