@@ -147,8 +147,23 @@ class BrokerConfig:
     #: ``python -m mqttring.node`` only: move what start-up allocated out of the collector's
     #: reach once the node listens (it lives as long as the process anyway).
     gc_freeze: bool = True
+    #: Log level of the node process: debug, info, warning or error (SIGHUP reloads it).
+    log_level: str = "info"
+    #: Append the log to this file instead of stderr (reopened when rotated away).
+    log_file: Path | None = None
+    #: ``text`` (one human line per record) or ``json`` (one JSON object per line).
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log_level must be debug, info, warning or error, not "
+                              f"{self.log_level!r}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log_format must be text or json, not {self.log_format!r}")
+        if isinstance(self.log_file, str):  # from TOML
+            object.__setattr__(self, "log_file", Path(self.log_file))
+        if self.log_file is not None and not isinstance(self.log_file, Path):
+            raise ConfigError("log_file must be a path")
         for name in ("mqtt", "ws", "cluster", "raft", "join", "admin"):
             value = getattr(self, name)
             if value is not None:

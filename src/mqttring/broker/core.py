@@ -60,6 +60,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttring.broker")
 
 
+def _session_limits(config: BrokerConfig) -> SessionLimits:
+    return SessionLimits(
+        max_inflight=config.limits.max_inflight,
+        max_queued=config.limits.max_queued,
+        max_output=config.limits.max_outgoing_buffer,
+        message_ttl=config.limits.queued_message_ttl,
+        hold_when_online=config.limits.slow_subscriber_hold > 0,
+    )
+
+
 RouterFactory = Callable[["BrokerCore"], Router]
 ManagerFactory = Callable[["BrokerCore"], SessionManager]
 
@@ -80,13 +90,7 @@ class BrokerCore:
     ) -> None:
         self.config = config
         self.limits = config.limits
-        self.session_limits = SessionLimits(
-            max_inflight=config.limits.max_inflight,
-            max_queued=config.limits.max_queued,
-            max_output=config.limits.max_outgoing_buffer,
-            message_ttl=config.limits.queued_message_ttl,
-            hold_when_online=config.limits.slow_subscriber_hold > 0,
-        )
+        self.session_limits = _session_limits(config)
         self.flow = FlowControl(config.limits.slow_subscriber_hold, metrics, self.shed)
         self.session_store = session_store
         self.metrics = metrics
@@ -98,6 +102,16 @@ class BrokerCore:
         self.shutting_down = False
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
+
+    def apply_settings(self, config: BrokerConfig) -> None:
+        """A SIGHUP reload (``mqttring.reload``): swap in the new immutable settings.
+
+        Read where they are used: logins and ``max_connections`` at each CONNECT, limits
+        of a connection when it starts, ``session_limits`` when a session is created.
+        """
+        self.config = config
+        self.limits = config.limits
+        self.session_limits = _session_limits(config)
 
     # -- plumbing used by the router --------------------------------------------------------
 
