@@ -202,4 +202,6 @@ def test_log_file_in_json_lines(tmp_path, nodes):
     assert any(e["message"].startswith("node n1 listening") and e["level"] == "info"
                and e["logger"] == "mqttring.broker" for e in entries)
     assert any("signal SIGTERM" in e["message"] for e in entries)
+    connected = next(e for e in entries if "'json-logged' connected" in e["message"])
+    assert connected["client_id"] == "json-logged" and connected["event"] == "connected"
     assert node.text() == "", "with --log-file nothing goes to stderr"

@@ -206,7 +206,7 @@ class BrokerCore:
         if code is not ConnectReturnCode.ACCEPTED:
             log.info("refusing client %r from %s: %s (user %r)", packet.client_id,
                      handler.transport.peer, code.name.lower().replace("_", " "),
-                     packet.username)
+                     packet.username, extra={"client_id": packet.client_id, "event": "refused"})
             conn.refuse(code)
             return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
@@ -230,7 +230,8 @@ class BrokerCore:
         self.metrics.connections_total += 1
         log.info("client %r connected from %s (clean session %s, keepalive %d s%s)",
                  client_id, handler.transport.peer, packet.clean_session, packet.keepalive,
-                 ", session present" if present else "")
+                 ", session present" if present else "",
+                 extra={"client_id": client_id, "event": "connected"})
         dropped = session.dropped
         # Wall clock: ``now`` only feeds queued-message expiry, whose deadlines are UNIX time.
         events = conn.accept(session, present, time.time())
@@ -334,7 +335,8 @@ class BrokerCore:
         client_id = session.client_id
         log.info("client %r disconnected (%s)", client_id,
                  "DISCONNECT" if handler.clean_disconnect
-                 else handler.close_reason or "connection closed")
+                 else handler.close_reason or "connection closed",
+                 extra={"client_id": client_id, "event": "disconnected"})
         if self.clients.get(client_id) is handler:
             del self.clients[client_id]
             self.metrics.clients_connected -= 1
