@@ -205,3 +205,23 @@ def test_log_file_in_json_lines(tmp_path, nodes):
     connected = next(e for e in entries if "'json-logged' connected" in e["message"])
     assert connected["client_id"] == "json-logged" and connected["event"] == "connected"
     assert node.text() == "", "with --log-file nothing goes to stderr"
+
+
+@pytest.mark.parametrize(("setting", "flags", "expected"), [
+    ('log_level = "loud"', (),
+     "mqttring: configuration error: log_level must be debug, info, warning or error, "
+     "not 'loud'"),
+    ('log_format = "xml"', (), "mqttring: configuration error: log_format must be text or "
+     "json, not 'xml'"),
+    ("", ("--log-file", "/nonexistent-dir/node.log"),
+     "mqttring: cannot open log file /nonexistent-dir/node.log: No such file or directory"),
+], ids=["level", "format", "file"])
+def test_bad_log_settings_are_one_line_and_exit_2(tmp_path, setting, flags, expected):
+    config = tmp_path / "node.toml"
+    config.write_text(setting + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--config", str(config), "--mqtt",
+         f"{HOST}:0", "--data-dir", str(tmp_path / "d"), *flags],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [expected]
