@@ -207,16 +207,13 @@ def test_log_file_in_json_lines(tmp_path, nodes):
     assert node.text() == "", "with --log-file nothing goes to stderr"
 
 
-@pytest.mark.parametrize(("setting", "flags", "expected"), [
-    ('log_level = "loud"', (),
-     "mqttring: configuration error: log_level must be debug, info, warning or error, "
-     "not 'loud'"),
-    ('log_format = "xml"', (), "mqttring: configuration error: log_format must be text or "
-     "json, not 'xml'"),
+@pytest.mark.parametrize(("setting", "flags", "words"), [
+    ('log_level = "loud"', (), ("configuration error", "log_level", "loud")),
+    ('log_format = "xml"', (), ("configuration error", "log_format", "xml")),
     ("", ("--log-file", "/nonexistent-dir/node.log"),
-     "mqttring: cannot open log file /nonexistent-dir/node.log: No such file or directory"),
+     ("cannot open log file /nonexistent-dir/node.log", "No such file or directory")),
 ], ids=["level", "format", "file"])
-def test_bad_log_settings_are_one_line_and_exit_2(tmp_path, setting, flags, expected):
+def test_bad_log_settings_are_one_line_and_exit_2(tmp_path, setting, flags, words):
     config = tmp_path / "node.toml"
     config.write_text(setting + "\n")
     result = subprocess.run(
@@ -224,4 +221,5 @@ def test_bad_log_settings_are_one_line_and_exit_2(tmp_path, setting, flags, expe
          f"{HOST}:0", "--data-dir", str(tmp_path / "d"), *flags],
         capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [expected]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("mqttring: ") and all(w in line for w in words), line
