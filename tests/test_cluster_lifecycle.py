@@ -132,7 +132,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_an_embedded_member_leaves_when_its_async_with_ends(fresh_cluster, tmp_path):
+@pytest.mark.parametrize("api", ["async-with", "start-stop"])
+async def test_an_embedded_member_leaves_when_it_stops(fresh_cluster, tmp_path, api):
     from mqttring import BrokerConfig, MqttRingBroker
 
     cluster = await trio.to_thread.run_sync(fresh_cluster, ("a",))  # it runs trio itself
@@ -142,15 +143,25 @@ async def test_an_embedded_member_leaves_when_its_async_with_ends(fresh_cluster,
         join=cluster.procs["a"].cluster, cluster_secret=cluster.secret,
         heartbeat_interval=cluster.heartbeat, failure_grace=cluster.grace,
         num_shards=cluster.num_shards, leave_timeout=15.0)
-    async with MqttRingBroker(config) as broker:
-        assert broker.plane is not None
+
+    async def member_up() -> None:
         await cluster.wait_for("a", lambda s: s["view"]["members"].get("emb", {})
                                .get("state") == "up", timeout=20)
+
+    broker = MqttRingBroker(config)
+    if api == "async-with":
+        async with broker:
+            await member_up()
+    else:
+        await trio.to_thread.run_sync(broker.start)
+        try:
+            await member_up()
+        finally:
+            await trio.to_thread.run_sync(broker.stop)
     assert broker.left
     status = await cluster.wait_for("a", lambda s: "emb" not in s["view"]["members"],
                                     timeout=10)
-    assert cluster.procs["a"].raft in status["raft"]["nodes"]
-    assert len(status["raft"]["nodes"]) == 1, "out of Raft too"
+    assert status["raft"]["nodes"] == [cluster.procs["a"].raft], "out of Raft too"
 
 
 def _devcluster(data_dir: Path, base: int, out: Path) -> subprocess.Popen[bytes]:

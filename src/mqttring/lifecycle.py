@@ -40,7 +40,7 @@ import trio
 
 from mqttring.broker.server import LEAVE_SLACK
 from mqttring.config import BrokerConfig, ConfigError
-from mqttring.embedded import BoundPorts, MqttRingBroker
+from mqttring.embedded import MqttRingBroker
 from mqttring.logs import set_level
 from mqttring.reload import plan_reload
 
@@ -99,25 +99,21 @@ class NodeLifecycle:
         return self.exit_code
 
     async def _start(self, nursery: trio.Nursery) -> None:
-        ports = await nursery.start(self._serve, nursery)
+        broker = self.broker
+        ports = await nursery.start(broker.serve)
         if self.stage is not Stage.STARTING:
             return  # a stop signal came first
         self.stage = Stage.SERVING
         if self.on_started is not None:
             self.on_started()
         if self.ready_file is not None:
-            config = self.broker.config
+            config = broker.config
             _write_ready_file(self.ready_file, {
                 "mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
                 "node_id": config.node_id, "cluster": config.cluster,
-                "admin": self.broker.admin_port})
-
-    async def _serve(self, nursery: trio.Nursery, *,
-                     task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
-                     ) -> None:
-        await self.broker.serve(task_status=task_status)
-        # ``serve`` returns by itself only once the node has left at an operator's request.
-        log.info("node %s stopped after leaving the cluster", self.broker.config.node_id)
+                "admin": broker.admin_port})
+        await broker.wait_left()  # an operator's ``mqttring leave``: the process ends too
+        log.info("node %s stopped after leaving the cluster", broker.config.node_id)
         self.stage = Stage.STOPPING
         nursery.cancel_scope.cancel()
 

@@ -107,6 +107,7 @@ class BrokerNode:
         self.parking: ParkingLot | None = None
         #: True once this node has left its cluster (then it stops, or has stopped).
         self.left = False
+        self._left_event = trio.Event()
         self._stop_requested: trio.Event | None = None
 
     # -- trio API ---------------------------------------------------------------------------
@@ -222,7 +223,13 @@ class BrokerNode:
         # ``run`` returns only once the node has left at an operator's request: stop.
         log.info("node %s left the cluster; stopping", self.config.node_id)
         self.left = True
+        self._left_event.set()
         nursery.cancel_scope.cancel()
+
+    async def wait_left(self) -> None:
+        """Return once the node has left its cluster at an operator's request: whoever runs
+        ``serve`` beside other tasks (an HTTP listener, a process lifecycle) then stops them."""
+        await self._left_event.wait()
 
     def apply_settings(self, config: BrokerConfig) -> None:
         """Run with ``config`` from now on (a SIGHUP reload; ``mqttring.reload`` says which
@@ -370,15 +377,17 @@ class BrokerNode:
             self._token = trio.lowlevel.current_trio_token()
             stop = self._stop_requested = trio.Event()
             async with trio.open_nursery() as nursery:
-
-                async def serve(task_status: trio.TaskStatus[BoundPorts]) -> None:
-                    await self.serve(task_status=task_status)
-                    nursery.cancel_scope.cancel()  # it left its cluster: nothing to wait for
-
-                result.put(await nursery.start(serve))
+                result.put(await nursery.start(self.serve))
                 started.set()
-                await stop.wait()
-                await self.leave_cluster()
+                async with trio.open_nursery() as first:  # stop(), or a remote leave
+
+                    async def until(event: trio.Event) -> None:
+                        await event.wait()
+                        first.cancel_scope.cancel()
+
+                    first.start_soon(until, stop)
+                    first.start_soon(until, self._left_event)
+                await self.leave_cluster()  # nothing to do after a remote leave
                 nursery.cancel_scope.cancel()
 
         def run() -> None:
