@@ -234,9 +234,9 @@ class BrokerNode:
     def apply_settings(self, config: BrokerConfig) -> None:
         """Run with ``config`` from now on (a SIGHUP reload; ``mqttring.reload`` says which
         settings may differ and when each takes effect)."""
-        self.config = config
         if self.core is not None:
-            self.core.apply_settings(config)
+            self.core.apply_settings(config)  # first: it may refuse (a bad file), then nothing
+        self.config = config
 
     async def leave_cluster(self) -> bool:
         """Leave the cluster before stopping, if a member and ``leave_on_stop`` says so.
