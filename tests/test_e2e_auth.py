@@ -91,3 +91,20 @@ def test_a_guessing_client_is_limited_and_does_not_delay_others(secured):
     log = secured.log_path.read_text()
     assert f"failed logins from {GUESSER} reached 3" in log
     assert log.count(f"failed logins from {GUESSER}") == 1, "logged once, not per attempt"
+
+
+def test_sighup_reloads_the_password_file(secured):
+    """The lifecycle's SIGHUP re-reads the password file under the same path."""
+    import signal
+
+    pw = secured.data_dir.parent / "passwords"
+    done = subprocess.run(["mosquitto_passwd", "-b", str(pw), "carol", "singer"],
+                          capture_output=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert login(secured, "carol", b"singer") == 4, "not before the reload"
+    secured.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while f"password file {pw} loaded: 3 users" not in secured.log_path.read_text():
+        assert time.monotonic() < deadline, secured.log_tail()
+        time.sleep(0.05)
+    assert login(secured, "carol", b"singer") == 0

@@ -100,7 +100,7 @@ def test_systemd_unit_command_parses():
     assert "RestartPreventExitStatus=2" in unit, "a config error (exit 2) must not loop"
     stop = int(re.search(r"^TimeoutStopSec=(\d+)", unit, flags=re.MULTILINE).group(1))
     from mqttring.config import BrokerConfig
-    from mqttring.node import LEAVE_SLACK
+    from mqttring.broker.server import LEAVE_SLACK
 
     assert stop >= BrokerConfig().leave_timeout + LEAVE_SLACK, "systemd would kill a leave"
 

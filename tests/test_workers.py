@@ -36,12 +36,12 @@ class Workers:
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict = {}
 
-    def start(self, timeout: float = 60.0) -> dict:
+    def start(self, timeout: float = 60.0, *flags: str) -> dict:
         ready = self.data_dir.parent / "ready.json"
         ready.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "mqttring.node", "--workers", str(self.count),
                "--mqtt", f"{HOST}:0", "--data-dir", str(self.data_dir),
-               "--sys-interval", "0", "--ready-file", str(ready)]
+               "--sys-interval", "0", "--ready-file", str(ready), *flags]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -234,3 +234,20 @@ def test_paho_and_mosquitto_clients_see_one_broker(workers: Workers) -> None:
             client.loop_stop()
             client.disconnect()
         sub.close()
+
+
+def test_sighup_to_the_supervisor_reloads_every_worker(workers: Workers, tmp_path: Path
+                                                      ) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text("[limits]\nmax_inflight = 32\n")
+    workers.start(60.0, "--config", str(config))
+    config.write_text("[limits]\nmax_inflight = 64\n")
+    assert workers.proc is not None
+    workers.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while workers.log().count("reloaded: limits.max_inflight 32 -> 64") < 2:
+        assert time.monotonic() < deadline, workers.log()
+        assert workers.proc.poll() is None, workers.log()
+        time.sleep(0.1)
+    assert "SIGHUP: passing it on to 2 workers" in workers.log()
+    assert workers.stop() == 0

@@ -6,12 +6,14 @@ __version__ = "0.1.0"
 
 from mqttring.config import BrokerConfig, ConfigError, Limits, StoreSettings
 from mqttring.embedded import BoundPorts, MqttRingBroker
+from mqttring.errors import ListenError
 
 __all__ = [
     "BoundPorts",
     "BrokerConfig",
     "ConfigError",
     "Limits",
+    "ListenError",
     "MqttRingBroker",
     "StoreSettings",
     "__version__",

@@ -23,7 +23,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta
 
@@ -255,6 +255,12 @@ class BrokerConfig:
     #: ``python -m mqttring.node`` only: move what start-up allocated out of the collector's
     #: reach once the node listens (it lives as long as the process anyway).
     gc_freeze: bool = True
+    #: Log level of the node process: debug, info, warning or error (SIGHUP reloads it).
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: Append the log to this file instead of stderr (reopened when rotated away).
+    log_file: Path | None = None
+    #: ``text`` (one human line per record) or ``json`` (one JSON object per line).
+    log_format: Literal["text", "json"] = "text"
 
     def __post_init__(self) -> None:
         check_fields(self)

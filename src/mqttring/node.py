@@ -4,7 +4,9 @@ Settings come from defaults, then ``--config FILE`` (TOML), then ``MQTTRING_*`` 
 variables, then flags, later winning, all checked against the one schema of
 ``mqttring.config`` before anything starts (a bad one: one line on stderr, exit 2).  With
 ``--cluster`` the node also runs the cluster metadata service (Raft) next to the broker; on
-SIGINT/SIGTERM it leaves the cluster (handing its shards away) before it stops.
+SIGINT/SIGTERM it leaves the cluster (handing its shards away) before it stops, and SIGHUP
+reloads what may change live from the config file (``mqttring.lifecycle``).  Every way it
+ends is one log or stderr line and an ``ExitCode``, never a traceback for an operator.
 
 ``--ready-file PATH`` writes ``{"mqtt": port, "ws": port, "pid": pid, ...}`` once the node
 listens; tests and the benchmark harness use it with port 0 to learn the real ports without
@@ -15,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,13 @@ import trio
 
 from mqttring import __version__
 from mqttring.config import BrokerConfig, ConfigError, flag_overrides
-from mqttring.embedded import MqttRingBroker
+from mqttring.errors import describe_error, sole_exception
+from mqttring.lifecycle import ConfigLoader, ExitCode, NodeLifecycle, Stage
+from mqttring.logs import FORMATS, LEVELS, setup_logging
 from mqttring.security import check_security_files
 from mqttring.workers import run_workers, worker_count
 
 log = logging.getLogger("mqttring.node")
-
-#: Seconds past ``config.leave_timeout`` allowed for the last hand-offs and Raft removal.
-LEAVE_SLACK = 15.0
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with settings")
@@ -61,9 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replication", help="replicas per shard (default 2)")
     parser.add_argument("--num-shards", help="shards, fixed when a cluster forms")
     parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+    parser.add_argument("--log-level", choices=LEVELS,
+                        help="debug, info, warning or error (default info; SIGHUP reloads "
+                             "log_level from the config file)")
+    parser.add_argument("--log-file",
+                        help="append the log here instead of stderr (reopened when rotated)")
+    parser.add_argument("--log-format", choices=FORMATS,
+                        help="text (default) or json: one JSON object per line")
     parser.add_argument(
         "--workers", type=worker_count, default=1,
         help="run N node processes on this machine as one cluster sharing the MQTT port "
@@ -98,17 +100,14 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "num_shards": args.num_shards,
         "reuse_port": args.reuse_port,
         "leave_on_stop": None if args.stay_on_stop is None else not args.stay_on_stop,
+        "log_level": args.log_level,
+        "log_file": args.log_file,
+        "log_format": args.log_format,
     }
     overrides = flag_overrides(overrides)
     if args.config is not None:
         return BrokerConfig.from_toml(args.config, **overrides)
     return BrokerConfig.from_mapping({}, **overrides)
-
-
-def _write_ready_file(path: Path, info: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(info))
-    tmp.replace(path)  # atomic: readers never see half a file
 
 
 def tune_gc(config: BrokerConfig) -> None:
@@ -124,49 +123,47 @@ def tune_gc(config: BrokerConfig) -> None:
     gc.set_threshold(young, middle, config.gc_full_every)
 
 
-async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None:
-    broker = MqttRingBroker(config)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            ports = await nursery.start(broker.serve)
-            if config.gc_freeze:
-                gc.freeze()  # modules and start-up state: never garbage, never walked again
-            if ready_file is not None:
-                _write_ready_file(
-                    ready_file,
-                    {"mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
-                     "node_id": config.node_id, "cluster": config.cluster,
-                     "admin": broker.admin_port, "http": broker.http_port},
-                )
-            async for signum in signals:
-                log.info("signal %s: shutting down", signal.Signals(signum).name)
-                break
-            if broker.plane is not None and config.leave_on_stop:
-                with trio.move_on_after(config.leave_timeout + LEAVE_SLACK):
-                    await broker.plane.leave()
-            nursery.cancel_scope.cancel()
+def make_lifecycle(config: BrokerConfig, ready_file: Path | None = None,
+                   reload_config: ConfigLoader | None = None) -> NodeLifecycle:
+    """The node process's lifecycle (``mqttring.lifecycle``: what each signal does when)."""
+    def started() -> None:
+        if config.gc_freeze:
+            gc.freeze()  # modules and start-up state: never garbage, never walked again
+
+    return NodeLifecycle(config, ready_file=ready_file, reload_config=reload_config,
+                         on_started=started)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
         config = config_from_args(args)
         check_security_files(config)  # a bad file is a one-line error, not a traceback
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
+    try:
+        setup_logging(config.log_level, config.log_file, config.log_format)
+    except OSError as exc:
+        print(f"mqttring: cannot open log file {config.log_file}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return ExitCode.CONFIG
     if args.workers > 1:
         return run_workers(config, args.workers, args)
     tune_gc(config)
+    reload_config = None if args.config is None else partial(config_from_args, args)
+    lifecycle = make_lifecycle(config, args.ready_file, reload_config)
     try:
-        trio.run(run_node, config, args.ready_file)
-    except OSError as exc:
-        print(f"mqttring: cannot start node: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return int(trio.run(lifecycle.run))
+    except BaseException as exc:  # one line for the operator, not a traceback
+        error = sole_exception(exc)
+        if isinstance(error, KeyboardInterrupt):
+            return ExitCode.OK
+        expected = isinstance(error, OSError | ConfigError | trio.TooSlowError)
+        # Expected failures: the traceback at debug only; anything else is a bug: log it.
+        log.log(logging.DEBUG if expected else logging.ERROR, "node failed", exc_info=exc)
+        what = "cannot start node" if lifecycle.stage is Stage.STARTING else "node failed"
+        print(f"mqttring: {what}: {describe_error(error)}", file=sys.stderr)
+        return ExitCode.FAILED
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

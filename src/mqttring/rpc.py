@@ -54,6 +54,7 @@ import msgpack
 import trio
 
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.errors import ListenError
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,10 @@ class RpcServer:
                     trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``address``; ``task_status.started`` gets the bound port."""
         host, port = parse_hostport(address)
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise ListenError(address, exc) from None
         task_status.started(listeners[0].socket.getsockname()[1])
         await trio.serve_listeners(self._handle, listeners)
 

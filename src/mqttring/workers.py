@@ -26,7 +26,8 @@ directory is refused (growing or shrinking in place is not supported yet).
 
 Signals: SIGINT/SIGTERM are passed to every worker, which stop without leaving the cluster
 (``leave_on_stop = false``: they stop together and come back together, so there is nobody to
-hand shards to); past ``leave_timeout`` + a slack a worker is killed.  A worker that dies on
+hand shards to); past ``leave_timeout`` + a slack a worker is killed.  SIGHUP is passed on
+too: each worker reloads the config file (``mqttring.lifecycle``).  A worker that dies on
 its own is started again (at most ``MAX_RESTARTS`` times a minute), as a crashed node would
 be by an init system.
 """
@@ -224,11 +225,19 @@ class Supervisor:
                     "mqtt": first.info["mqtt"], "ws": first.info.get("ws"),
                     "pid": os.getpid(), "node_id": self.plan.config.node_id,
                     "workers": [w.info for w in workers]})
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
+                                           signal.SIGHUP) as signals:
                 async with trio.open_nursery() as nursery:
                     for worker in workers:
                         nursery.start_soon(self._watch, worker)
                     async for signum in signals:
+                        if signum == signal.SIGHUP:  # each worker reloads its own config
+                            log.info("SIGHUP: passing it on to %d workers", len(workers))
+                            for worker in workers:
+                                if worker.process is not None \
+                                        and worker.process.returncode is None:
+                                    worker.process.send_signal(signal.SIGHUP)
+                            continue
                         log.info("signal %s: stopping %d workers",
                                  signal.Signals(signum).name, len(workers))
                         break

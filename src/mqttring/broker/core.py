@@ -65,6 +65,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttring.broker")
 
 
+def _auth_settings(config: BrokerConfig) -> tuple[object, ...]:
+    return (config.allow_anonymous, config.password_file, config.auth_failures_allowed,
+            config.auth_failure_window)
+
+
+def _session_limits(config: BrokerConfig) -> SessionLimits:
+    return SessionLimits(
+        max_inflight=config.limits.max_inflight,
+        max_queued=config.limits.max_queued,
+        max_output=config.limits.max_outgoing_buffer,
+        message_ttl=config.limits.queued_message_ttl,
+        hold_when_online=config.limits.slow_subscriber_hold > 0,
+    )
+
+
 RouterFactory = Callable[["BrokerCore"], Router]
 ManagerFactory = Callable[["BrokerCore"], SessionManager]
 
@@ -85,13 +100,7 @@ class BrokerCore:
     ) -> None:
         self.config = config
         self.limits = config.limits
-        self.session_limits = SessionLimits(
-            max_inflight=config.limits.max_inflight,
-            max_queued=config.limits.max_queued,
-            max_output=config.limits.max_outgoing_buffer,
-            message_ttl=config.limits.queued_message_ttl,
-            hold_when_online=config.limits.slow_subscriber_hold > 0,
-        )
+        self.session_limits = _session_limits(config)
         self.flow = FlowControl(config.limits.slow_subscriber_hold, metrics, self.shed)
         self.session_store = session_store
         self.metrics = metrics
@@ -109,6 +118,24 @@ class BrokerCore:
         self.acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
+
+    def apply_settings(self, config: BrokerConfig) -> None:
+        """A SIGHUP reload (``mqttring.reload``): swap in the new immutable settings.
+
+        Read where they are used: logins and ``max_connections`` at each CONNECT, limits
+        of a connection when it starts, ``session_limits`` when a session is created.  A
+        changed login setting or ACL path builds a new ``Authenticator``/``AccessControl``
+        first (reading its file: a bad one raises ``ConfigError`` and nothing changes).
+        """
+        old = self.config
+        auth, acl = self.auth, self.acl
+        if _auth_settings(old) != _auth_settings(config):
+            auth = Authenticator.from_config(config)
+        if old.acl_file != config.acl_file:
+            acl = AccessControl(config.acl_file) if config.acl_file is not None else None
+        self.config, self.auth, self.acl = config, auth, acl
+        self.limits = config.limits
+        self.session_limits = _session_limits(config)
 
     # -- plumbing used by the router --------------------------------------------------------
 
@@ -207,7 +234,8 @@ class BrokerCore:
             # A rate-limited address was logged once when it went over; not every CONNECT.
             log.log(logging.DEBUG if outcome is AuthOutcome.RATE_LIMITED else logging.INFO,
                     "refusing client %r from %s: %s (user %r)", packet.client_id,
-                    handler.transport.peer, outcome.value, packet.username)
+                    handler.transport.peer, outcome.value, packet.username,
+                    extra={"client_id": packet.client_id, "event": "refused"})
             conn.refuse(_CONNACK_FOR[outcome])
             return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
@@ -241,7 +269,8 @@ class BrokerCore:
         self.metrics.connections_total += 1
         log.info("client %r connected from %s (clean session %s, keepalive %d s%s)",
                  client_id, handler.transport.peer, packet.clean_session, packet.keepalive,
-                 ", session present" if present else "")
+                 ", session present" if present else "",
+                 extra={"client_id": client_id, "event": "connected"})
         dropped = session.dropped
         # Wall clock: ``now`` only feeds queued-message expiry, whose deadlines are UNIX time.
         events = conn.accept(session, present, time.time())
@@ -375,7 +404,8 @@ class BrokerCore:
         client_id = session.client_id
         log.info("client %r disconnected (%s)", client_id,
                  "DISCONNECT" if handler.clean_disconnect
-                 else handler.close_reason or "connection closed")
+                 else handler.close_reason or "connection closed",
+                 extra={"client_id": client_id, "event": "disconnected"})
         if self.clients.get(client_id) is handler:
             del self.clients[client_id]
             self.metrics.clients_connected -= 1

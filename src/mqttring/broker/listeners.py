@@ -12,13 +12,26 @@ import socket
 
 import trio
 
+from mqttring.errors import ListenError
+
 #: Pending connections the kernel may queue per listener (capped by net.core.somaxconn).
 BACKLOG = 4096
 
 
 async def open_listeners(host: str, port: int, *, reuse_port: bool = False
                          ) -> list[trio.SocketListener]:
-    """Listen on ``host:port`` (every address it resolves to, as ``trio.open_tcp_listeners``)."""
+    """Listen on ``host:port`` (every address it resolves to, as ``trio.open_tcp_listeners``).
+
+    A bind that fails raises ``ListenError`` naming the address (``127.0.0.1:1883: address
+    already in use``), not trio's group of per-address errors.
+    """
+    try:
+        return await _open(host, port, reuse_port)
+    except OSError as exc:
+        raise ListenError(f"{host}:{port}", exc) from None
+
+
+async def _open(host: str, port: int, reuse_port: bool) -> list[trio.SocketListener]:
     if not reuse_port:
         return await trio.open_tcp_listeners(port, host=host or None, backlog=BACKLOG)
     infos = await trio.socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,

@@ -57,10 +57,18 @@ class ClusterMember(Protocol):
     def link_stats(self) -> dict[str, dict[str, int]]: ...
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = ...) -> None:
-        """Join the cluster and serve it until cancelled; ``started`` once a member."""
+        """Join the cluster and serve it until cancelled; ``started`` once a member.
 
-    async def leave(self) -> None:
-        """Hand this node's shards away and leave the cluster (graceful shutdown)."""
+        Returns by itself once the node has been asked to leave over the admin RPC
+        (``mqttring leave``) and has left: the node then stops.
+        """
+
+    async def leave(self) -> bool:
+        """Hand this node's shards away and leave the cluster (graceful shutdown).
+
+        False when there was nothing to leave (not a member, or the last one); raises when
+        the cluster could not commit a step of it.
+        """
 
 
 #: Builds the member for a node; called once the node store is open.

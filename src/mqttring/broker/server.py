@@ -10,8 +10,15 @@ Lifecycle (all under one nursery, so shutdown is just cancellation):
    sessions;
 2. bind the TCP and WebSocket listeners and report the bound ports through ``task_status``
    (port 0 in the config means "any free port" — tests rely on it);
-3. serve until cancelled; then close every client connection (no wills: the node, not the
-   client, is going away), write what the sessions still hold, and close the store.
+3. serve until cancelled (or, for a cluster member, until it has left the cluster at an
+   operator's request: ``mqttring leave``); then close every client connection (no wills:
+   the node, not the client, is going away), write what the sessions still hold, and close
+   the store.
+
+Leaving: a cluster member with ``leave_on_stop`` hands its shards away before it stops, when
+stopped through ``async with``, ``stop()`` or a signal to ``python -m mqttring.node``
+(``leave_cluster``, bounded by ``leave_timeout + LEAVE_SLACK``).  Cancelling ``serve``
+directly stops without leaving (the cluster marks the node down after ``failure_grace``).
 
 From plain Python, ``start()`` runs the same ``serve`` in a background thread with its own
 trio loop and returns the ports; ``stop()`` cancels it from outside through the trio token.
@@ -49,6 +56,7 @@ from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.sys_topics import publish_sys_topics
 from mqttring.broker.transport import TcpTransport, WebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore
 from mqttring.ring.hashing import shard_of
 from mqttring.rpc import RPC_KEY_PURPOSE, RpcServer, cluster_secret, derive_key
@@ -59,6 +67,8 @@ log = logging.getLogger("mqttring.broker")
 _WS_FRAME_SLACK = 16
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_BACKOFF = 0.1
+#: Seconds past ``config.leave_timeout`` allowed for the last hand-offs and Raft removal.
+LEAVE_SLACK = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +96,6 @@ class BrokerNode:
         self._nursery: trio.Nursery | None = None
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self._thread_scope: trio.CancelScope | None = None
         #: The node's cluster membership (the data plane), when ``config.cluster`` is set.
         self.plane: ClusterMember | None = None
         #: The telemetry archive, when ``config.archive`` lists topic filters.
@@ -98,6 +107,10 @@ class BrokerNode:
         self.parking: ParkingLot | None = None
         #: The node's retained messages (the shards it holds, in a cluster).
         self.retained: RetainedStore | None = None
+        #: True once this node has left its cluster (then it stops, or has stopped).
+        self.left = False
+        self._left_event = trio.Event()
+        self._stop_requested: trio.Event | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -149,7 +162,7 @@ class BrokerNode:
                                                              reuse_port=config.reuse_port)
                         bound = tcp_listeners[0].socket.getsockname()[1]
                         plane.advertise_mqtt(f"{host}:{bound}")
-                    await nursery.start(plane.run)
+                    await nursery.start(self._run_member, plane, nursery)
                 else:
                     n_retained = await retained.load()
                     n_sessions = await core.restore_sessions()
@@ -205,6 +218,62 @@ class BrokerNode:
         finally:
             with trio.CancelScope(shield=True):
                 await self._close_store()
+
+    async def _run_member(self, plane: ClusterMember, nursery: trio.Nursery, *,
+                          task_status: trio.TaskStatus[object]) -> None:
+        await plane.run(task_status=task_status)
+        # ``run`` returns only once the node has left at an operator's request: stop.
+        log.info("node %s left the cluster; stopping", self.config.node_id)
+        self.left = True
+        self._left_event.set()
+        nursery.cancel_scope.cancel()
+
+    async def wait_left(self) -> None:
+        """Return once the node has left its cluster at an operator's request: whoever runs
+        ``serve`` beside other tasks (an HTTP listener, a process lifecycle) then stops them."""
+        await self._left_event.wait()
+
+    def apply_settings(self, config: BrokerConfig) -> None:
+        """Run with ``config`` from now on (a SIGHUP reload; ``mqttring.reload`` says which
+        settings may differ and when each takes effect)."""
+        if self.core is not None:
+            self.core.apply_settings(config)  # first: it may refuse (a bad file), then nothing
+        self.config = config
+
+    def reload_files(self) -> None:
+        """Re-read the files named by settings (password file, ACL) as they are now; each
+        is swapped whole or kept (``BrokerCore.reload_security``).  Blocking: call it in a
+        thread.  Raises the first ``ConfigError``."""
+        if self.core is not None:
+            self.core.reload_security()
+
+    async def leave_cluster(self) -> bool:
+        """Leave the cluster before stopping, if a member and ``leave_on_stop`` says so.
+
+        Bounded by ``leave_timeout + LEAVE_SLACK``; never raises (but ``Cancelled``): a stop
+        must not fail because the cluster could not be told.  False when the leave did not
+        complete (the cluster then marks the node down after ``failure_grace``).
+        """
+        plane, node_id = self.plane, self.config.node_id
+        if plane is None or not self.config.leave_on_stop or self.left:
+            return True
+        bound = self.config.leave_timeout + LEAVE_SLACK
+        log.info("node %s leaving the cluster (at most %.0f s)", node_id, bound)
+        try:
+            with trio.move_on_after(bound) as scope:
+                self.left = await plane.leave()
+        except Exception as exc:  # whatever the cluster answered, the node stops
+            log.warning("node %s: leave did not complete: %s; stopping anyway (the cluster "
+                        "marks it down after failure_grace)", node_id, describe_error(exc))
+            log.debug("leave failed", exc_info=True)
+            return False
+        if scope.cancelled_caught:
+            log.warning("node %s: leave did not complete within %.0f s; stopping anyway (the "
+                        "cluster marks it down after failure_grace)", node_id, bound)
+            return False
+        if self.left:
+            log.info("node %s left the cluster", node_id)
+        return True
 
     def _start_archive(self, nursery: trio.Nursery, store: LsmStore) -> TelemetryArchive:
         config, plane = self.config, self.plane
@@ -277,9 +346,14 @@ class BrokerNode:
         nursery = await stack.enter_async_context(trio.open_nursery())
         try:
             self.ports = await nursery.start(self.serve)
-        except BaseException:
-            await stack.aclose()
-            raise
+        except BaseException as exc:
+            failure: BaseException = exc
+            try:
+                await stack.aclose()
+            except BaseException as group:  # trio wraps it again on the way out
+                failure = group
+            # One failure (a busy port: ``ListenError``) is raised as itself, not a group.
+            raise sole_exception(failure) from None
         self._exit_stack, self._nursery = stack, nursery
         return self
 
@@ -290,30 +364,49 @@ class BrokerNode:
         tb: TracebackType | None,
     ) -> bool | None:
         assert self._nursery is not None and self._exit_stack is not None
+        if exc is None:  # a clean exit; on an error (or cancellation) stop at once
+            await self.leave_cluster()
         self._nursery.cancel_scope.cancel()
         return await self._exit_stack.__aexit__(exc_type, exc, tb)
 
     # -- plain Python API -------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> BoundPorts:
-        """Run the broker in a background thread; returns once it listens."""
+        """Run the broker in a background thread; returns once it listens.
+
+        A failure to start is raised here as itself (a busy port: ``ListenError``, an
+        ``OSError`` naming the address), not as trio's exception group.
+        """
         if self._thread is not None:
             raise RuntimeError("broker already started")
         result: queue.Queue[BoundPorts | BaseException] = queue.Queue()
+        started = threading.Event()
 
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
-            with trio.CancelScope() as scope:
-                self._thread_scope = scope
-                async with trio.open_nursery() as nursery:
-                    result.put(await nursery.start(self.serve))
+            stop = self._stop_requested = trio.Event()
+            async with trio.open_nursery() as nursery:
+                result.put(await nursery.start(self.serve))
+                started.set()
+                async with trio.open_nursery() as first:  # stop(), or a remote leave
+
+                    async def until(event: trio.Event) -> None:
+                        await event.wait()
+                        first.cancel_scope.cancel()
+
+                    first.start_soon(until, stop)
+                    first.start_soon(until, self._left_event)
+                await self.leave_cluster()  # nothing to do after a remote leave
+                nursery.cancel_scope.cancel()
 
         def run() -> None:
             try:
                 trio.run(main)
-            except BaseException as exc:  # reported to start(), or logged after it
-                result.put(exc)
-                log.exception("broker thread failed")
+            except BaseException as exc:
+                if started.is_set():
+                    log.exception("broker thread failed")
+                else:
+                    result.put(sole_exception(exc))  # start() raises it
 
         self._thread = threading.Thread(target=run, name="mqttring-broker", daemon=True)
         self._thread.start()
@@ -324,13 +417,17 @@ class BrokerNode:
             raise outcome
         return outcome
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Shut the background broker down cleanly and wait for it."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Shut the background broker down cleanly (leaving its cluster first, if a member
+        with ``leave_on_stop``) and wait for it, at most ``timeout`` seconds (default: the
+        leave's bound plus 30 s)."""
         if self._thread is None:
             return
-        token, scope = self._token, self._thread_scope
-        if token is not None and scope is not None:
+        token, stop = self._token, self._stop_requested
+        if token is not None and stop is not None:
             with suppress(trio.RunFinishedError):
-                token.run_sync_soon(scope.cancel)
+                token.run_sync_soon(stop.set)
+        if timeout is None:
+            timeout = self.config.leave_timeout + LEAVE_SLACK + 30.0
         self._thread.join(timeout)
         self._thread = None

@@ -122,7 +122,8 @@ class LocalSessions:
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
             log.info("publishing the will of %r on %r: %s", handler.client_id, will.topic,
-                     handler.close_reason or "closed without DISCONNECT")
+                     handler.close_reason or "closed without DISCONNECT",
+                     extra={"client_id": handler.client_id, "event": "will"})
             self.core.metrics.messages_received += 1
             await self.core.router.publish(
                 Message(will.topic, will.payload, will.qos, will.retain)

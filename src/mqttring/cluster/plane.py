@@ -276,7 +276,13 @@ class DataPlane:
             self._nursery = nursery
             await nursery.start(self.links.run)
             views = self.metadata.subscribe()
-            first = await nursery.start(self.metadata.run)
+
+            async def run_metadata(task_status: trio.TaskStatus[ClusterView]) -> None:
+                await self.metadata.run(task_status=task_status)
+                # It returns only after a remote leave (``mqttring leave``): so does the plane.
+                nursery.cancel_scope.cancel()
+
+            first = await nursery.start(run_metadata)
             await self._install(first)
             nursery.start_soon(self._follow, views)
             nursery.start_soon(self._guard_quorum)
@@ -292,8 +298,8 @@ class DataPlane:
                                                  and view.leader != self.view.leader):
                 await self._install(view)
 
-    async def leave(self) -> None:
-        await self.metadata.leave()
+    async def leave(self) -> bool:
+        return await self.metadata.leave()
 
     # -- views ------------------------------------------------------------------------------
 

@@ -393,7 +393,8 @@ class ClusterSessions(LocalSessions):
             self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
                                                     clean))
             if previous is not None and previous.token != token:
-                log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node)
+                log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node,
+                         extra={"client_id": client_id, "event": "takeover"})
                 self._detach_proxy(client_id, previous.token)
                 if previous.node == self.node_id:
                     old = self.by_token.get(previous.token)
@@ -465,7 +466,8 @@ class ClusterSessions(LocalSessions):
         if not self.core.shutting_down:
             # Every will says why it went out: an operator asking "why did my device's will
             # fire?" finds the answer in the log of its home.
-            log.info("publishing the will of %r on %r: %s", client_id, will.topic, reason)
+            log.info("publishing the will of %r on %r: %s", client_id, will.topic, reason,
+                     extra={"client_id": client_id, "event": "will"})
             self.core.metrics.messages_received += 1
             # In a task: a will waits for its topic's owner like any publish (through a
             # failover, say), and neither the lock held here nor a view change may wait.

@@ -4,7 +4,10 @@ Both authenticate with the cluster secret like any member (``--secret`` or
 ``$MQTTRING_CLUSTER_SECRET``), so the admin port is the cluster port and nothing more is
 exposed.  ``status`` asks one node for its view: that is the node's own applied state,
 which is what an operator needs to see when nodes disagree (a lagging or partitioned node
-shows an older epoch, and no leader).
+shows an older epoch, and no leader).  Without a Raft majority nothing commits, so the member
+states it shows are frozen at the last commit: ``quorum`` says whether the node can prove it
+is in the majority's view now.  ``leave`` makes the node hand its shards away, leave Raft and
+exit; the command waits (bounded) until the node's cluster port closes.  Errors are one line.
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from typing import Any
 
 import trio
 
+from mqttring.errors import describe_error
 from mqttring.rpc import RPC_KEY_PURPOSE, SECRET_ENV, AuthError, RpcError, call_once, derive_key
+
+#: What a failed call may raise; each becomes one ``error: HOST:PORT: ...`` line.
+CALL_ERRORS = (OSError, EOFError, AuthError, RpcError, trio.TooSlowError)
+#: Seconds ``leave`` waits for the node's cluster port to close once it has left.
+EXIT_WAIT = 20.0
 
 
 def _key(args: argparse.Namespace) -> bytes:
@@ -32,10 +41,19 @@ def _call(args: argparse.Namespace, kind: str, body: dict[str, Any], timeout: fl
     return trio.run(call_once, args.node, _key(args), "admin", kind, body, timeout)
 
 
+def _error(args: argparse.Namespace, exc: BaseException) -> int:
+    print(f"error: {args.node}: {describe_error(exc)}", file=sys.stderr)
+    return 1
+
+
 def format_status(status: dict[str, Any]) -> str:
     view, raft = status["view"], status["raft"]
+    quorum = status.get("quorum")
     lines = [
         f"node:      {status['node_id']}",
+        "quorum:    " + ("yes" if quorum else "unknown (older node)" if quorum is None else
+                         "NO: this node cannot reach a Raft majority; nothing commits, and "
+                         "the member states below are its last known view"),
         f"leader:    {view['leader'] or '(none known)'}",
         f"term:      {raft.get('term')}",
         f"epoch:     {view['epoch']}",
@@ -75,9 +93,8 @@ def format_status(status: dict[str, Any]) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     try:
         status = _call(args, "status", {}, args.timeout)
-    except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
-        print(f"error: {args.node}: {exc!r}", file=sys.stderr)
-        return 1
+    except CALL_ERRORS as exc:
+        return _error(args, exc)
     # A broker node also reports its traffic counters (a metadata-only member does not).
     with contextlib.suppress(RpcError):
         status["stats"] = _call(args, "stats", {}, args.timeout)
@@ -95,13 +112,32 @@ def cmd_leave(args: argparse.Namespace) -> int:
         if args.member:
             _call(args, "remove", {"node_id": args.member}, args.timeout)
             print(f"{args.member} removed")
-        else:
-            _call(args, "leave", {}, args.timeout)
-            print(f"{args.node} left the cluster")
-    except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
-        print(f"error: {args.node}: {exc!r}", file=sys.stderr)
-        return 1
-    return 0
+            return 0
+        reply = _call(args, "leave", {}, args.timeout)
+    except CALL_ERRORS as exc:
+        return _error(args, exc)
+    print(f"{args.node} left the cluster (epoch {reply.get('epoch', '?')}); it is stopping",
+          flush=True)
+    if trio.run(_wait_closed, args.node, EXIT_WAIT):
+        print(f"{args.node} stopped")
+        return 0
+    print(f"error: {args.node}: left, but still accepting connections {EXIT_WAIT:.0f} s later",
+          file=sys.stderr)
+    return 1
+
+
+async def _wait_closed(address: str, timeout: float) -> bool:
+    """True once nothing accepts connections at ``address`` (the node has exited)."""
+    host, _, port = address.rpartition(":")
+    with trio.move_on_after(timeout):
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+            except OSError:
+                return True
+            await stream.aclose()
+            await trio.sleep(0.1)
+    return False
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
@@ -113,9 +149,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
             reply = _call(args, "pin", {"subtree": args.subtree, "shard": args.shard},
                           args.timeout)
             print(f"{args.subtree} -> shard {reply['shard']} (epoch {reply['epoch']})")
-    except (OSError, AuthError, RpcError, trio.TooSlowError) as exc:
-        print(f"error: {args.node}: {exc!r}", file=sys.stderr)
-        return 1
+    except CALL_ERRORS as exc:
+        return _error(args, exc)
     return 0
 
 

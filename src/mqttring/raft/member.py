@@ -24,8 +24,10 @@ from pathlib import Path
 import trio
 
 from mqttring.config import BrokerConfig, ConfigError
-from mqttring.raft.service import CatchUp, MetadataService
+from mqttring.errors import describe_error
+from mqttring.raft.service import CatchUp, CommitError, MetadataService
 from mqttring.raft.view import ClusterView
+from mqttring.rpc import RpcError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,8 +65,13 @@ async def serve(service: MetadataService, ready_file: Path | None) -> None:
             tmp.replace(ready_file)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
-                with trio.move_on_after(service.config.leave_timeout + 10):
-                    await service.leave()
+                try:
+                    with trio.move_on_after(service.config.leave_timeout + 10):
+                        await service.leave()
+                except (CommitError, RpcError, trio.TooSlowError) as exc:
+                    # No majority to leave through: stop anyway, failure detection follows.
+                    logging.getLogger(__name__).warning("leave did not complete: %s",
+                                                        describe_error(exc))
                 nursery.cancel_scope.cancel()
                 return
 

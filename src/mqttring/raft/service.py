@@ -53,6 +53,7 @@ import trio
 from pysyncobj import FAIL_REASON, SyncObj
 
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.errors import describe_error
 from mqttring.raft import state as sm
 from mqttring.raft.replicated import (
     DEFAULT_TIMEOUTS,
@@ -79,6 +80,10 @@ log = logging.getLogger(__name__)
 #: Metadata RPC kinds served on the cluster port (the data plane adds its own).
 RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_up", "pin",
              "unpin")
+
+#: Seconds between two looks at this node's quorum proof, for the lost/regained log lines.
+QUORUM_LOG_POLL = 0.25
+
 
 class CatchUp(enum.Enum):
     DATA_PLANE = "data-plane"  # the data plane calls mark_caught_up after copying a shard
@@ -136,6 +141,8 @@ class MetadataService:
         self._saved_members: object = None
         #: trio time of the latest proof that this node is in the majority's view.
         self._quorum_at: float | None = None
+        #: Set once ``leave`` starts: losing the proof of quorum is then expected, not news.
+        self._leaving = False
         self.rpc = RpcServer(self._rpc_key, self.node_id)
         for kind in RPC_KINDS:
             self.rpc.register(kind, getattr(self, f"_rpc_{kind}"))
@@ -188,6 +195,7 @@ class MetadataService:
                 task_status.started(view)
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._leader_loop)
+                nursery.start_soon(self._watch_quorum)
                 if self.catch_up is CatchUp.NOTHING_TO_COPY:
                     nursery.start_soon(self._claim_empty_shards)
                 await self._left.wait()
@@ -200,22 +208,23 @@ class MetadataService:
             with trio.CancelScope(shield=True):
                 await self._stop_raft()
 
-    async def leave(self) -> None:
+    async def leave(self) -> bool:
         """Hand this node's shards away (epoch without it as owner), then leave Raft.
 
         Takes up to ``config.leave_timeout`` waiting for shards only this node holds to be
         caught up elsewhere, plus a few seconds for the Raft removal: a caller that bounds
-        it should allow ``leave_timeout + 15`` s.
+        it should allow ``leave_timeout + 15`` s.  Returns False when there was nothing to
+        leave (not a member, or the last one up); raises ``CommitError`` or
+        ``trio.TooSlowError`` when the cluster could not commit a step (no quorum).
         """
         me = self._view.members.get(self.node_id)
         if self._syncobj is None or me is None:
-            return
-        others = [m for m in self._view.members.values()
-                  if m.node_id != self.node_id and m.state is MemberState.UP]
-        if not others:
+            return False
+        if not self._others_up():
             log.warning("%s is the last member; stopping without handing shards away",
                         self.node_id)
-            return
+            return False
+        self._leaving = True
         if me.state is MemberState.UP:
             await self._commit(sm.cmd_leaving(self.node_id))
         # Wait (bounded) until no shard is served only from here.
@@ -233,6 +242,11 @@ class MetadataService:
         if self.config.data_dir is not None:
             # Our journal says we are a member; a restart must join afresh, not resurrect.
             shutil.rmtree(self.config.data_dir / "raft", ignore_errors=True)
+        return True
+
+    def _others_up(self) -> bool:
+        return any(m.node_id != self.node_id and m.state is MemberState.UP
+                   for m in self._view.members.values())
 
     # -- Raft plumbing ----------------------------------------------------------------
 
@@ -478,6 +492,26 @@ class MetadataService:
                     await trio.aclose_forcefully(client._fs.stream)
                 client = None
 
+    async def _watch_quorum(self) -> None:
+        """Log when this node loses and regains its proof of quorum: without a majority the
+        member states it reports are frozen at the last commit, and only these lines (and
+        ``quorum`` in ``mqttring status``) tell an operator that nothing can commit."""
+        within = self.config.fence_seconds
+        had = True  # just admitted: ``_become_member`` recorded the proof
+        while True:
+            await trio.sleep(QUORUM_LOG_POLL)
+            has = self.in_quorum(within)
+            if has == had or self._leaving:
+                continue
+            had = has
+            if has:
+                log.info("%s: quorum regained (leader %s, epoch %d)", self.node_id,
+                         self._view.leader, self._view.epoch)
+            else:
+                log.warning("%s: lost quorum: no Raft leader has counted this node up for "
+                            "%.1fs; membership and shard changes cannot commit (leader %s)",
+                            self.node_id, within, self._view.leader or "unknown")
+
     async def _leader_loop(self) -> None:
         """Failure detection, on the leader only: silence past the grace period -> down."""
         while True:
@@ -608,13 +642,27 @@ class MetadataService:
         if brief:
             del wire["shards"]  # ~30 kB with 1024 shards; pollers rarely need it
         return {"node_id": self.node_id, "raft": raft, "leader": view.leader,
-                "view": wire, "rpc_refused": self.rpc.refused}
+                "view": wire, "rpc_refused": self.rpc.refused,
+                "quorum": self.in_quorum(self.config.fence_seconds)}
 
     async def _rpc_leave(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        """Leave, then make ``run`` return (after this reply is sent)."""
-        await self.leave()
+        """Leave, then make ``run`` return (after this reply is sent): the node stops.
+
+        The reply says what happened; a leave that cannot happen (last member) or did not
+        complete is an error and the node keeps running.
+        """
+        if self._view.members.get(self.node_id) is None:
+            raise RpcError(f"{self.node_id} is not a member")
+        if not self._others_up():
+            raise RpcError(f"{self.node_id} is the last member up: there is nobody to hand "
+                           "its shards to (stop it with SIGTERM instead)")
+        try:
+            await self.leave()
+        except (CommitError, trio.TooSlowError) as exc:
+            self._leaving = False
+            raise RpcError(f"leave did not complete: {describe_error(exc)}") from None
         self._left.set()
-        return {"left": True}
+        return {"left": True, "epoch": self._view.epoch}
 
     async def _rpc_caught_up(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """For tests and operators standing in for the data plane (see module docstring)."""
@@ -631,5 +679,5 @@ class MetadataService:
         try:
             return await self._commit(command, timeout=float(command.get("timeout", 5.0)))
         except (CommitError, trio.TooSlowError) as exc:
-            raise RpcError(f"not committed: {exc!r}") from None
+            raise RpcError(f"not committed: {describe_error(exc)}") from None
 

@@ -1,0 +1,225 @@
+"""The node process's lifecycle (``mqttring.lifecycle``): real ``python -m mqttring.node``
+processes receiving real signals.
+
+Stop signals work at every stage (here: while joining a cluster nobody answers for), SIGHUP
+reloads what may change live from the config file and says what needs a restart, a busy
+port is one line and exit 1 (and a plain ``OSError`` for the embedded API), and
+``--log-file``/``--log-format json`` write what they promise.  Every wait is on a log line
+or a ready file, bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mqtt_client import RawClient
+
+pytestmark = pytest.mark.timeout(90)
+
+HOST = "127.0.0.1"
+STOP_BOUND = 15.0  # a signal -> the process has exited (generous for a loaded runner)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class Node:
+    """One ``python -m mqttring.node`` with arbitrary flags; its output goes to a file."""
+
+    def __init__(self, tmp: Path, *flags: str, data: str = "data") -> None:
+        self.out = tmp / "node.out"
+        self.ready = tmp / "ready.json"
+        cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "n1",
+               "--data-dir", str(tmp / data), "--ready-file", str(self.ready),
+               "--sys-interval", "0", *flags]
+        with self.out.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"node exited:\n{self.text()}"
+            try:
+                return dict(json.loads(self.ready.read_text()))
+            except (FileNotFoundError, json.JSONDecodeError):
+                time.sleep(0.05)
+        raise AssertionError(f"not ready in {timeout}s:\n{self.text()}")
+
+    def wait_line(self, needle: str, timeout: float = 15.0, path: Path | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = (path or self.out).read_text(errors="replace") \
+                if (path or self.out).exists() else ""
+            for line in text.splitlines():
+                if needle in line:
+                    return line
+            assert self.proc.poll() is None or needle in text, \
+                f"node exited ({self.proc.returncode}) before {needle!r}:\n{self.text()}"
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {needle!r} in {timeout}s:\n{self.text()}")
+
+    def signal_and_wait(self, signum: int, timeout: float = STOP_BOUND) -> int:
+        self.proc.send_signal(signum)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node ignored {signal.Signals(signum).name} for "
+                                 f"{timeout}s:\n{self.text()}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[list[Node]]:
+    started: list[Node] = []
+    yield started
+    for node in started:
+        node.kill()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_node_still_joining_stops_on_a_signal(tmp_path, nodes, signum):
+    """``--join`` to an address where nobody answers: the node is stuck in its join, and a
+    SIGINT/SIGTERM must still stop it (before: only kill -9 did)."""
+    cluster, raft, nobody = free_port(), free_port(), free_port()
+    node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--cluster", f"{HOST}:{cluster}",
+                "--raft", f"{HOST}:{raft}", "--join", f"{HOST}:{nobody}",
+                "--cluster-secret", "s3cret")
+    nodes.append(node)
+    node.wait_line(f"info via {HOST}:{nobody} failed")  # it is trying to join
+    assert node.signal_and_wait(signum) == 0
+    text = node.text()
+    assert f"signal {signal.Signals(signum).name}: shutting down (starting)" in text
+    assert "Traceback" not in text
+
+
+def test_a_busy_port_is_one_line_and_exit_1(tmp_path):
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "mqttring.node", "--mqtt", f"{HOST}:{port}",
+             "--data-dir", str(tmp_path / "d"), "--sys-interval", "0"],
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if "mqttring:" in line]
+    assert lines == [f"mqttring: cannot start node: {HOST}:{port}: address already in use"]
+    assert "Traceback" not in result.stderr
+
+
+async def test_embedded_busy_port_raises_a_plain_oserror(tmp_path):
+    import trio
+
+    from mqttring import BrokerConfig, ListenError, MqttRingBroker
+
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = BrokerConfig(mqtt=f"{HOST}:{port}", data_dir=tmp_path / "d", sys_interval=0)
+        with pytest.raises(ListenError) as caught:
+            await trio.to_thread.run_sync(MqttRingBroker(config).start)
+        assert isinstance(caught.value, OSError)
+        assert str(caught.value) == f"{HOST}:{port}: address already in use"
+        with pytest.raises(OSError, match=f"{HOST}:{port}: address already in use"):
+            async with MqttRingBroker(config):
+                pass
+
+
+def test_sighup_without_a_config_file_says_so_and_keeps_running(tmp_path, nodes):
+    node = Node(tmp_path, "--mqtt", f"{HOST}:0")
+    nodes.append(node)
+    port = node.wait_ready()["mqtt"]
+    node.proc.send_signal(signal.SIGHUP)
+    node.wait_line("SIGHUP: no --config file, nothing to reload")
+    client = RawClient(HOST, port)
+    assert client.connect("still-here").return_code == 0  # still serving
+    client.close()
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+
+
+def test_sighup_reloads_live_settings_and_names_the_rest(tmp_path, nodes):
+    config = tmp_path / "node.toml"
+    config.write_text('allow_anonymous = true\nsys_interval = 0\n'
+                      '[limits]\nmax_inflight = 32\n')
+    node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--config", str(config))
+    nodes.append(node)
+    port = node.wait_ready()["mqtt"]
+    config.write_text('allow_anonymous = false\nnum_shards = 64\nlog_level = "debug"\n'
+                      '[limits]\nmax_inflight = 64\n')
+    node.proc.send_signal(signal.SIGHUP)
+    node.wait_line("reloaded: limits.max_inflight 32 -> 64")
+    node.wait_line("reloaded: allow_anonymous True -> False")
+    node.wait_line("reloaded: log_level 'info' -> 'debug'")
+    assert "num_shards" in node.wait_line("need a restart")
+    client = RawClient(HOST, port)
+    assert client.connect("anonymous").return_code == 5  # applied: not authorized now
+    client.close()
+    # A file that became invalid changes nothing: one line, the node runs on as it was.
+    config.write_text('allow_anonymous = true\n[limits]\nmax_inflight = 0\n')
+    node.proc.send_signal(signal.SIGHUP)
+    line = node.wait_line("config not reloaded")
+    assert "max_inflight" in line
+    client = RawClient(HOST, port)
+    assert client.connect("anonymous-again").return_code == 5
+    client.close()
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+    assert "Traceback" not in node.text()
+
+
+def test_log_file_in_json_lines(tmp_path, nodes):
+    log = tmp_path / "node.log"
+    node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--log-file", str(log),
+                "--log-format", "json")
+    nodes.append(node)
+    port = node.wait_ready()["mqtt"]
+    client = RawClient(HOST, port)
+    assert client.connect("json-logged").return_code == 0
+    client.close()
+    node.wait_line("json-logged", path=log)
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    assert any(e["message"].startswith("node n1 listening") and e["level"] == "info"
+               and e["logger"] == "mqttring.broker" for e in entries)
+    assert any("signal SIGTERM" in e["message"] for e in entries)
+    connected = next(e for e in entries if "'json-logged' connected" in e["message"])
+    assert connected["client_id"] == "json-logged" and connected["event"] == "connected"
+    assert node.text() == "", "with --log-file nothing goes to stderr"
+
+
+@pytest.mark.parametrize(("setting", "flags", "words"), [
+    ('log_level = "loud"', (), ("configuration error", "log_level", "loud")),
+    ('log_format = "xml"', (), ("configuration error", "log_format", "xml")),
+    ("", ("--log-file", "/nonexistent-dir/node.log"),
+     ("cannot open log file /nonexistent-dir/node.log", "No such file or directory")),
+], ids=["level", "format", "file"])
+def test_bad_log_settings_are_one_line_and_exit_2(tmp_path, setting, flags, words):
+    config = tmp_path / "node.toml"
+    config.write_text(setting + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--config", str(config), "--mqtt",
+         f"{HOST}:0", "--data-dir", str(tmp_path / "d"), *flags],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("mqttring: ") and all(w in line for w in words), line

@@ -1,0 +1,38 @@
+"""``mqttring.reload.plan_reload``: which settings a SIGHUP applies and which need a restart
+(a pure function; the signal itself is exercised in tests/test_node_lifecycle.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from mqttring.config import BrokerConfig, Limits
+from mqttring.reload import LIVE_SETTINGS, plan_reload, settings
+
+
+def test_live_settings_are_applied_and_the_rest_named():
+    old = BrokerConfig()
+    new = replace(old, allow_anonymous=False, num_shards=64, log_level="debug",
+                  acl_file=Path("/etc/mqttring/acl"),
+                  limits=replace(old.limits, max_inflight=64, max_packet_size=4096))
+    plan = plan_reload(old, new)
+    described = [c.describe() for c in plan.applied]
+    assert "limits.max_inflight 32 -> 64" in described
+    assert "allow_anonymous True -> False" in described
+    assert "log_level 'info' -> 'debug'" in described
+    assert "acl_file None -> '/etc/mqttring/acl'" in described
+    assert set(plan.needs_restart) == {"num_shards", "limits.max_packet_size"}
+    # The node runs on with the new live values and its old restart-only ones.
+    assert plan.config.limits.max_inflight == 64 and plan.config.allow_anonymous is False
+    assert plan.config.num_shards == old.num_shards
+    assert plan.config.limits.max_packet_size == old.limits.max_packet_size
+
+
+def test_nothing_changed_is_an_empty_plan():
+    config = BrokerConfig()
+    plan = plan_reload(config, BrokerConfig())
+    assert plan.applied == () and plan.needs_restart == () and plan.config is config
+
+
+def test_every_live_setting_names_a_real_setting():
+    assert set(LIVE_SETTINGS) <= set(settings(BrokerConfig(limits=Limits())))
