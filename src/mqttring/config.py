@@ -7,6 +7,7 @@ config is built, so a bad setting stops the node at start-up rather than at the 
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -88,6 +89,23 @@ class BrokerConfig:
     node_id: str = "node1"
     mqtt: str | None = "127.0.0.1:1883"
     ws: str | None = None
+    #: MQTT over TLS listener HOST:PORT (conventionally 8883); needs certfile and keyfile.
+    mqtts: str | None = None
+    #: MQTT over WebSocket over TLS listener HOST:PORT; needs certfile and keyfile.
+    wss: str | None = None
+    #: PEM server certificate (chain) and its private key for the TLS listeners
+    #: (``docs/security.md``); read again by ``BrokerNode.tls.reload()``.
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    #: PEM CA certificate(s) that client certificates must be signed by.
+    cafile: Path | None = None
+    #: Oldest TLS version accepted: "1.2" or "1.3".  Ciphers are OpenSSL's defaults.
+    tls_min_version: str = "1.2"
+    #: TLS clients must present a certificate signed by ``cafile``.
+    require_certificate: bool = False
+    #: The CN of a TLS client's certificate is its username (mosquitto's option of that
+    #: name): the certificate authenticates it, CONNECT's username/password are not used.
+    use_identity_as_username: bool = False
     data_dir: Path | None = Path("data")
     sys_interval: float = 10.0
     #: Bind the MQTT and WebSocket ports with SO_REUSEPORT, so that several nodes on one
@@ -149,12 +167,13 @@ class BrokerConfig:
     gc_freeze: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("mqtt", "ws", "cluster", "raft", "join", "admin"):
+        for name in ("mqtt", "ws", "mqtts", "wss", "cluster", "raft", "join", "admin"):
             value = getattr(self, name)
             if value is not None:
                 parse_hostport(value)
-        if self.mqtt is None and self.ws is None:
-            raise ConfigError("at least one of mqtt or ws listeners is needed")
+        if self.mqtt is None and self.ws is None and self.mqtts is None and self.wss is None:
+            raise ConfigError("at least one of the mqtt, ws, mqtts or wss listeners is needed")
+        self._check_tls()
         if self.sys_interval < 0:
             raise ConfigError("sys_interval must be >= 0 (0 disables $SYS)")
         if self.num_shards < 1:
@@ -202,6 +221,24 @@ class BrokerConfig:
         if not lim.park_idle_after >= 0:
             raise ConfigError("limits.park_idle_after must be >= 0 (0 = never park)")
 
+    def _check_tls(self) -> None:
+        """What can be told without loading the files (``mqttring.broker.tls`` loads them)."""
+        if self.tls_min_version not in ("1.2", "1.3"):
+            raise ConfigError(f"tls_min_version must be \"1.2\" or \"1.3\", "
+                              f"not {self.tls_min_version!r}")
+        if self.use_identity_as_username and not self.require_certificate:
+            raise ConfigError("use_identity_as_username needs require_certificate")
+        if self.require_certificate and self.cafile is None:
+            raise ConfigError("require_certificate needs cafile (the CA of client certificates)")
+        if self.mqtts is None and self.wss is None:
+            return
+        if self.certfile is None or self.keyfile is None:
+            raise ConfigError("a TLS listener (mqtts, wss) needs certfile and keyfile")
+        for name in ("certfile", "keyfile", "cafile"):
+            path = getattr(self, name)
+            if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                raise ConfigError(f"{name} {path} is not a readable file")
+
     @property
     def fence_seconds(self) -> float:
         """``fence_after``, or its default: a heartbeat short of the failure grace."""
@@ -221,9 +258,14 @@ class BrokerConfig:
         raw = dict(raw)
         limits = _build(Limits, raw.pop("limits", {}), "limits")
         store = _build(StoreSettings, raw.pop("store", {}), "store")
+        # Flags join the file's settings before the checks, so that settings that go
+        # together (a TLS listener and its certfile) may come one from each.
+        raw.update({k: v for k, v in overrides.items() if v is not None})
         base = _build(cls, raw, "")
-        base = replace(base, limits=limits, store=store)
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        return replace(base, limits=limits, store=store)
+
+
+_PATHS = frozenset({"data_dir", "certfile", "keyfile", "cafile"})
 
 
 def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
@@ -234,7 +276,7 @@ def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
         if name not in known or name in ("limits", "store"):
             where = f"[{section}] " if section else ""
             raise ConfigError(f"unknown setting {where}{key!r}")
-        if name == "data_dir" and value is not None:
+        if name in _PATHS and isinstance(value, str):
             value = Path(value)
         if name == "archive":
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):

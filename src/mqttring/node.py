@@ -4,9 +4,9 @@ Settings come from defaults, then ``--config FILE`` (TOML), then flags, later wi
 ``--cluster`` the node also runs the cluster metadata service (Raft) next to the broker; on
 SIGINT/SIGTERM it leaves the cluster (handing its shards away) before it stops.
 
-``--ready-file PATH`` writes ``{"mqtt": port, "ws": port, "pid": pid, ...}`` once the node
-listens; tests and the benchmark harness use it with port 0 to learn the real ports without
-sleeping or polling a socket.
+``--ready-file PATH`` writes ``{"mqtt": port, "ws": port, "mqtts": port, "wss": port,
+"pid": pid, ...}`` once the node listens; tests and the benchmark harness use it with port 0
+to learn the real ports without sleeping or polling a socket.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from mqttring import __version__
+from mqttring.broker.tls import build_server_context, tls_enabled
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.embedded import MqttRingBroker
 from mqttring.workers import run_workers, worker_count
@@ -40,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", help="unique name of this node (default node1)")
     parser.add_argument("--mqtt", help="MQTT TCP listener HOST:PORT (default 127.0.0.1:1883)")
     parser.add_argument("--ws", help="MQTT over WebSocket listener HOST:PORT (off by default)")
+    parser.add_argument("--mqtts", help="MQTT over TLS listener HOST:PORT (off by default)")
+    parser.add_argument("--wss", help="MQTT over WebSocket over TLS HOST:PORT (off by default)")
+    parser.add_argument("--certfile", type=Path, help="PEM server certificate for mqtts/wss")
+    parser.add_argument("--keyfile", type=Path, help="PEM private key of --certfile")
+    parser.add_argument("--cafile", type=Path, help="PEM CA that signs client certificates")
+    parser.add_argument("--require-certificate", action="store_true", default=None,
+                        help="TLS clients must present a certificate signed by --cafile")
     parser.add_argument("--data-dir", type=Path, help="where the node store lives (./data)")
     parser.add_argument("--sys-interval", type=float, help="seconds between $SYS updates")
     parser.add_argument("--cluster", help="HOST:PORT for inter-node links and the admin RPC")
@@ -72,6 +80,12 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "node_id": args.node_id,
         "mqtt": args.mqtt,
         "ws": args.ws,
+        "mqtts": args.mqtts,
+        "wss": args.wss,
+        "certfile": args.certfile,
+        "keyfile": args.keyfile,
+        "cafile": args.cafile,
+        "require_certificate": args.require_certificate,
         "data_dir": args.data_dir,
         "sys_interval": args.sys_interval,
         "cluster": args.cluster,
@@ -118,7 +132,8 @@ async def run_node(config: BrokerConfig, ready_file: Path | None = None) -> None
             if ready_file is not None:
                 _write_ready_file(
                     ready_file,
-                    {"mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
+                    {"mqtt": ports.mqtt, "ws": ports.ws, "mqtts": ports.mqtts,
+                     "wss": ports.wss, "pid": os.getpid(),
                      "node_id": config.node_id, "cluster": config.cluster,
                      "admin": broker.admin_port},
                 )
@@ -138,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         config = config_from_args(args)
+        if tls_enabled(config):
+            build_server_context(config)  # a bad certificate or key: exit 2 before starting
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.broker.flow import FlowControl
@@ -186,9 +187,24 @@ class BrokerCore:
             return ConnectReturnCode.BAD_USERNAME_OR_PASSWORD
         return ConnectReturnCode.ACCEPTED
 
+    def _certificate_login(self, handler: ClientHandler, packet: Connect
+                           ) -> tuple[Connect, ConnectReturnCode]:
+        """``use_identity_as_username`` on a TLS connection (mosquitto's rule): the verified
+        client certificate is the credential and its CN the username, whatever CONNECT says;
+        a certificate without a CN cannot log in."""
+        identity = handler.transport.identity
+        if identity is None:
+            return packet, ConnectReturnCode.NOT_AUTHORIZED
+        log.info("client %r from %s: certificate CN %r is its username", packet.client_id,
+                 handler.transport.peer, identity)
+        return replace(packet, username=identity, password=None), ConnectReturnCode.ACCEPTED
+
     async def on_connect(self, handler: ClientHandler, packet: Connect) -> list[Event]:
         conn = handler.conn
-        code = self._authenticate(packet)
+        if self.config.use_identity_as_username and handler.transport.secure:
+            packet, code = self._certificate_login(handler, packet)
+        else:
+            code = self._authenticate(packet)
         if code is not ConnectReturnCode.ACCEPTED:
             log.info("refusing client %r from %s: %s (user %r)", packet.client_id,
                      handler.transport.peer, code.name.lower().replace("_", " "),

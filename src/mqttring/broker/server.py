@@ -8,8 +8,9 @@ Lifecycle (all under one nursery, so shutdown is just cancellation):
 
 1. open the node store in a worker thread and read back retained messages and persistent
    sessions;
-2. bind the TCP and WebSocket listeners and report the bound ports through ``task_status``
-   (port 0 in the config means "any free port" — tests rely on it);
+2. bind the TCP and WebSocket listeners (and their TLS twins, ``mqtts`` and ``wss``, whose
+   certificates are loaded before anything else starts) and report the bound ports through
+   ``task_status`` (port 0 in the config means "any free port" — tests rely on it);
 3. serve until cancelled; then close every client connection (no wills: the node, not the
    client, is going away), write what the sessions still hold, and close the store.
 
@@ -24,7 +25,7 @@ import logging
 import queue
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from functools import partial
@@ -32,7 +33,13 @@ from types import TracebackType
 from typing import Self
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, WebSocketServer
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    WebSocketServer,
+    wrap_server_stream,
+)
 
 from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
@@ -47,7 +54,15 @@ from mqttring.broker.router import LocalRouter, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.sys_topics import publish_sys_topics
-from mqttring.broker.transport import TcpTransport, WebSocketTransport
+from mqttring.broker.tls import (
+    TlsContext,
+    TlsTransport,
+    certificate_identity,
+    handshake,
+    peer_of,
+    tls_enabled,
+)
+from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport, WebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
 from mqttring.ring.hashing import shard_of
@@ -60,11 +75,16 @@ _WS_FRAME_SLACK = 16
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_BACKOFF = 0.1
 
+#: Serves one TLS connection once its handshake is done: (stream, peer, certificate CN).
+TlsServe = Callable[[trio.SSLStream[trio.SocketStream], str, str | None], Awaitable[None]]
+
 
 @dataclass(frozen=True, slots=True)
 class BoundPorts:
     mqtt: int | None
     ws: int | None
+    mqtts: int | None = None
+    wss: int | None = None
 
 
 class BrokerNode:
@@ -96,6 +116,9 @@ class BrokerNode:
         self.admin_port: int | None = None
         #: Idle TCP connections without a task (None: parking off, or no epoll here).
         self.parking: ParkingLot | None = None
+        #: The TLS listeners' certificate (None: no ``mqtts``/``wss``); ``tls.reload()``
+        #: (``reload_in_thread`` from trio) renews it for new connections.
+        self.tls: TlsContext | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -103,6 +126,8 @@ class BrokerNode:
         self, *, task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
     ) -> None:
         config = self.config
+        # Certificates first: a bad one stops the node before it opens or binds anything.
+        self.tls = TlsContext(config) if tls_enabled(config) else None
         store = None
         if config.data_dir is not None:
             path = config.data_dir / "store"
@@ -187,12 +212,16 @@ class BrokerNode:
                     )
                     await nursery.start(ws_server.run)
                     ws_port = ws_server.port
+                mqtts_port = await self._listen_tls(nursery, config.mqtts, self._serve_mqtts)
+                wss_port = await self._listen_tls(nursery, config.wss, self._serve_wss)
                 if config.sys_interval > 0:
                     nursery.start_soon(
                         publish_sys_topics, router, self.metrics, retained, config.sys_interval
                     )
-                self.ports = BoundPorts(mqtt_port, ws_port)
-                log.info("node %s listening: mqtt=%s ws=%s", config.node_id, mqtt_port, ws_port)
+                self.ports = BoundPorts(mqtt_port, ws_port, mqtts_port, wss_port)
+                log.info("node %s listening: mqtt=%s ws=%s%s", config.node_id, mqtt_port,
+                         ws_port, "" if self.tls is None
+                         else f" mqtts={mqtts_port} wss={wss_port}")
                 task_status.started(self.ports)
                 try:
                     await trio.sleep_forever()
@@ -261,14 +290,85 @@ class BrokerNode:
                 nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), parking).run)
 
     async def _on_websocket(self, request: WebSocketRequest) -> None:
-        assert self.core is not None
+        ws = await self._accept_websocket(request)
+        if ws is not None:
+            assert self.core is not None
+            await ClientHandler(self.core, WebSocketTransport(ws)).run()
+
+    async def _accept_websocket(self, request: WebSocketRequest) -> WebSocketConnection | None:
         subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
         try:
-            ws = await request.accept(subprotocol=subprotocol)
+            return await request.accept(subprotocol=subprotocol)
         except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
             log.debug("websocket handshake failed: %s", exc)
-            return
-        await ClientHandler(self.core, WebSocketTransport(ws)).run()
+            return None
+
+    # -- TLS listeners (mqtts, wss) ---------------------------------------------------------
+
+    async def _listen_tls(self, nursery: trio.Nursery, address: str | None,
+                          serve: TlsServe) -> int | None:
+        """Bind a TLS listener (if configured) and accept on it; returns the bound port."""
+        if address is None:
+            return None
+        host, port = parse_hostport(address)
+        listeners = await open_listeners(host, port, reuse_port=self.config.reuse_port)
+        for listener in listeners:
+            nursery.start_soon(self._accept_tls_loop, listener, nursery, serve)
+        return int(listeners[0].socket.getsockname()[1])
+
+    async def _accept_tls_loop(self, listener: trio.SocketListener, nursery: trio.Nursery,
+                               serve: TlsServe) -> None:
+        """Accept only: each connection's handshake runs in its own task, so a client that
+        stalls it delays nobody (``_tls_connection``)."""
+        listen_socket = listener.socket
+        async with listener:
+            while True:
+                try:
+                    accepted, _ = await listen_socket.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.warning("accept failed (%s); retrying in %.1fs", exc, _ACCEPT_BACKOFF)
+                    await trio.sleep(_ACCEPT_BACKOFF)
+                    continue
+                nursery.start_soon(self._tls_connection, trio.SocketStream(accepted), serve)
+
+    async def _tls_connection(self, tcp: trio.SocketStream, serve: TlsServe) -> None:
+        assert self.tls is not None
+        stream = await handshake(tcp, self.tls, self.config.limits.connect_timeout,
+                                 self.metrics)
+        if stream is not None:
+            await serve(stream, peer_of(tcp), certificate_identity(stream))
+
+    async def _serve_mqtts(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
+                           identity: str | None) -> None:
+        assert self.core is not None
+        # No parking lot: see ``mqttring.broker.tls`` for why a TLS connection keeps its task.
+        await ClientHandler(self.core, TlsTransport(stream, peer, identity)).run()
+
+    async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
+                         identity: str | None) -> None:
+        """A WebSocket over the TLS stream: what ``WebSocketServer`` does per connection,
+        with the WebSocket upgrade bounded by ``connect_timeout`` like the handshake."""
+        assert self.core is not None
+        limits = self.config.limits
+        async with trio.open_nursery() as nursery:
+            request = None
+            with trio.move_on_after(limits.connect_timeout):
+                with suppress(ConnectionClosed, trio.BrokenResourceError):
+                    request = await wrap_server_stream(
+                        nursery, stream, max_message_size=limits.max_packet_size + _WS_FRAME_SLACK
+                    )
+            try:
+                ws = None if request is None else await self._accept_websocket(request)
+                if ws is not None:
+                    transport = SecureWebSocketTransport(ws, identity)
+                    await ClientHandler(self.core, transport).run()
+            finally:
+                nursery.cancel_scope.cancel()  # the WebSocket's reader task
+        # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)
+        with trio.move_on_after(1), suppress(trio.BrokenResourceError, OSError):
+            await stream.aclose()
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()
