@@ -233,6 +233,12 @@ def test_certificate_identity_is_the_username(tls_broker, pki: Pki, uid, caplog)
     assert anonymous.returncode != 0
     wait_for(lambda: metrics.tls_handshake_failures == 2, what="no-certificate handshake")
     assert "TLS handshake with 127.0.0.1:" in caplog.text
+    nameless_cert, nameless_key = pki.server_cert("nameless", ca="client", hosts=("x.example",))
+    nameless = mosquitto("mosquitto_pub", node.mqtts, topic, "--cafile", str(pki.ca), "--cert",
+                         str(nameless_cert), "--key", str(nameless_key), "-m", "x")
+    assert nameless.returncode != 0
+    assert "not authori" in nameless.stderr, nameless.stderr  # CONNACK 5: no CN, no username
+    assert metrics.tls_handshake_failures == 2
     assert metrics.messages_received == 1  # only alice's publish got through
 
 

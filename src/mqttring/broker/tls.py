@@ -70,8 +70,10 @@ def build_server_context(config: BrokerConfig) -> ssl.SSLContext:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return exc.reason.lower().replace("_", " ")
+    if isinstance(exc, ssl.SSLError):
+        if exc.reason:
+            return exc.reason.lower().replace("_", " ")
+        return "not a PEM file of the expected kind"  # OpenSSL says no more than "PEM lib"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc)
