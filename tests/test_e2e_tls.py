@@ -300,7 +300,7 @@ def test_plaintext_garbage_and_stalled_handshakes(tls_broker, paho, pki: Pki, ca
     that stalls half-way through its handshake delays no other client's TLS connect and is
     closed (and counted) after ``connect_timeout``."""
     caplog.set_level(logging.INFO, logger="mqttring")
-    node = tls_broker(limits={"connect_timeout": 2.0})
+    node = tls_broker(limits={"connect_timeout": 4.0})
     metrics = node.broker.metrics
     stalled = socket.create_connection((HOST, node.mqtts), timeout=WAIT)
     stalled_ws = socket.create_connection((HOST, node.wss), timeout=WAIT)
@@ -312,11 +312,11 @@ def test_plaintext_garbage_and_stalled_handshakes(tls_broker, paho, pki: Pki, ca
                 plain.sendall(garbage)
                 read_to_close(plain, WAIT)  # an alert at most, then the close; no CONNACK
         wait_for(lambda: metrics.tls_handshake_failures == 2, what="plaintext counted")
-        started = time.monotonic()
         client = tls_paho(paho, node.tls, pki.ca)
         client.connect()
         client.disconnect()
-        assert time.monotonic() - started < 2.0, "a stalled handshake held a TLS client up"
+        # Connected while both stalls are still pending (not yet timed out, not counted).
+        assert metrics.tls_handshake_failures == 2, "a stalled handshake held a client up"
         # The stalled ones are closed by the node once connect_timeout passes.
         for sock in (stalled, stalled_ws):
             read_to_close(sock, 15)
@@ -324,7 +324,7 @@ def test_plaintext_garbage_and_stalled_handshakes(tls_broker, paho, pki: Pki, ca
     finally:
         stalled.close()
         stalled_ws.close()
-    assert "not completed within 2s" in caplog.text
+    assert "not completed within 4s" in caplog.text
     assert "TLS handshake with 127.0.0.1:" in caplog.text
 
 
@@ -386,3 +386,9 @@ def test_tls_settings_are_checked_before_the_node_starts(tmp_path: Path, pki: Pk
     assert len(lines) == 1 and lines[0].startswith(
         "mqttring: configuration error: cannot load certfile"), done.stderr
     assert not (tmp_path / "data").exists()
+    workers = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--workers", "2", "--mqtts", f"{HOST}:0",
+         "--certfile", str(pki.cert), "--keyfile", str(pki.key), "--data-dir",
+         str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert workers.returncode == 2, workers.stderr
+    assert "--workers needs a fixed mqtts port" in workers.stderr
