@@ -337,8 +337,16 @@ class BrokerNode:
         assert self.tls is not None
         stream = await handshake(tcp, self.tls, self.config.limits.connect_timeout,
                                  self.metrics)
-        if stream is not None:
-            await serve(stream, peer_of(tcp), certificate_identity(stream))
+        if stream is None:
+            return
+        peer = peer_of(tcp)
+        try:
+            await serve(stream, peer, certificate_identity(stream))
+        except Exception:
+            # A bug of ours (the WebSocket layer, say): this connection ends, the node goes on.
+            self.metrics.internal_errors += 1
+            log.exception("internal error on TLS connection %s; closing it", peer)
+            await trio.aclose_forcefully(stream)
 
     async def _serve_mqtts(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
                            identity: str | None) -> None:
