@@ -99,7 +99,7 @@ class BrokerConfig:
     keyfile: Path | None = None
     #: PEM CA certificate(s) that client certificates must be signed by.
     cafile: Path | None = None
-    #: Oldest TLS version accepted: "1.2" or "1.3".  Ciphers are OpenSSL's defaults.
+    #: Oldest TLS version accepted: "1.2" or "1.3".  Ciphers are the ``ssl`` module's defaults.
     tls_min_version: str = "1.2"
     #: TLS clients must present a certificate signed by ``cafile``.
     require_certificate: bool = False

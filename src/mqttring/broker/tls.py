@@ -51,7 +51,10 @@ def build_server_context(config: BrokerConfig) -> ssl.SSLContext:
     certificate, a CA file with no certificate)."""
     if config.certfile is None or config.keyfile is None:
         raise ConfigError("a TLS listener (mqtts, wss) needs certfile and keyfile")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    # Not ``ssl.create_default_context``: it would also trust the system's CAs for client
+    # certificates, so any publicly issued certificate would pass ``require_certificate``.
+    # Only ``cafile`` signs clients (as in mosquitto); the rest are Python's defaults.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[config.tls_min_version]
     try:
         context.load_cert_chain(config.certfile, config.keyfile)
