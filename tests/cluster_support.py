@@ -127,6 +127,8 @@ class NodeCluster(LocalCluster):
         self.sys_interval = sys_interval
         self.log_level = "info"
         self.ports: dict[str, int] = {}
+        #: Settings added to every node's TOML, per node id (cluster TLS files, say).
+        self.extra_toml: dict[str, str] = {}
 
     # LocalCluster.start with ``sys_interval`` in the TOML and a log level for diagnosis.
     def start(self, node_id: str, join: str | None = None, *, secret: str | None = None,
@@ -145,7 +147,8 @@ class NodeCluster(LocalCluster):
         toml = self.root / f"{node_id}.toml"
         toml.write_text(f"heartbeat_interval = {self.heartbeat}\n"
                         f"failure_grace = {self.grace}\n"
-                        f"sys_interval = {self.sys_interval}\n")
+                        f"sys_interval = {self.sys_interval}\n"
+                        + self.extra_toml.get(node_id, ""))
         cmd = [sys.executable, "-m", "mqttring.node", "--node-id", node_id,
                "--cluster", proc.cluster, "--raft", proc.raft,
                "--data-dir", str(proc.data_dir), "--ready-file", str(proc.ready_file),

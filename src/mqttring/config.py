@@ -134,6 +134,11 @@ class BrokerConfig:
     raft: str | None = None
     join: str | None = None
     cluster_secret: str | None = None
+    #: Mutual TLS on the cluster address (``mqttring.cluster_tls``): the cluster's own CA,
+    #: and this node's certificate and key signed by it.  All three, or none (plain TCP).
+    cluster_cafile: Path | None = None
+    cluster_certfile: Path | None = None
+    cluster_keyfile: Path | None = None
     replication: int = 2
     #: Seconds between a member's heartbeats to the Raft leader.
     heartbeat_interval: float = 0.5
@@ -174,6 +179,7 @@ class BrokerConfig:
         if self.mqtt is None and self.ws is None and self.mqtts is None and self.wss is None:
             raise ConfigError("at least one of the mqtt, ws, mqtts or wss listeners is needed")
         self._check_tls()
+        self._check_cluster_tls()
         if self.sys_interval < 0:
             raise ConfigError("sys_interval must be >= 0 (0 disables $SYS)")
         if self.num_shards < 1:
@@ -234,10 +240,15 @@ class BrokerConfig:
             return
         if self.certfile is None or self.keyfile is None:
             raise ConfigError("a TLS listener (mqtts, wss) needs certfile and keyfile")
-        for name in ("certfile", "keyfile", "cafile"):
-            path = getattr(self, name)
-            if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-                raise ConfigError(f"{name} {path} is not a readable file")
+        _check_files(self, ("certfile", "keyfile", "cafile"))
+
+    def _check_cluster_tls(self) -> None:
+        names = ("cluster_cafile", "cluster_certfile", "cluster_keyfile")
+        given = [getattr(self, name) is not None for name in names]
+        if any(given) and not all(given):
+            raise ConfigError("cluster TLS needs all of cluster_cafile, cluster_certfile and "
+                              "cluster_keyfile")
+        _check_files(self, names)
 
     @property
     def fence_seconds(self) -> float:
@@ -265,7 +276,15 @@ class BrokerConfig:
         return replace(base, limits=limits, store=store)
 
 
-_PATHS = frozenset({"data_dir", "certfile", "keyfile", "cafile"})
+_PATHS = frozenset({"data_dir", "certfile", "keyfile", "cafile", "cluster_cafile",
+                    "cluster_certfile", "cluster_keyfile"})
+
+
+def _check_files(config: BrokerConfig, names: tuple[str, ...]) -> None:
+    for name in names:
+        path = getattr(config, name)
+        if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise ConfigError(f"{name} {path} is not a readable file")
 
 
 def _build(kind: type, raw: dict[str, Any], section: str) -> Any:

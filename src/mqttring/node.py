@@ -26,6 +26,7 @@ import trio
 
 from mqttring import __version__
 from mqttring.broker.tls import build_server_context, tls_enabled
+from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.embedded import MqttRingBroker
 from mqttring.workers import run_workers, worker_count
@@ -59,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MQTTRING_CLUSTER_SECRET"),
         help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)",
     )
+    parser.add_argument("--cluster-cafile", type=Path,
+                        help="cluster CA (PEM): mutual TLS on the cluster address")
+    parser.add_argument("--cluster-certfile", type=Path,
+                        help="this node's certificate, signed by --cluster-cafile (PEM)")
+    parser.add_argument("--cluster-keyfile", type=Path, help="its private key (PEM)")
     parser.add_argument("--replication", type=int, help="replicas per shard (default 2)")
     parser.add_argument("--num-shards", type=int, help="shards, fixed when a cluster forms")
     parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
@@ -93,6 +99,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "raft": args.raft,
         "join": args.join,
         "cluster_secret": args.cluster_secret,
+        "cluster_cafile": args.cluster_cafile,
+        "cluster_certfile": args.cluster_certfile,
+        "cluster_keyfile": args.cluster_keyfile,
         "replication": args.replication,
         "num_shards": args.num_shards,
         "reuse_port": args.reuse_port,
@@ -155,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         if tls_enabled(config):
             build_server_context(config)  # a bad certificate or key: exit 2 before starting
+        cluster_tls(config)  # the same for the cluster's certificate
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
         return 2

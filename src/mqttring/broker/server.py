@@ -63,6 +63,7 @@ from mqttring.broker.tls import (
     tls_enabled,
 )
 from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport, WebSocketTransport
+from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.lsm import Durability, LsmStore
 from mqttring.ring.hashing import shard_of
@@ -183,8 +184,10 @@ class BrokerNode:
                 if config.archive and store is not None:
                     self.archive = self._start_archive(nursery, store)
                 if config.admin is not None and self.plane is None:
+                    admin_tls = cluster_tls(config)
                     self.admin = RpcServer(
-                        derive_key(cluster_secret(config), RPC_KEY_PURPOSE), config.node_id
+                        derive_key(cluster_secret(config), RPC_KEY_PURPOSE), config.node_id,
+                        tls=None if admin_tls is None else admin_tls.server,
                     )
                     register_admin(self.admin, self)
                     self.admin_port = await nursery.start(self.admin.serve, config.admin)
