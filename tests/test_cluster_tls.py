@@ -60,7 +60,7 @@ async def test_rpc_needs_a_certificate_from_the_cluster_ca_and_the_secret(
     reply = await call_once(address, KEY, "b", "echo", {"x": 1}, tls=pki["b"].client)
     assert reply == {"echo": {"x": 1}, "from": "b"}
     # A client certificate from another CA: refused by the server.
-    with pytest.raises(AuthError, match="TLS with"):
+    with pytest.raises(AuthError, match="refuse our certificate"):
         await call_once(address, KEY, "b", "echo", tls=pki["rogue-client"].client)
     # A server certificate from a CA this client does not trust: refused by the client.
     with pytest.raises(AuthError, match="certificate verify failed"):
@@ -77,6 +77,13 @@ async def test_rpc_needs_a_certificate_from_the_cluster_ca_and_the_secret(
             await trio.sleep(0.02)
     assert server.refused == 4
     assert "refused cluster connection from 127.0.0.1:" in caplog.text
+    # A TLS client and a node without cluster TLS do not talk either.
+    plain_server = RpcServer(KEY, "p")
+    plain_server.register("echo", echo)
+    plain_port = await nursery.start(plain_server.serve, "127.0.0.1:0")
+    with pytest.raises(AuthError, match="TLS with"):
+        await call_once(f"127.0.0.1:{plain_port}", KEY, "b", "echo", tls=pki["b"].client,
+                        timeout=5)
 
 
 def test_cert_cli_and_config_checks(tmp_path: Path) -> None:
@@ -137,3 +144,28 @@ def test_a_cluster_over_mutual_tls(tmp_path: Path, clients: Clients) -> None:
         assert cluster.status_sync("a")["rpc_refused"] >= 1
     finally:
         cluster.close()
+
+
+async def test_single_node_admin_over_mutual_tls(tmp_path: Path) -> None:
+    """A single node's ``admin`` address speaks cluster TLS too, when it is configured."""
+    from mqttring import MqttRingBroker
+
+    pki = tmp_path / "pki"
+    make_ca(pki)
+    node_cert, node_key = make_node_cert(pki, "node")
+    admin_cert, admin_key = make_node_cert(pki, "admin")
+    config = BrokerConfig(mqtt="127.0.0.1:0", admin="127.0.0.1:0", cluster_secret="s3cret",
+                          data_dir=tmp_path / "data", sys_interval=0,
+                          cluster_cafile=pki / "ca.pem", cluster_certfile=node_cert,
+                          cluster_keyfile=node_key)
+    admin = ClusterTls.from_files(pki / "ca.pem", admin_cert, admin_key)
+    async with MqttRingBroker(config) as broker:
+        address = f"127.0.0.1:{broker.admin_port}"
+        stats = await call_once(address, KEY, "ops", "stats", tls=admin.client)
+        assert stats["node_id"] == config.node_id
+        with pytest.raises((EOFError, OSError, trio.BrokenResourceError, trio.TooSlowError)):
+            await call_once(address, KEY, "ops", "stats", timeout=2)
+        assert broker.admin is not None
+        with trio.fail_after(10):
+            while broker.admin.refused < 1:  # once the node sees our plain client hang up
+                await trio.sleep(0.02)

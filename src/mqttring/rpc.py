@@ -192,6 +192,17 @@ async def _client_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
     return peer
 
 
+def _tls_failure(address: str, exc: trio.BrokenResourceError) -> Exception:
+    """``AuthError`` when a side refused the other's certificate (or the peer does not speak
+    TLS): a configuration fault.  ``EOFError`` when the connection merely broke (the peer
+    restarting), which callers retry like any closed connection."""
+    cause = exc.__cause__
+    if isinstance(cause, ssl.SSLError) and not isinstance(
+            cause, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError):
+        return AuthError(f"TLS with {address} failed: {cause}")
+    return EOFError(f"TLS connection to {address} broken: {cause or exc}")
+
+
 Handler = Callable[[dict[str, Any], Peer], Awaitable[dict[str, Any]]]
 StreamHandler = Callable[[FramedStream, Peer, dict[str, Any]], Awaitable[None]]
 
@@ -320,12 +331,17 @@ class RpcClient:
                     stream = fs.stream = trio.SSLStream(stream, tls, server_hostname=host)
                     try:
                         await stream.do_handshake()
-                        # (TLS 1.3: the server judges our certificate after our side of
-                        # the handshake is done, so its refusal comes with the first read.)
+                    except trio.BrokenResourceError as exc:
+                        raise _tls_failure(address, exc) from None
+                    try:
                         peer = await _client_handshake(fs, key, node_id)
                     except trio.BrokenResourceError as exc:
-                        raise AuthError(f"TLS with {address} failed: "
-                                        f"{exc.__cause__ or exc}") from None
+                        # TLS 1.3: the server judges our certificate after our side of the
+                        # handshake is done, and hangs up on a bad one before its challenge
+                        # (as on a wrong secret before its welcome).
+                        raise AuthError(f"{address} closed the connection after the TLS "
+                                        f"handshake: does it refuse our certificate? "
+                                        f"({exc.__cause__ or exc})") from None
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise

@@ -66,6 +66,7 @@ from mqttring.raft.replicated import (
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
+    AuthError,
     Peer,
     RpcClient,
     RpcError,
@@ -478,9 +479,12 @@ class MetadataService:
                                            timeout=2.0)
                 if answer.get("leader") and answer.get("member_up"):
                     self._quorum_at = sent - self.timeouts.leader_fallback
-            except (OSError, RpcError, EOFError, trio.TooSlowError, trio.BrokenResourceError,
-                    trio.ClosedResourceError) as exc:
-                log.debug("heartbeat to %s failed: %s", leader.node_id, exc)
+            except (OSError, RpcError, EOFError, AuthError, trio.TooSlowError,
+                    trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # (AuthError: the leader refused our certificate, say an expired one; we go
+                # on trying, and the leader declares us down after the grace period.)
+                log_at = logging.WARNING if isinstance(exc, AuthError) else logging.DEBUG
+                log.log(log_at, "heartbeat to %s failed: %s", leader.node_id, exc)
                 if client is not None:
                     await trio.aclose_forcefully(client._fs.stream)
                 client = None
