@@ -207,11 +207,13 @@ def test_mosquitto_over_mqtts_on_a_node_process(tmp_path: Path, pki: Pki, uid) -
     assert proc.returncode == 0
 
 
-def test_certificate_identity_is_the_username(tls_broker, pki: Pki, uid, caplog) -> None:
+def test_certificate_identity_is_the_username(tls_broker, paho, pki: Pki, uid,
+                                              caplog) -> None:
     """``require_certificate`` + ``use_identity_as_username`` with anonymous logins off: a
     mosquitto client with a certificate from the client CA logs in as its CN whatever
-    username and password it sends; a certificate from another CA is refused in the
-    handshake (counted), and so is a client with no certificate."""
+    username and password it sends (and a paho client over wss with no username at all);
+    a certificate from another CA is refused in the handshake (counted), and so is a client
+    with no certificate."""
     caplog.set_level(logging.INFO, logger="mqttring")
     node = tls_broker(cafile=pki.client_ca, require_certificate=True,
                       use_identity_as_username=True, allow_anonymous=False, users={})
@@ -223,6 +225,11 @@ def test_certificate_identity_is_the_username(tls_broker, pki: Pki, uid, caplog)
     got = mosquitto("mosquitto_sub", node.mqtts, topic, *alice)
     assert (got.returncode, got.stdout) == (0, "signed\n"), got.stderr
     assert "certificate CN 'alice' is its username" in caplog.text
+    over_wss = tls_paho(paho, node.tls, pki.ca, transport="websockets", cert=pki.alice_cert,
+                        key=pki.alice_key)
+    over_wss.connect()  # CONNACK 0 without a username: the certificate logged it in
+    assert caplog.text.count("certificate CN 'alice' is its username") == 3
+    over_wss.disconnect()
     metrics = node.broker.metrics
     assert metrics.tls_handshake_failures == 0
     rogue = mosquitto("mosquitto_pub", node.mqtts, topic, "--cafile", str(pki.ca),
@@ -392,3 +399,34 @@ def test_tls_settings_are_checked_before_the_node_starts(tmp_path: Path, pki: Pk
          str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
     assert workers.returncode == 2, workers.stderr
     assert "--workers needs a fixed mqtts port" in workers.stderr
+
+
+async def test_reload_in_thread_from_trio(pki: Pki) -> None:
+    """The trio way to reload (the file reads run in a worker thread): a connection made
+    before it goes on, the next one is served with the new certificate.  A node with only
+    an mqtts listener, embedded in this trio program."""
+    import trio
+
+    from mqttring import BrokerConfig, MqttRingBroker
+
+    cert, key = pki.server_cert("async-renewable")
+    config = BrokerConfig(mqtt=None, mqtts=f"{HOST}:0", data_dir=None, sys_interval=0,
+                          certfile=cert, keyfile=key)
+    async with MqttRingBroker(config) as broker:
+        assert broker.ports is not None and broker.tls is not None
+        port = broker.ports.mqtts
+        with trio.fail_after(20):
+            before = await trio.open_ssl_over_tcp_stream(
+                HOST, port, ssl_context=client_context(pki.ca))
+            await before.do_handshake()
+            renewed = pki.cas["rogue"].issue_cert(HOST)
+            renewed.cert_chain_pems[0].write_to_path(str(cert))
+            renewed.private_key_pem.write_to_path(str(key))
+            await broker.tls.reload_in_thread()
+            assert broker.tls.reloads == 1
+            after = await trio.open_ssl_over_tcp_stream(
+                HOST, port, ssl_context=client_context(pki.rogue_ca))
+            for stream in (before, after):
+                await stream.send_all(CONNECT)
+                assert await stream.receive_some(4) == b"\x20\x02\x00\x00"  # CONNACK 0
+                await stream.aclose()
