@@ -95,12 +95,13 @@ def tls_broker(tmp_path: Path, pki: Pki) -> Iterator[Callable[..., TlsBroker]]:
     running: list[Any] = []
 
     def start(cert: Path | None = None, key: Path | None = None,
-              limits: dict[str, Any] | None = None, **settings: Any) -> TlsBroker:
+              limits: dict[str, Any] | None = None, sys_interval: float = 0,
+              **settings: Any) -> TlsBroker:
         data_dir = tmp_path / f"tls-broker{len(running)}"
         data_dir.mkdir()
         config = BrokerConfig(
             node_id=f"tls-{uuid.uuid4().hex[:6]}", mqtt=f"{HOST}:0", mqtts=f"{HOST}:0",
-            wss=f"{HOST}:0", data_dir=data_dir, sys_interval=0,
+            wss=f"{HOST}:0", data_dir=data_dir, sys_interval=sys_interval,
             certfile=cert or pki.cert, keyfile=key or pki.key, limits=Limits(**(limits or {})),
             **settings,
         )
@@ -307,8 +308,11 @@ def test_plaintext_garbage_and_stalled_handshakes(tls_broker, paho, pki: Pki, ca
     that stalls half-way through its handshake delays no other client's TLS connect and is
     closed (and counted) after ``connect_timeout``."""
     caplog.set_level(logging.INFO, logger="mqttring")
-    node = tls_broker(limits={"connect_timeout": 4.0})
+    node = tls_broker(limits={"connect_timeout": 4.0}, sys_interval=0.5)
     metrics = node.broker.metrics
+    watcher = paho(target=node.plain)
+    watcher.connect()
+    watcher.subscribe("$SYS/broker/tls/handshake_failures", 0)
     stalled = socket.create_connection((HOST, node.mqtts), timeout=WAIT)
     stalled_ws = socket.create_connection((HOST, node.wss), timeout=WAIT)
     try:
@@ -332,6 +336,11 @@ def test_plaintext_garbage_and_stalled_handshakes(tls_broker, paho, pki: Pki, ca
         stalled.close()
         stalled_ws.close()
     assert "not completed within 4s" in caplog.text
+    deadline = time.monotonic() + 10
+    seen = b""
+    while seen != b"4":  # $SYS catches up within an interval or two
+        assert time.monotonic() < deadline, f"$SYS says {seen!r} handshake failures, not 4"
+        seen = watcher.get(timeout=5).payload
     assert "TLS handshake with 127.0.0.1:" in caplog.text
 
 
