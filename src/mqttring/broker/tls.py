@@ -24,7 +24,9 @@ Certificate loading is file I/O: done once at start-up, and in a worker thread o
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import ssl
 from pathlib import Path
 
@@ -150,12 +152,32 @@ async def handshake(
     if scope.cancelled_caught:
         reason = f"not completed within {timeout:g}s"
     if not reason:
+        _ack_now(tcp)
         return stream
     metrics.tls_handshake_failures += 1
     log.info("TLS handshake with %s failed: %s", peer, reason)
     # The socket is closed without a TLS goodbye: there is no session to end.
     await tcp.aclose()
     return None
+
+
+#: Linux's switch for acknowledging at once rather than after the delayed-ACK timer.
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+
+
+def _ack_now(tcp: trio.SocketStream) -> None:
+    """Acknowledge the client's last handshake flight now, not after ~40 ms.
+
+    In TLS 1.3 the client speaks last (its Finished) and then at once sends CONNECT (or the
+    WebSocket upgrade).  A client without TCP_NODELAY (mosquitto's and most libraries'
+    default) holds that small write back until its Finished is acknowledged (Nagle); trio
+    holds the server's session tickets back until its first write (trio issue 819), so the
+    kernel has nothing to carry the ACK and waits for its delayed-ACK timer.  Measured on
+    loopback: 45 ms per connect without this, 1.4 ms with it.
+    """
+    if _QUICKACK is not None:
+        with contextlib.suppress(OSError):
+            tcp.socket.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
 
 
 class TlsTransport:
