@@ -131,6 +131,8 @@ class NodeCluster(LocalCluster):
         self.extra_args: list[str] = []
         #: More TOML lines for every node (``acl_file = "..."``, ...).
         self.extra_toml = ""
+        #: More TOML lines for one node only, by node id (its cluster TLS files, say).
+        self.node_toml: dict[str, str] = {}
 
     # LocalCluster.start with ``sys_interval`` in the TOML and a log level for diagnosis.
     def start(self, node_id: str, join: str | None = None, *, secret: str | None = None,
@@ -149,7 +151,8 @@ class NodeCluster(LocalCluster):
         toml = self.root / f"{node_id}.toml"
         toml.write_text(f"heartbeat_interval = {self.heartbeat}\n"
                         f"failure_grace = {self.grace}\n"
-                        f"sys_interval = {self.sys_interval}\n" + self.extra_toml)
+                        f"sys_interval = {self.sys_interval}\n" + self.extra_toml
+                        + self.node_toml.get(node_id, ""))
         cmd = [sys.executable, "-m", "mqttring.node", "--node-id", node_id,
                "--cluster", proc.cluster, "--raft", proc.raft,
                "--data-dir", str(proc.data_dir), "--ready-file", str(proc.ready_file),

@@ -150,7 +150,7 @@ def test_sighup_without_a_config_file_says_so_and_keeps_running(tmp_path, nodes)
     nodes.append(node)
     port = node.wait_ready()["mqtt"]
     node.proc.send_signal(signal.SIGHUP)
-    node.wait_line("SIGHUP: no --config file, nothing to reload")
+    node.wait_line("SIGHUP: no --config file, settings unchanged")
     client = RawClient(HOST, port)
     assert client.connect("still-here").return_code == 0  # still serving
     client.close()

@@ -99,8 +99,8 @@ def test_systemd_unit_command_parses():
     assert args.command == "node" and args.config is not None
     assert "RestartPreventExitStatus=2" in unit, "a config error (exit 2) must not loop"
     stop = int(re.search(r"^TimeoutStopSec=(\d+)", unit, flags=re.MULTILINE).group(1))
-    from mqttring.config import BrokerConfig
     from mqttring.broker.server import LEAVE_SLACK
+    from mqttring.config import BrokerConfig
 
     assert stop >= BrokerConfig().leave_timeout + LEAVE_SLACK, "systemd would kill a leave"
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from mqttring import __version__
 
 #: Modules that provide ``register(subparsers)``.
-SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin",
+SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin", "mqttring.certs",
                                 "mqttring.analytics.cli", "mqttring.spark.cli",
                                 "mqttring.security.passwd_cli")
 

@@ -180,6 +180,23 @@ class BrokerConfig:
     node_id: Annotated[str, Meta(min_length=1)] = "node1"
     mqtt: Address = "127.0.0.1:1883"
     ws: Address = None
+    #: MQTT over TLS listener HOST:PORT (conventionally 8883); needs certfile and keyfile.
+    mqtts: Address = None
+    #: MQTT over WebSocket over TLS listener HOST:PORT; needs certfile and keyfile.
+    wss: Address = None
+    #: PEM server certificate (chain) and its private key for the TLS listeners
+    #: (``docs/security.md``); read again by ``BrokerNode.tls.reload()``.
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    #: PEM CA certificate(s) that client certificates must be signed by.
+    cafile: Path | None = None
+    #: Oldest TLS version accepted: "1.2" or "1.3".  Ciphers are the ``ssl`` module's defaults.
+    tls_min_version: Literal["1.2", "1.3"] = "1.2"
+    #: TLS clients must present a certificate signed by ``cafile``.
+    require_certificate: bool = False
+    #: The CN of a TLS client's certificate is its username (mosquitto's option of that
+    #: name): the certificate authenticates it, CONNECT's username/password are not used.
+    use_identity_as_username: bool = False
     #: Where the node store lives; None (embedded use only) keeps everything in memory.
     data_dir: Path | None = Path("data")
     #: Seconds between ``$SYS`` updates; 0 disables ``$SYS``.
@@ -224,6 +241,11 @@ class BrokerConfig:
     raft: Address = None
     join: Address = None
     cluster_secret: Annotated[str | None, SECRET] = None
+    #: Mutual TLS on the cluster address (``mqttring.cluster_tls``): the cluster's own CA,
+    #: and this node's certificate and key signed by it.  All three, or none (plain TCP).
+    cluster_cafile: Path | None = None
+    cluster_certfile: Path | None = None
+    cluster_keyfile: Path | None = None
     replication: Count = 2
     #: Seconds between a member's heartbeats to the Raft leader.
     heartbeat_interval: Interval = 0.5
@@ -268,9 +290,11 @@ class BrokerConfig:
 
     def _check_together(self) -> None:
         """Rules over several fields; each message names every field it involves."""
-        if self.mqtt is None and self.ws is None:
+        if self.mqtt is None and self.ws is None and self.mqtts is None and self.wss is None:
             raise ConfigError('mqtt and ws are both off: at least one listener is needed '
-                              '(mqtt = "HOST:PORT" or ws = "HOST:PORT")')
+                              '(mqtt = "HOST:PORT", ws, mqtts or wss)')
+        self._check_tls()
+        self._check_cluster_tls()
         beat, grace = self.heartbeat_interval, self.failure_grace
         if grace <= beat:
             raise ConfigError(f"failure_grace = {grace}: must exceed heartbeat_interval "
@@ -302,6 +326,26 @@ class BrokerConfig:
             # The API can kick clients and publish: beyond this machine it demands a token.
             raise ConfigError(f"http = {show(self.http)}: reachable beyond this machine, so "
                               "it needs http_token (or $MQTTRING_HTTP_TOKEN)")
+
+    def _check_tls(self) -> None:
+        """What can be told without loading the files (``mqttring.broker.tls`` loads them)."""
+        if self.use_identity_as_username and not self.require_certificate:
+            raise ConfigError("use_identity_as_username needs require_certificate")
+        if self.require_certificate and self.cafile is None:
+            raise ConfigError("require_certificate needs cafile (the CA of client certificates)")
+        if self.mqtts is None and self.wss is None:
+            return
+        if self.certfile is None or self.keyfile is None:
+            raise ConfigError("a TLS listener (mqtts, wss) needs certfile and keyfile")
+        _check_files(self, ("certfile", "keyfile", "cafile"))
+
+    def _check_cluster_tls(self) -> None:
+        names = ("cluster_cafile", "cluster_certfile", "cluster_keyfile")
+        given = [getattr(self, name) is not None for name in names]
+        if any(given) and not all(given):
+            raise ConfigError("cluster TLS needs all of cluster_cafile, cluster_certfile and "
+                              "cluster_keyfile")
+        _check_files(self, names)
 
     @property
     def fence_seconds(self) -> float:
@@ -427,3 +471,10 @@ def flag_overrides(flags: Mapping[str, Any], cls: type = BrokerConfig) -> dict[s
 _USERS_REMOVED = ("users: the [users] table (unsalted SHA-256) was removed: put each user in a "
                   "password file with `mqttring passwd -c -b FILE USER PASSWORD` (then "
                   "without -c for more) and set password_file = \"FILE\"")
+
+
+def _check_files(config: BrokerConfig, names: tuple[str, ...]) -> None:
+    for name in names:
+        path = getattr(config, name)
+        if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise ConfigError(f"{name} = {show(str(path))}: not a readable file")

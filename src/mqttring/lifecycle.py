@@ -110,7 +110,8 @@ class NodeLifecycle:
         if self.ready_file is not None:
             config = broker.config
             _write_ready_file(self.ready_file, {
-                "mqtt": ports.mqtt, "ws": ports.ws, "pid": os.getpid(),
+                "mqtt": ports.mqtt, "ws": ports.ws, "mqtts": ports.mqtts, "wss": ports.wss,
+                "pid": os.getpid(),
                 "node_id": config.node_id, "cluster": config.cluster,
                 "admin": broker.admin_port, "http": broker.http_port})
         await broker.wait_left()  # an operator's ``mqttring leave``: the process ends too
@@ -161,7 +162,12 @@ class NodeLifecycle:
     async def reload(self) -> None:
         """SIGHUP: apply what may change live from the config file; see ``mqttring.reload``."""
         if self.reload_config is None:
-            log.info("SIGHUP: no --config file, nothing to reload")
+            # Settings come from flags only and cannot change; the files they name can
+            # (renewed certificates, a new password or ACL file under the same name).
+            log.info("SIGHUP: no --config file, settings unchanged; re-reading the password, "
+                     "ACL and certificate files")
+            with contextlib.suppress(ConfigError):
+                await trio.to_thread.run_sync(self.broker.reload_files)
             return
         try:
             new = await trio.to_thread.run_sync(self.reload_config)

@@ -8,9 +8,9 @@ SIGINT/SIGTERM it leaves the cluster (handing its shards away) before it stops, 
 reloads what may change live from the config file (``mqttring.lifecycle``).  Every way it
 ends is one log or stderr line and an ``ExitCode``, never a traceback for an operator.
 
-``--ready-file PATH`` writes ``{"mqtt": port, "ws": port, "pid": pid, ...}`` once the node
-listens; tests and the benchmark harness use it with port 0 to learn the real ports without
-sleeping or polling a socket.
+``--ready-file PATH`` writes ``{"mqtt": port, "ws": port, "mqtts": port, "wss": port,
+"pid": pid, ...}`` once the node listens; tests and the benchmark harness use it with port 0
+to learn the real ports without sleeping or polling a socket.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Any
 import trio
 
 from mqttring import __version__
+from mqttring.broker.tls import build_server_context, tls_enabled
+from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, flag_overrides
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lifecycle import ConfigLoader, ExitCode, NodeLifecycle, Stage
@@ -43,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "'' turns it off)")
     parser.add_argument("--ws", help="MQTT over WebSocket listener HOST:PORT (off by default; "
                         "'' turns it off)")
+    parser.add_argument("--mqtts", help="MQTT over TLS listener HOST:PORT (off by default)")
+    parser.add_argument("--wss", help="MQTT over WebSocket over TLS HOST:PORT (off by default)")
+    parser.add_argument("--certfile", help="PEM server certificate for mqtts/wss")
+    parser.add_argument("--keyfile", help="PEM private key of --certfile")
+    parser.add_argument("--cafile", help="PEM CA that signs client certificates")
+    parser.add_argument("--require-certificate", action="store_true", default=None,
+                        help="TLS clients must present a certificate signed by --cafile")
     parser.add_argument("--data-dir", help="where the node store lives (./data)")
     parser.add_argument("--sys-interval", help="seconds between $SYS updates")
     parser.add_argument("--cluster", help="HOST:PORT for inter-node links and the admin RPC")
@@ -56,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--password-file",
                         help="mosquitto-format password file (mqttring passwd)")
     parser.add_argument("--acl-file", help="mosquitto-format ACL file")
+    parser.add_argument("--cluster-cafile",
+                        help="cluster CA (PEM): mutual TLS on the cluster address")
+    parser.add_argument("--cluster-certfile",
+                        help="this node's certificate, signed by --cluster-cafile (PEM)")
+    parser.add_argument("--cluster-keyfile", help="its private key (PEM)")
     parser.add_argument("--replication", help="replicas per shard (default 2)")
     parser.add_argument("--num-shards", help="shards, fixed when a cluster forms")
     parser.add_argument("--ready-file", type=Path, help="write bound ports as JSON here")
@@ -86,6 +100,12 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "node_id": args.node_id,
         "mqtt": args.mqtt,
         "ws": args.ws,
+        "mqtts": args.mqtts,
+        "wss": args.wss,
+        "certfile": args.certfile,
+        "keyfile": args.keyfile,
+        "cafile": args.cafile,
+        "require_certificate": args.require_certificate,
         "data_dir": args.data_dir,
         "sys_interval": args.sys_interval,
         "cluster": args.cluster,
@@ -93,6 +113,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "raft": args.raft,
         "join": args.join,
         "cluster_secret": args.cluster_secret,
+        "cluster_cafile": args.cluster_cafile,
+        "cluster_certfile": args.cluster_certfile,
+        "cluster_keyfile": args.cluster_keyfile,
         "replication": args.replication,
         "http": args.http,
         "password_file": args.password_file,
@@ -138,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         check_security_files(config)  # a bad file is a one-line error, not a traceback
+        if tls_enabled(config):
+            build_server_context(config)  # a bad certificate or key: exit 2 before starting
+        cluster_tls(config)  # the same for the cluster's certificate
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG

@@ -21,8 +21,10 @@ with a challenge-response handshake, both ways, keyed by ``HMAC-SHA256(cluster s
     server -> {"t": "welcome", "mac": H("S" Nc Ns S)}                   (or it hangs up)
 
 A peer that cannot prove the secret is refused (logged at warning with its address) before
-any message kind is looked at.  Frames are not encrypted or individually MACed: the cluster
-network is assumed private (loopback in tests); TLS can wrap the stream later unchanged.
+any message kind is looked at.  Frames are not individually MACed.  Without cluster TLS
+they are not encrypted either (the cluster network is then assumed private); with it
+(``mqttring.cluster_tls``) the whole connection, handshake included, runs inside mutual TLS
+and a peer without a certificate from the cluster's CA is refused before it says a word.
 
 After the handshake the client sends either requests::
 
@@ -45,6 +47,7 @@ import hashlib
 import hmac
 import logging
 import os
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -190,6 +193,17 @@ async def _client_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
     return peer
 
 
+def _tls_failure(address: str, exc: trio.BrokenResourceError) -> Exception:
+    """``AuthError`` when a side refused the other's certificate (or the peer does not speak
+    TLS): a configuration fault.  ``EOFError`` when the connection merely broke (the peer
+    restarting), which callers retry like any closed connection."""
+    cause = exc.__cause__
+    if isinstance(cause, ssl.SSLError) and not isinstance(
+            cause, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError):
+        return AuthError(f"TLS with {address} failed: {cause}")
+    return EOFError(f"TLS connection to {address} broken: {cause or exc}")
+
+
 Handler = Callable[[dict[str, Any], Peer], Awaitable[dict[str, Any]]]
 StreamHandler = Callable[[FramedStream, Peer, dict[str, Any]], Awaitable[None]]
 
@@ -197,9 +211,11 @@ StreamHandler = Callable[[FramedStream, Peer, dict[str, Any]], Awaitable[None]]
 class RpcServer:
     """Accepts authenticated connections and dispatches frames by ``kind``."""
 
-    def __init__(self, key: bytes, node_id: str) -> None:
+    def __init__(self, key: bytes, node_id: str, tls: ssl.SSLContext | None = None) -> None:
         self._key = key
         self._node_id = node_id
+        #: Server context of cluster TLS (peers must present the cluster CA's certificate).
+        self._tls = tls
         self._handlers: dict[str, Handler] = {}
         self._stream_handlers: dict[str, StreamHandler] = {}
         #: Connections refused for a failed handshake (for tests and status).
@@ -235,21 +251,28 @@ class RpcServer:
             log.exception("cluster connection handler failed; closing that connection")
             await trio.aclose_forcefully(stream)
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+    async def _handle_connection(self, tcp: trio.SocketStream) -> None:
         try:
-            host, port = stream.socket.getpeername()[:2]
+            host, port = tcp.socket.getpeername()[:2]
             address = f"{host}:{port}"
         except OSError:
             address = "?"
+        stream: trio.abc.Stream = tcp
+        if self._tls is not None:
+            stream = trio.SSLStream(tcp, self._tls, server_side=True)
         fs = FramedStream(stream)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
+                if isinstance(stream, trio.SSLStream):
+                    await stream.do_handshake()  # BrokenResourceError: no cluster certificate
                 peer = Peer(await _server_handshake(fs, self._key, self._node_id), address)
         except (AuthError, ProtocolError, EOFError, trio.TooSlowError,
                 trio.BrokenResourceError) as exc:
             self.refused += 1
-            log.warning("refused cluster connection from %s: %s", address, exc)
-            await fs.aclose()
+            reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) \
+                and exc.__cause__ is not None else exc
+            log.warning("refused cluster connection from %s: %s", address, reason)
+            await trio.aclose_forcefully(stream)
             return
         try:
             await self._dispatch(fs, peer)
@@ -296,13 +319,33 @@ class RpcClient:
 
     @classmethod
     async def connect(cls, address: str, key: bytes, node_id: str,
-                      timeout: float = HANDSHAKE_TIMEOUT) -> RpcClient:
+                      timeout: float = HANDSHAKE_TIMEOUT, *,
+                      tls: ssl.SSLContext | None = None) -> RpcClient:
+        """``tls``: the client context of cluster TLS (None: plain TCP).  A TLS handshake
+        that fails (a peer outside the cluster CA, or one not speaking TLS) is an
+        ``AuthError``, like a wrong secret."""
         host, port = parse_hostport(address)
         with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host, port)
-            fs = FramedStream(stream)
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
             try:
-                peer = await _client_handshake(fs, key, node_id)
+                fs = FramedStream(stream)
+                if tls is None:
+                    peer = await _client_handshake(fs, key, node_id)
+                else:
+                    stream = fs.stream = trio.SSLStream(stream, tls, server_hostname=host)
+                    try:
+                        await stream.do_handshake()
+                    except trio.BrokenResourceError as exc:
+                        raise _tls_failure(address, exc) from None
+                    try:
+                        peer = await _client_handshake(fs, key, node_id)
+                    except trio.BrokenResourceError as exc:
+                        # TLS 1.3: the server judges our certificate after our side of the
+                        # handshake is done, and hangs up on a bad one before its challenge
+                        # (as on a wrong secret before its welcome).
+                        raise AuthError(f"{address} closed the connection after the TLS "
+                                        f"handshake: does it refuse our certificate? "
+                                        f"({exc.__cause__ or exc})") from None
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise
@@ -332,10 +375,11 @@ class RpcClient:
 
 
 async def call_once(address: str, key: bytes, node_id: str, kind: str,
-                    body: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+                    body: dict[str, Any] | None = None, timeout: float = 10.0, *,
+                    tls: ssl.SSLContext | None = None) -> dict[str, Any]:
     """Connect, make one request, close: for rare calls (join, admin commands)."""
     with trio.fail_after(timeout):
-        client = await RpcClient.connect(address, key, node_id, timeout)
+        client = await RpcClient.connect(address, key, node_id, timeout, tls=tls)
         try:
             return await client.call(kind, body, timeout)
         finally:

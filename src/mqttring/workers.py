@@ -121,6 +121,11 @@ def plan(config: BrokerConfig, count: int, args: argparse.Namespace, run_dir: Pa
         raise ConfigError(f"{config.data_dir} holds a cluster of {len(stored['workers'])} "
                           f"workers, not {count}: start it with that count (or use a new "
                           "data directory)")
+    for name in ("mqtts", "wss"):
+        address = getattr(config, name)
+        if address is not None and parse_hostport(address)[1] == 0:
+            raise ConfigError(f"--workers needs a fixed {name} port (with port 0 every worker "
+                              "would listen on a different one)")
     secret = config.cluster_secret or (stored or {}).get("secret")
     mqtt_host, mqtt_port = parse_hostport(config.mqtt)
     mqtt_port = mqtt_port or (stored or {}).get("mqtt_port") or free_port()
@@ -223,6 +228,7 @@ class Supervisor:
             if self.ready_file is not None:
                 _write_json(self.ready_file, {
                     "mqtt": first.info["mqtt"], "ws": first.info.get("ws"),
+                    "mqtts": first.info.get("mqtts"), "wss": first.info.get("wss"),
                     "pid": os.getpid(), "node_id": self.plan.config.node_id,
                     "workers": [w.info for w in workers]})
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,

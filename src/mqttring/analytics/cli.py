@@ -16,6 +16,8 @@ from typing import Any
 import trio
 
 from mqttring.analytics import ExportError
+from mqttring.cluster_tls import add_client_arguments, client_context_from_args
+from mqttring.config import ConfigError
 from mqttring.rpc import SECRET_ENV, AuthError, RpcError
 
 
@@ -32,8 +34,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         return _error(f"give --secret or set ${SECRET_ENV}")
     out = Path(os.path.abspath(args.out))
     try:
+        tls = client_context_from_args(args)
+    except ConfigError as exc:
+        return _error(str(exc))
+    try:
         replies = take_snapshots(args.node, secret, out, all_nodes=args.all,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, tls=tls)
     except AuthError as exc:
         return _error(f"{args.node}: authentication refused ({exc}); check the secret")
     except RpcError as exc:
@@ -82,6 +88,7 @@ def register(subparsers: Any) -> None:
     snap.add_argument("--all", action="store_true",
                       help="snapshot every member that is up (through --node's cluster view)")
     snap.add_argument("--secret", help=f"cluster secret (else ${SECRET_ENV})")
+    add_client_arguments(snap)
     snap.add_argument("--timeout", type=float, default=300.0,
                       help="seconds to wait for each node's snapshot")
     snap.set_defaults(func=cmd_snapshot)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +43,25 @@ class NodeSnapshotReply:
     manifest: dict[str, Any]
 
 
-async def snapshot_node(address: str, key: bytes, out: str,
-                        timeout: float) -> NodeSnapshotReply:
+async def snapshot_node(address: str, key: bytes, out: str, timeout: float, *,
+                        tls: ssl.SSLContext | None = None) -> NodeSnapshotReply:
     """Ask one node for a snapshot under ``out`` (a path on the node's filesystem)."""
-    reply = await call_once(address, key, CALLER, "snapshot", {"out": out}, timeout)
+    reply = await call_once(address, key, CALLER, "snapshot", {"out": out}, timeout, tls=tls)
     manifest = reply["manifest"]
     return NodeSnapshotReply(str(manifest.get("node_id") or Path(reply["path"]).name), address,
                              str(reply["path"]), manifest)
 
 
-async def snapshot_cluster(address: str, key: bytes, out: str,
-                           timeout: float) -> tuple[list[NodeSnapshotReply], dict[str, Any]]:
+async def snapshot_cluster(address: str, key: bytes, out: str, timeout: float, *,
+                           tls: ssl.SSLContext | None = None
+                           ) -> tuple[list[NodeSnapshotReply], dict[str, Any]]:
     """Snapshot every member that is up, in the view ``address`` holds; returns the view."""
-    status = await call_once(address, key, CALLER, "status", {}, timeout)
+    status = await call_once(address, key, CALLER, "status", {}, timeout, tls=tls)
     view = status["view"]
     members = {n: m for n, m in view["members"].items() if m["state"] == "up"}
     if not members:
         raise RuntimeError(f"{address} knows no member that is up")
-    replies = [await snapshot_node(m["cluster"], key, out, timeout)
+    replies = [await snapshot_node(m["cluster"], key, out, timeout, tls=tls)
                for _n, m in sorted(members.items())]
     return replies, view
 
@@ -85,12 +88,13 @@ def write_snapshot_set(out: Path, replies: list[NodeSnapshotReply], view: dict[s
 
 
 def take_snapshots(node: str, secret: str, out: Path, *, all_nodes: bool,
-                   timeout: float) -> list[NodeSnapshotReply]:
+                   timeout: float, tls: ssl.SSLContext | None = None
+                   ) -> list[NodeSnapshotReply]:
     """Blocking entry point used by the CLI (runs its own trio loop)."""
     key = derive_key(secret, RPC_KEY_PURPOSE)
     if not all_nodes:
-        return [trio.run(snapshot_node, node, key, str(out), timeout)]
-    replies, view = trio.run(snapshot_cluster, node, key, str(out), timeout)
+        return [trio.run(partial(snapshot_node, node, key, str(out), timeout, tls=tls))]
+    replies, view = trio.run(partial(snapshot_cluster, node, key, str(out), timeout, tls=tls))
     if out.is_dir():  # the set file is only useful where the CLI can also see the snapshots
         write_snapshot_set(out, replies, view)
     return replies

@@ -37,6 +37,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.broker.flow import FlowControl
@@ -226,18 +227,39 @@ class BrokerCore:
                 # permitted redelivery, so it is written lazily.
                 await self.manager.persist([session], Durability.LAZY)
 
+    def _certificate_login(self, handler: ClientHandler, packet: Connect
+                           ) -> tuple[Connect, ConnectReturnCode]:
+        """``use_identity_as_username`` on a TLS connection (mosquitto's rule): the verified
+        client certificate is the credential and its CN the username, whatever CONNECT says;
+        a certificate without a CN cannot log in."""
+        identity = handler.transport.identity
+        if identity is None:
+            return packet, ConnectReturnCode.NOT_AUTHORIZED
+        log.info("client %r from %s: certificate CN %r is its username", packet.client_id,
+                 handler.transport.peer, identity)
+        return replace(packet, username=identity, password=None), ConnectReturnCode.ACCEPTED
+
     async def on_connect(self, handler: ClientHandler, packet: Connect) -> list[Event]:
         conn = handler.conn
-        outcome = await self.auth.check(packet.username, packet.password,
-                                        handler.transport.peer)
-        if outcome is not AuthOutcome.ACCEPTED:
-            # A rate-limited address was logged once when it went over; not every CONNECT.
-            log.log(logging.DEBUG if outcome is AuthOutcome.RATE_LIMITED else logging.INFO,
-                    "refusing client %r from %s: %s (user %r)", packet.client_id,
-                    handler.transport.peer, outcome.value, packet.username,
-                    extra={"client_id": packet.client_id, "event": "refused"})
-            conn.refuse(_CONNACK_FOR[outcome])
-            return []
+        if self.config.use_identity_as_username and handler.transport.secure:
+            packet, code = self._certificate_login(handler, packet)
+            if code is not ConnectReturnCode.ACCEPTED:
+                log.info("refusing client %r from %s: its certificate has no CN",
+                         packet.client_id, handler.transport.peer,
+                         extra={"client_id": packet.client_id, "event": "refused"})
+                conn.refuse(code)
+                return []
+        else:
+            outcome = await self.auth.check(packet.username, packet.password,
+                                            handler.transport.peer)
+            if outcome is not AuthOutcome.ACCEPTED:
+                # A rate-limited address was logged once when it went over; not every CONNECT.
+                log.log(logging.DEBUG if outcome is AuthOutcome.RATE_LIMITED else logging.INFO,
+                        "refusing client %r from %s: %s (user %r)", packet.client_id,
+                        handler.transport.peer, outcome.value, packet.username,
+                        extra={"client_id": packet.client_id, "event": "refused"})
+                conn.refuse(_CONNACK_FOR[outcome])
+                return []
         client_id = packet.client_id or f"auto-{uuid.uuid4().hex}"
         if client_id not in self.clients and len(self.clients) >= self.limits.max_connections:
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)

@@ -33,6 +33,9 @@ class BrokerMetrics:
     messages_dropped: int = 0
     #: Connections closed because the peer broke the protocol.
     protocol_errors: int = 0
+    #: TLS connections closed before their handshake completed: plaintext or garbage on a
+    #: TLS port, a client certificate the CA did not sign, a stall past connect_timeout.
+    tls_handshake_failures: int = 0
     #: Connections closed because of an error in mqttring itself (logged with a traceback).
     internal_errors: int = 0
     #: Publishes not acknowledged because the cluster could not accept them (faults); the

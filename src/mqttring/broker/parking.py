@@ -16,7 +16,8 @@ itself waited on by one trio task, and resumes a connection (a fresh task runnin
 
 Only what the kernel can watch parks: TCP connections on Linux (``select.epoll``), after
 CONNECT, with nothing read ahead, being accepted or being written.  WebSocket connections
-are never parked (their bytes pass through a WebSocket library that owns the socket).
+are never parked (their bytes pass through a WebSocket library that owns the socket), nor
+are TLS connections (the TLS layer may hold decrypted bytes epoll cannot see).
 """
 
 from __future__ import annotations

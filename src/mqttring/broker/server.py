@@ -8,8 +8,9 @@ Lifecycle (all under one nursery, so shutdown is just cancellation):
 
 1. open the node store in a worker thread and read back retained messages and persistent
    sessions;
-2. bind the TCP and WebSocket listeners and report the bound ports through ``task_status``
-   (port 0 in the config means "any free port" — tests rely on it);
+2. bind the TCP and WebSocket listeners (and their TLS twins, ``mqtts`` and ``wss``, whose
+   certificates are loaded before anything else starts) and report the bound ports through
+   ``task_status`` (port 0 in the config means "any free port" — tests rely on it);
 3. serve until cancelled (or, for a cluster member, until it has left the cluster at an
    operator's request: ``mqttring leave``); then close every client connection (no wills:
    the node, not the client, is going away), write what the sessions still hold, and close
@@ -31,7 +32,7 @@ import logging
 import queue
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from functools import partial
@@ -39,7 +40,13 @@ from types import TracebackType
 from typing import Self
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, WebSocketServer
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    WebSocketServer,
+    wrap_server_stream,
+)
 
 from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
@@ -54,7 +61,16 @@ from mqttring.broker.router import LocalRouter, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.sys_topics import publish_sys_topics
-from mqttring.broker.transport import TcpTransport, WebSocketTransport
+from mqttring.broker.tls import (
+    TlsContext,
+    TlsTransport,
+    certificate_identity,
+    handshake,
+    peer_of,
+    tls_enabled,
+)
+from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport, WebSocketTransport
+from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore
@@ -70,11 +86,16 @@ _ACCEPT_BACKOFF = 0.1
 #: Seconds past ``config.leave_timeout`` allowed for the last hand-offs and Raft removal.
 LEAVE_SLACK = 15.0
 
+#: Serves one TLS connection once its handshake is done: (stream, peer, certificate CN).
+TlsServe = Callable[[trio.SSLStream[trio.SocketStream], str, str | None], Awaitable[None]]
+
 
 @dataclass(frozen=True, slots=True)
 class BoundPorts:
     mqtt: int | None
     ws: int | None
+    mqtts: int | None = None
+    wss: int | None = None
 
 
 class BrokerNode:
@@ -111,6 +132,9 @@ class BrokerNode:
         self.left = False
         self._left_event = trio.Event()
         self._stop_requested: trio.Event | None = None
+        #: The TLS listeners' certificate (None: no ``mqtts``/``wss``); ``tls.reload()``
+        #: (``reload_in_thread`` from trio) renews it for new connections.
+        self.tls: TlsContext | None = None
 
     # -- trio API ---------------------------------------------------------------------------
 
@@ -118,6 +142,8 @@ class BrokerNode:
         self, *, task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
     ) -> None:
         config = self.config
+        # Certificates first: a bad one stops the node before it opens or binds anything.
+        self.tls = TlsContext(config) if tls_enabled(config) else None
         store = None
         if config.data_dir is not None:
             path = config.data_dir / "store"
@@ -173,8 +199,10 @@ class BrokerNode:
                 if config.archive and store is not None:
                     self.archive = self._start_archive(nursery, store)
                 if config.admin is not None and self.plane is None:
+                    admin_tls = cluster_tls(config)
                     self.admin = RpcServer(
-                        derive_key(cluster_secret(config), RPC_KEY_PURPOSE), config.node_id
+                        derive_key(cluster_secret(config), RPC_KEY_PURPOSE), config.node_id,
+                        tls=None if admin_tls is None else admin_tls.server,
                     )
                     register_admin(self.admin, self)
                     self.admin_port = await nursery.start(self.admin.serve, config.admin)
@@ -202,12 +230,16 @@ class BrokerNode:
                     )
                     await nursery.start(ws_server.run)
                     ws_port = ws_server.port
+                mqtts_port = await self._listen_tls(nursery, config.mqtts, self._serve_mqtts)
+                wss_port = await self._listen_tls(nursery, config.wss, self._serve_wss)
                 if config.sys_interval > 0:
                     nursery.start_soon(
                         publish_sys_topics, router, self.metrics, retained, config.sys_interval
                     )
-                self.ports = BoundPorts(mqtt_port, ws_port)
-                log.info("node %s listening: mqtt=%s ws=%s", config.node_id, mqtt_port, ws_port)
+                self.ports = BoundPorts(mqtt_port, ws_port, mqtts_port, wss_port)
+                log.info("node %s listening: mqtt=%s ws=%s%s", config.node_id, mqtt_port,
+                         ws_port, "" if self.tls is None
+                         else f" mqtts={mqtts_port} wss={wss_port}")
                 task_status.started(self.ports)
                 try:
                     await trio.sleep_forever()
@@ -241,11 +273,25 @@ class BrokerNode:
         self.config = config
 
     def reload_files(self) -> None:
-        """Re-read the files named by settings (password file, ACL) as they are now; each
-        is swapped whole or kept (``BrokerCore.reload_security``).  Blocking: call it in a
+        """Re-read the files named by settings (password file, ACL, the TLS listeners'
+        certificate and key) as they are now; each is swapped whole or kept
+        (``BrokerCore.reload_security``, ``TlsContext.reload``).  Blocking: call it in a
         thread.  Raises the first ``ConfigError``."""
+        failed: list[ConfigError] = []
         if self.core is not None:
-            self.core.reload_security()
+            try:
+                self.core.reload_security()
+            except ConfigError as exc:
+                failed.append(exc)
+        if self.tls is not None:
+            try:  # a certificate that no longer loads must not stop the other reloads
+                self.tls.reload()
+            except ConfigError as exc:
+                log.warning("TLS certificate not reloaded, the previous one stays in use: %s",
+                            exc)
+                failed.append(exc)
+        if failed:
+            raise failed[0]
 
     async def leave_cluster(self) -> bool:
         """Leave the cluster before stopping, if a member and ``leave_on_stop`` says so.
@@ -332,14 +378,93 @@ class BrokerNode:
                 nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), parking).run)
 
     async def _on_websocket(self, request: WebSocketRequest) -> None:
-        assert self.core is not None
+        ws = await self._accept_websocket(request)
+        if ws is not None:
+            assert self.core is not None
+            await ClientHandler(self.core, WebSocketTransport(ws)).run()
+
+    async def _accept_websocket(self, request: WebSocketRequest) -> WebSocketConnection | None:
         subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
         try:
-            ws = await request.accept(subprotocol=subprotocol)
+            return await request.accept(subprotocol=subprotocol)
         except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
             log.debug("websocket handshake failed: %s", exc)
+            return None
+
+    # -- TLS listeners (mqtts, wss) ---------------------------------------------------------
+
+    async def _listen_tls(self, nursery: trio.Nursery, address: str | None,
+                          serve: TlsServe) -> int | None:
+        """Bind a TLS listener (if configured) and accept on it; returns the bound port."""
+        if address is None:
+            return None
+        host, port = parse_hostport(address)
+        listeners = await open_listeners(host, port, reuse_port=self.config.reuse_port)
+        for listener in listeners:
+            nursery.start_soon(self._accept_tls_loop, listener, nursery, serve)
+        return int(listeners[0].socket.getsockname()[1])
+
+    async def _accept_tls_loop(self, listener: trio.SocketListener, nursery: trio.Nursery,
+                               serve: TlsServe) -> None:
+        """Accept only: each connection's handshake runs in its own task, so a client that
+        stalls it delays nobody (``_tls_connection``)."""
+        listen_socket = listener.socket
+        async with listener:
+            while True:
+                try:
+                    accepted, _ = await listen_socket.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.warning("accept failed (%s); retrying in %.1fs", exc, _ACCEPT_BACKOFF)
+                    await trio.sleep(_ACCEPT_BACKOFF)
+                    continue
+                nursery.start_soon(self._tls_connection, trio.SocketStream(accepted), serve)
+
+    async def _tls_connection(self, tcp: trio.SocketStream, serve: TlsServe) -> None:
+        assert self.tls is not None
+        stream = await handshake(tcp, self.tls, self.config.limits.connect_timeout,
+                                 self.metrics)
+        if stream is None:
             return
-        await ClientHandler(self.core, WebSocketTransport(ws)).run()
+        peer = peer_of(tcp)
+        try:
+            await serve(stream, peer, certificate_identity(stream))
+        except Exception:
+            # A bug of ours (the WebSocket layer, say): this connection ends, the node goes on.
+            self.metrics.internal_errors += 1
+            log.exception("internal error on TLS connection %s; closing it", peer)
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_mqtts(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
+                           identity: str | None) -> None:
+        assert self.core is not None
+        # No parking lot: see ``mqttring.broker.tls`` for why a TLS connection keeps its task.
+        await ClientHandler(self.core, TlsTransport(stream, peer, identity)).run()
+
+    async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
+                         identity: str | None) -> None:
+        """A WebSocket over the TLS stream: what ``WebSocketServer`` does per connection,
+        with the WebSocket upgrade bounded by ``connect_timeout`` like the handshake."""
+        assert self.core is not None
+        limits = self.config.limits
+        async with trio.open_nursery() as nursery:
+            request = None
+            with trio.move_on_after(limits.connect_timeout):
+                with suppress(ConnectionClosed, trio.BrokenResourceError):
+                    request = await wrap_server_stream(
+                        nursery, stream, max_message_size=limits.max_packet_size + _WS_FRAME_SLACK
+                    )
+            try:
+                ws = None if request is None else await self._accept_websocket(request)
+                if ws is not None:
+                    transport = SecureWebSocketTransport(ws, identity)
+                    await ClientHandler(self.core, transport).run()
+            finally:
+                nursery.cancel_scope.cancel()  # the WebSocket's reader task
+        # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)
+        with trio.move_on_after(1), suppress(trio.BrokenResourceError, OSError):
+            await stream.aclose()
 
     async def __aenter__(self) -> Self:
         stack = AsyncExitStack()

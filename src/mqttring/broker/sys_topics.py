@@ -28,6 +28,7 @@ def sys_values(metrics: BrokerMetrics, retained: RetainedStore) -> dict[str, str
         "$SYS/broker/messages/dropped": str(metrics.messages_dropped),
         "$SYS/broker/bytes/received": str(metrics.bytes_received),
         "$SYS/broker/bytes/sent": str(metrics.bytes_sent),
+        "$SYS/broker/tls/handshake_failures": str(metrics.tls_handshake_failures),
         "$SYS/broker/retained messages/count": str(retained.count_user_topics()),
         "$SYS/broker/cluster/forwarded_to_owner": str(metrics.forwarded_to_owner),
         "$SYS/broker/cluster/deliveries_to_nodes": str(metrics.deliveries_to_nodes),

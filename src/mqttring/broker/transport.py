@@ -1,5 +1,8 @@
 """Byte transports under an MQTT connection: TCP streams and WebSocket messages.
 
+(TLS connections have their own transport in ``mqttring.broker.tls``; a ``wss`` connection
+is a ``SecureWebSocketTransport`` here, a WebSocket over a TLS stream.)
+
 MQTT over WebSocket (3.1.1 section 6) sends packets in binary frames, and a packet may span
 frames or a frame hold several packets; since the codec is incremental, a WebSocket is just
 another byte stream once frames are unwrapped.  A text frame is a protocol error [MQTT-6.0.0-1].
@@ -20,6 +23,10 @@ RECEIVE_SIZE = 65536
 
 class Transport(Protocol):
     peer: str
+    #: Encrypted (TLS): ``use_identity_as_username`` applies (``mqttring.broker.tls``).
+    secure: bool
+    #: The CN of the client's verified certificate; None without TLS or without one.
+    identity: str | None
 
     async def receive(self) -> bytes:
         """Next chunk of bytes; ``b""`` when the peer closed."""
@@ -42,6 +49,10 @@ class TcpTransport:
     """
 
     __slots__ = ("peer", "sock")
+
+    # Class attributes, not slots: a plain connection pays nothing for TLS's fields.
+    secure = False
+    identity: str | None = None
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -112,6 +123,9 @@ class TcpTransport:
 class WebSocketTransport:
     __slots__ = ("peer", "ws")
 
+    secure = False
+    identity: str | None = None
+
     def __init__(self, ws: WebSocketConnection) -> None:
         self.ws = ws
         remote = ws.remote
@@ -134,3 +148,15 @@ class WebSocketTransport:
 
     async def aclose(self) -> None:
         await self.ws.aclose()
+
+
+class SecureWebSocketTransport(WebSocketTransport):
+    """A ``wss`` connection: a WebSocket over a TLS stream the node handshook itself."""
+
+    __slots__ = ("identity",)
+
+    secure = True
+
+    def __init__(self, ws: WebSocketConnection, identity: str | None) -> None:
+        super().__init__(ws)
+        self.identity = identity  # type: ignore[misc]

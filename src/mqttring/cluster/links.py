@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -190,7 +191,7 @@ class Link:
             while not self.closed:
                 try:
                     client = await RpcClient.connect(
-                        self.address, self.owner.key, self.owner.node_id
+                        self.address, self.owner.key, self.owner.node_id, tls=self.owner.tls
                     )
                     stream = await client.open_stream(STREAM_KIND, {"node": self.owner.node_id})
                 except Exception as exc:  # refused, unreachable, handshake failed: retry
@@ -299,8 +300,11 @@ class Links:
     def __init__(self, node_id: str, key: bytes, handler: MessageHandler,
                  max_queued: int = MAX_QUEUED, max_frame: int = MAX_FRAME, *,
                  stamp: Stamp = _no_stamp, admit: Admit = _always,
-                 on_connected: Callable[[str], None] = _ignore) -> None:
+                 on_connected: Callable[[str], None] = _ignore,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.node_id = node_id
+        #: Client context of cluster TLS for the links this node opens (None: plain TCP).
+        self.tls = tls
         self.stamp = stamp
         self.admit = admit
         #: Called with the peer's id each time its link (re)connects.

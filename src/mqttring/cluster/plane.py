@@ -107,7 +107,8 @@ class DataPlane:
         self.links = Links(self.node_id, key, self._on_message,
                            max_frame=frame_limit(config.limits.max_packet_size),
                            stamp=self._stamp, admit=self._admit,
-                           on_connected=self._on_link_connected)
+                           on_connected=self._on_link_connected,
+                           tls=self.metadata.client_tls)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
         #: Wakes whatever retries "by the newer view" (router, deliveries, replication).

@@ -17,10 +17,13 @@ import contextlib
 import json
 import os
 import sys
+from functools import partial
 from typing import Any
 
 import trio
 
+from mqttring.cluster_tls import add_client_arguments, client_context_from_args
+from mqttring.config import ConfigError
 from mqttring.errors import describe_error
 from mqttring.rpc import RPC_KEY_PURPOSE, SECRET_ENV, AuthError, RpcError, call_once, derive_key
 
@@ -38,7 +41,12 @@ def _key(args: argparse.Namespace) -> bytes:
 
 
 def _call(args: argparse.Namespace, kind: str, body: dict[str, Any], timeout: float) -> Any:
-    return trio.run(call_once, args.node, _key(args), "admin", kind, body, timeout)
+    try:
+        tls = client_context_from_args(args)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    return trio.run(partial(call_once, args.node, _key(args), "admin", kind, body, timeout,
+                            tls=tls))
 
 
 def _error(args: argparse.Namespace, exc: BaseException) -> int:
@@ -158,6 +166,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node", required=True, metavar="HOST:PORT", help="a member's cluster address")
     p.add_argument("--secret", help=f"cluster secret (else ${SECRET_ENV})")
     p.add_argument("--timeout", type=float, default=10.0)
+    add_client_arguments(p)
 
 
 def register(subparsers: Any) -> None:

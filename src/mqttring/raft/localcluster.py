@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -62,6 +63,8 @@ class LocalCluster:
         self.grace = grace
         self.procs: dict[str, Proc] = {}
         self.key = derive_key(secret, RPC_KEY_PURPOSE)
+        #: Client context for a cluster that speaks TLS (``mqttring.cluster_tls``).
+        self.tls: ssl.SSLContext | None = None
 
     def start(self, node_id: str, join: str | None = None, *, secret: str | None = None,
               manual_catch_up: bool = False) -> Proc:
@@ -120,12 +123,12 @@ class LocalCluster:
     async def status(self, node_id: str, timeout: float = 3.0,
                      brief: bool = False) -> dict[str, Any]:
         return await call_once(self.procs[node_id].cluster, self.key, "test", "status",
-                               {"brief": brief}, timeout=timeout)
+                               {"brief": brief}, timeout=timeout, tls=self.tls)
 
     async def call(self, node_id: str, kind: str, body: dict[str, Any],
                    timeout: float = 10.0) -> dict[str, Any]:
         return await call_once(self.procs[node_id].cluster, self.key, "test", kind, body,
-                               timeout=timeout)
+                               timeout=timeout, tls=self.tls)
 
     async def wait_for(self, node_id: str, predicate: Any, timeout: float = 15.0) -> dict:
         """Poll ``node_id``'s status until ``predicate(status)`` holds; return that status."""

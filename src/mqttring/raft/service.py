@@ -52,6 +52,7 @@ from typing import Any
 import trio
 from pysyncobj import FAIL_REASON, SyncObj
 
+from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error
 from mqttring.raft import state as sm
@@ -66,6 +67,7 @@ from mqttring.raft.replicated import (
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
+    AuthError,
     Peer,
     RpcClient,
     RpcError,
@@ -123,6 +125,10 @@ class MetadataService:
         self.timeouts = replace(timeouts, leader_fallback=min(timeouts.leader_fallback,
                                                               config.failure_grace / 4))
         self._rpc_key = derive_key(secret, RPC_KEY_PURPOSE)
+        #: Mutual TLS on the cluster address, when configured (``mqttring.cluster_tls``).
+        self.tls = cluster_tls(config)
+        #: The context for connections this node makes to members (None: plain TCP).
+        self.client_tls = None if self.tls is None else self.tls.client
         self._raft_password = derive_key(secret, RAFT_PASSWORD_PURPOSE).hex()
         self._cluster_address = config.cluster
         #: MQTT address announced to other members (node.py may set the bound one).
@@ -143,7 +149,8 @@ class MetadataService:
         self._quorum_at: float | None = None
         #: Set once ``leave`` starts: losing the proof of quorum is then expected, not news.
         self._leaving = False
-        self.rpc = RpcServer(self._rpc_key, self.node_id)
+        self.rpc = RpcServer(self._rpc_key, self.node_id,
+                             tls=None if self.tls is None else self.tls.server)
         for kind in RPC_KINDS:
             self.rpc.register(kind, getattr(self, f"_rpc_{kind}"))
 
@@ -378,7 +385,7 @@ class MetadataService:
                 for address in self._join_via:
                     try:
                         return await call_once(address, self._rpc_key, self.node_id, kind,
-                                               body, timeout=10.0)
+                                               body, timeout=10.0, tls=self.client_tls)
                     except (OSError, RpcError, trio.TooSlowError, EOFError) as exc:
                         log.info("%s via %s failed: %s", kind, address, exc)
                 await trio.sleep(0.2)
@@ -478,16 +485,20 @@ class MetadataService:
                     if client is not None:
                         await client.aclose()
                     client = None
-                    client = await RpcClient.connect(leader.cluster, self._rpc_key, self.node_id)
+                    client = await RpcClient.connect(leader.cluster, self._rpc_key, self.node_id,
+                                                     tls=self.client_tls)
                 sent = trio.current_time()
                 answer = await client.call("heartbeat", {"node_id": self.node_id,
                                                          "incarnation": self.incarnation},
                                            timeout=2.0)
                 if answer.get("leader") and answer.get("member_up"):
                     self._quorum_at = sent - self.timeouts.leader_fallback
-            except (OSError, RpcError, EOFError, trio.TooSlowError, trio.BrokenResourceError,
-                    trio.ClosedResourceError) as exc:
-                log.debug("heartbeat to %s failed: %s", leader.node_id, exc)
+            except (OSError, RpcError, EOFError, AuthError, trio.TooSlowError,
+                    trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # (AuthError: the leader refused our certificate, say an expired one; we go
+                # on trying, and the leader declares us down after the grace period.)
+                log_at = logging.WARNING if isinstance(exc, AuthError) else logging.DEBUG
+                log.log(log_at, "heartbeat to %s failed: %s", leader.node_id, exc)
                 if client is not None:
                     await trio.aclose_forcefully(client._fs.stream)
                 client = None
@@ -567,7 +578,8 @@ class MetadataService:
                 if leader is not None and leader.node_id != self.node_id:
                     try:
                         return await call_once(leader.cluster, self._rpc_key, self.node_id,
-                                               kind, {**body, "forwarded": True}, timeout)
+                                               kind, {**body, "forwarded": True}, timeout,
+                                               tls=self.client_tls)
                     except (OSError, EOFError, trio.TooSlowError) as exc:
                         log.info("forwarding %s to %s failed: %s", kind, leader.node_id, exc)
                 await trio.sleep(0.1)
