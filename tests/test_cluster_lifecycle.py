@@ -208,6 +208,12 @@ def test_make_cluster_runs_twice_and_ctrl_c_stops_every_node(tmp_path):
                                     env={**os.environ, name: value})
             assert status.returncode == 0, (status_line, status.stderr)
             assert "quorum:    yes" in status.stdout
+            # The cluster ports speak mutual TLS: without the admin certificate, no answer.
+            assert "--cluster-certfile" in command
+            plain = [*command[:command.index("--cluster-cafile")], "--timeout", "5"]
+            refused = subprocess.run(plain, capture_output=True, text=True, timeout=60,
+                                     env={**os.environ, name: value})
+            assert refused.returncode != 0 and "quorum" not in refused.stdout, refused
             pids = [json.loads((data_dir / f"node{i}.ready").read_text())["pid"]
                     for i in (1, 2)]
         finally:

@@ -13,6 +13,10 @@ Ctrl-C reaches this process alone, which stops them together (SIGTERM, without l
 whole cluster goes), kills any that do not stop within ``STOP_SECONDS`` and exits 0.  A node
 that cannot start (a port still in use, say) is reported in one line (exit 1) and the
 others are stopped.
+
+The cluster ports use mutual TLS with a CA made for the run (``mqttring.certs``, in
+``<data-dir>/pki``; ``--plain`` turns it off), as a cluster across a real network should:
+the printed commands carry the admin certificate they need.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ from pathlib import Path
 
 import trio
 
+from mqttring.certs import make_ca, make_node_cert
+
 #: Seconds each node gets to become ready.
 READY_SECONDS = 60.0
 #: Seconds the nodes get to stop on Ctrl-C before they are killed.
 STOP_SECONDS = 20.0
 #: What an earlier run left in the data directory (and nothing else is removed).
-_OURS = re.compile(r"node\d+(\.log|\.ready|\.ready\.tmp|\.toml)?")
+_OURS = re.compile(r"node\d+(\.log|\.ready|\.ready\.tmp|\.toml)?|pki")
 
 
 class DevClusterError(Exception):
@@ -83,14 +89,26 @@ def _python() -> str:
         return str(exe)
 
 
-async def _start(node: DevNode, join: str | None, secret: str) -> None:
+def make_pki(directory: Path, nodes: list[DevNode]) -> dict[str, list[str]]:
+    """A CA for this run and a certificate per node and one for the admin commands; returns
+    the ``--cluster-*`` flags of each (by node name, and ``"admin"``)."""
+    ca = make_ca(directory, name="mqttring dev cluster CA")
+    flags: dict[str, list[str]] = {}
+    for name in [n.name for n in nodes] + ["admin"]:
+        cert, key = make_node_cert(directory, name)
+        flags[name] = ["--cluster-cafile", str(ca), "--cluster-certfile", str(cert),
+                       "--cluster-keyfile", str(key)]
+    return flags
+
+
+async def _start(node: DevNode, join: str | None, secret: str, tls: list[str]) -> None:
     node.data_dir.mkdir(parents=True, exist_ok=True)
     config = node.data_dir.parent / f"{node.name}.toml"
     config.write_text("heartbeat_interval = 0.5\nfailure_grace = 3.0\n")
     cmd = [sys.executable, "-m", "mqttring.node", "--node-id", node.name, "--mqtt", node.mqtt,
            "--cluster", node.cluster, "--raft", node.raft, "--data-dir", str(node.data_dir),
            "--config", str(config), "--ready-file", str(node.ready_file), "--stay-on-stop",
-           "--log-file", str(node.log_file)]
+           "--log-file", str(node.log_file), *tls]
     if join is not None:
         cmd += ["--join", join]
     with node.log_file.open("ab") as log:  # what a node prints outside its log, too
@@ -136,19 +154,23 @@ async def stop_all(nodes: list[DevNode]) -> None:
             await process.wait()
 
 
-async def run(nodes: list[DevNode], secret: str) -> None:
+async def run(nodes: list[DevNode], secret: str, tls: dict[str, list[str]]) -> None:
     try:
         for node in nodes:
-            await _start(node, None if node is nodes[0] else nodes[0].cluster, secret)
+            await _start(node, None if node is nodes[0] else nodes[0].cluster, secret,
+                         tls.get(node.name, []))
             await _wait_ready(node)
         py = _python()
-        print(f"{len(nodes)}-node cluster up (secret {secret!r}); Ctrl-C stops it")
+        admin = " ".join(tls.get("admin", []))
+        admin = f" {admin}" if admin else ""
+        how = "mutual TLS on the cluster ports" if tls else "plain TCP cluster ports"
+        print(f"{len(nodes)}-node cluster up (secret {secret!r}, {how}); Ctrl-C stops it")
         for node in nodes:
             print(f"  {node.name}: mqtt {node.mqtt}  cluster {node.cluster}  log {node.log_file}")
         print(f"status: MQTTRING_CLUSTER_SECRET={secret} {py} -m mqttring status "
-              f"--node {nodes[0].cluster}")
+              f"--node {nodes[0].cluster}{admin}")
         print(f"leave:  MQTTRING_CLUSTER_SECRET={secret} {py} -m mqttring leave "
-              f"--node {nodes[-1].cluster}", flush=True)
+              f"--node {nodes[-1].cluster}{admin}", flush=True)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 break
@@ -165,14 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("data/cluster"))
     parser.add_argument("--base-port", type=int, default=17000)
     parser.add_argument("--secret", default="dev-cluster-secret")
+    parser.add_argument("--plain", action="store_true",
+                        help="cluster ports without TLS (default: mutual TLS, a CA per run)")
     args = parser.parse_args(argv)
     if not 1 <= args.nodes <= 9 or not 1024 <= args.base_port <= 65535 - 10 * args.nodes:
         parser.error("need 1 <= --nodes <= 9 and a --base-port leaving room for 10 per node")
     data_dir = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     clear_state(data_dir)
+    nodes = plan(args.nodes, data_dir, args.base_port)
+    tls = {} if args.plain else make_pki(data_dir / "pki", nodes)
     try:
-        trio.run(run, plan(args.nodes, data_dir, args.base_port), args.secret)
+        trio.run(run, nodes, args.secret, tls)
     except DevClusterError as exc:
         print(f"mqttring.devcluster: {exc}", file=sys.stderr)
         return 1
