@@ -120,6 +120,7 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
     assert samples[("mqttring_cluster_members", (("state", "up"),))] == 3
     for peer in "bc":
         assert samples[("mqttring_link_connected", (("peer", peer),))] == 1
+        assert samples[("mqttring_link_sent_bytes_total", (("peer", peer),))] > 0
     leader = views["a"]["leader"]
     assert scrape(http[leader])[("mqttring_raft_leader", ())] == 1
     # The shipped Grafana dashboard charts only metrics a cluster node exposes.

@@ -141,6 +141,7 @@ class Link:
         self.closed = False
         self.sent_messages = 0
         self.sent_frames = 0
+        self.sent_bytes = 0
         self.dropped = 0
         self.cancel_scope = trio.CancelScope()
         #: Cancels the current connection only (``Links.reset``); the link reconnects.
@@ -265,6 +266,7 @@ class Link:
                 raise
             self.sent_messages += n
             self.sent_frames += 1
+            self.sent_bytes += len(payload)
 
     def _pack(self, batch: list[LinkMessage]) -> bytes | None:
         """``batch`` packed into one frame the peer accepts, or None if there is nothing left.
@@ -399,7 +401,8 @@ class Links:
     def stats(self) -> dict[str, dict[str, int]]:
         return {
             node: {"queued": link.queued, "sent": link.sent_messages,
-                   "frames": link.sent_frames, "dropped": link.dropped,
+                   "frames": link.sent_frames, "bytes": link.sent_bytes,
+                   "dropped": link.dropped,
                    "connected": int(link.connected),
                    "protocol_errors": self.protocol_errors.get(node, 0)}
             for node, link in self._links.items()

@@ -48,6 +48,10 @@ _STORE = {
     "commits": ("store_commits", "LMDB write transactions committed.", True),
     "committed_ops": ("store_committed_ops", "Puts and deletes committed.", True),
     "syncs": ("store_syncs", "fsyncs of the store.", True),
+    "commit_seconds": ("store_commit_seconds", "Seconds spent in LMDB write transactions "
+                       "(mean commit latency: its rate over the rate of commits).", True),
+    "sync_seconds": ("store_sync_seconds", "Seconds spent in fsyncs (mean: over syncs).",
+                     True),
     "durable_writes": ("store_durable_writes", "Writes that waited for an fsync.", True),
     "backpressure_waits": ("store_backpressure_waits",
                            "Writers that waited for a full memtable to drain.", True),
@@ -62,6 +66,7 @@ _LINKS = {
     "queued": ("link_queued_messages", "Messages waiting in the link to a peer.", False),
     "sent": ("link_sent_messages", "Messages sent to a peer.", True),
     "frames": ("link_sent_frames", "Frames (batches) sent to a peer.", True),
+    "bytes": ("link_sent_bytes", "Bytes of frames sent to a peer.", True),
     "dropped": ("link_dropped_messages", "Messages dropped at a full link.", True),
     "connected": ("link_connected", "1 while the link to a peer is connected.", False),
     "protocol_errors": ("link_protocol_errors", "Malformed frames from a peer.", True),
