@@ -36,6 +36,7 @@ from typing import Any, NamedTuple, TypeVar
 import trio
 
 from mqttring.broker.router import LocalRouter
+from mqttring.broker.shared import Placement
 from mqttring.cluster.errors import (
     PeerFailure,
     PeerUnavailable,
@@ -58,12 +59,18 @@ class NodeTargets(NamedTuple):
     clean: bool
     #: Session shards the node owns whose persistent sessions subscribe.
     shards: list[int]
+    #: Set: ONE member of this share among the sessions above (``mqttring.cluster.shared``).
+    share: str = ""
+    #: A share's offline persistent member may take it (no member online anywhere).
+    offline_ok: bool = False
 
 
 #: Node -> its targets, for one topic under one view.
 ByNode = dict[str, NodeTargets]
 #: One message and the sessions of one node it goes to.
 Item = tuple[Message, NodeTargets]
+#: A share's item the node could not place, and why (a ``Placement``).
+Declined = tuple[Message, NodeTargets, Placement]
 
 
 T = TypeVar("T")
@@ -120,6 +127,8 @@ class _Served(NamedTuple):
     shards: list[int]
     #: (index in the batch, the shards named for it that this node does not hold).
     unheld: list[tuple[int, list[int]]]
+    #: (index in the batch, why) of the share entries not placed here.
+    declined: list[tuple[int, int]]
 
 
 class Deliveries:
@@ -156,24 +165,29 @@ class Deliveries:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def deliver(self, node: str, items: list[Item]) -> None:
-        """Deliver ``items`` to the sessions they name on ``node``; return once accepted.
+    async def deliver(self, node: str, items: list[Item]) -> list[Declined]:
+        """Deliver ``items`` to the sessions they name on ``node``; return once accepted,
+        with the share items nobody there could take (the caller tries other members).
 
         The common case is one request (or a local call); leftovers go to ``_redeliver``.
         """
-        left, failure = await self._attempt(node, items)
+        declined: list[Declined] = []
+        left, failure = await self._attempt(node, items, declined)
         if left:
-            await self._redeliver(node, left, failure)
+            await self._redeliver(node, left, failure, declined)
+        return declined
 
-    async def _attempt(self, node: str, items: list[Item]
+    async def _attempt(self, node: str, items: list[Item], declined: list[Declined]
                        ) -> tuple[list[Item], Exception | None]:
-        """One delivery to ``node``: what it left over, and why if it failed outright."""
+        """One delivery to ``node``: what it left over, and why if it failed outright;
+        the share items it could not place are added to ``declined``."""
         if node == self.node_id:
-            return await self._deliver_here(items), None
+            return await self._deliver_here(items, declined), None
         left: list[Item] = []
         done = 0
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
-            entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean) for m, t in run]
+            entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
+                                t.offline_ok) for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
                                                   expect=Delivered)
@@ -181,14 +195,20 @@ class Deliveries:
                     if not 0 <= index < len(run):
                         raise RemoteError(f"{node} answered a Dlv of {len(run)} messages "
                                           f"about message {index}")
-                    left.append((run[index][0], NodeTargets(False, shards)))
-            except (PeerUnavailable, RemoteError) as exc:
+                    message, targets = run[index]
+                    left.append((message, targets._replace(clean=False, shards=shards)))
+                for index, why in answer.declined:
+                    if not 0 <= index < len(run) or not run[index][1].share:
+                        raise RemoteError(f"{node} declined entry {index} of a Dlv of "
+                                          f"{len(run)} that it was not asked to choose for")
+                    declined.append((*run[index], Placement(why)))
+            except (PeerUnavailable, RemoteError, ValueError) as exc:
                 return left + items[done:], exc
             done += len(run)
         return left, None
 
-    async def _redeliver(self, node: str, items: list[Item], failure: Exception | None
-                         ) -> None:
+    async def _redeliver(self, node: str, items: list[Item], failure: Exception | None,
+                         declined: list[Declined]) -> None:
         """What a first delivery to ``node`` left over, retried until it is accepted (see
         the module docstring), in order, as one batch per node and round."""
         deadline = trio.current_time() + self.patience
@@ -200,36 +220,44 @@ class Deliveries:
                     live = node in view.live_members()
                     stay: list[Item] = []
                     moved: dict[str, list[Item]] = {}
-                    for message, (clean, shards) in items:
+                    for message, item in items:
+                        clean, shards = item.clean, item.shards
                         if clean and not live:
                             clean = False  # its clean sessions died with it
+                            if item.share:  # ... but the share has other members
+                                declined.append((message, item, Placement.NODE_GONE))
+                                continue
                         if shards:
                             by_node = resolve((f"s:{s}" for s in shards), view)
                             here = by_node.pop(node, None)
                             shards = here.shards if here is not None else []
                             for other, targets in by_node.items():
                                 moved.setdefault(other, []).append(
-                                    (message, NodeTargets(False, targets.shards)))
+                                    (message, item._replace(clean=False,
+                                                            shards=targets.shards)))
                         if clean or shards:
-                            stay.append((message, NodeTargets(clean, shards)))
+                            stay.append((message, item._replace(clean=clean, shards=shards)))
                     if not live and any(t.clean for _, t in items):
                         log.info("delivery of %d messages to %s not confirmed (%s); it left "
                                  "the view", len(items), node, failure)
                     for other, followed in moved.items():
-                        followers.start_soon(self.deliver, other, followed)
+                        followers.start_soon(self._follow, other, followed, declined)
                     if not stay:
                         return
                     if trio.current_time() >= deadline:
                         raise PeerUnavailable(
                             f"delivery of {len(stay)} messages (first {stay[0][0].topic!r}) "
                             f"to {node} not confirmed within {self.patience}s: {failure}")
-                    items, failure = await self._attempt(node, stay)
+                    items, failure = await self._attempt(node, stay, declined)
                     if not items:
                         return
 
+    async def _follow(self, node: str, items: list[Item], declined: list[Declined]) -> None:
+        declined.extend(await self.deliver(node, items))
+
     # -- receiving --------------------------------------------------------------------------
 
-    def _serve(self, batch: Iterable[tuple[Message, bool, list[int]]]) -> _Served:
+    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool]]) -> _Served:
         """Deliver a batch to this node's sessions, in order, without yielding."""
         holds = self.holds
         deliver_local = self.local.deliver_local
@@ -237,38 +265,53 @@ class Deliveries:
         congested: list[Session] = []
         shards_served: set[int] = set()
         unheld: list[tuple[int, list[int]]] = []
+        declined: list[tuple[int, int]] = []
         with self.local.wakes_deferred():
-            for index, (message, clean, shards) in enumerate(batch):
+            for index, (message, clean, shards, share, offline_ok) in enumerate(batch):
                 held = shards
                 if shards and not all(holds(s) for s in shards):
                     # Still loading here, or gone (the view moved it in flight): serve the
                     # rest now, name the shard so the sender finds its sessions where they are.
                     held = [s for s in shards if holds(s)]
                     unheld.append((index, [s for s in shards if not holds(s)]))
-                if clean or held:
+                if share:
+                    if not (clean or held):
+                        continue  # the sender follows the unheld shard
+                    placed, session = self.local.deliver_to_share(
+                        message, share, clean=clean, shards=held, offline_ok=offline_ok,
+                        congested=congested)
+                    if placed is not Placement.SERVED:
+                        declined.append((index, int(placed)))
+                    elif session is not None and session.persistent and message.qos:
+                        to_persist[id(session)] = session
+                        shards_served.update(held)
+                elif clean or held:
                     for session in deliver_local(message, clean=clean, shards=held,
                                                  congested=congested):
                         to_persist[id(session)] = session
                     shards_served.update(held)
-        return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld)
+        return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld,
+                       declined)
 
-    async def _deliver_here(self, items: list[Item]) -> list[Item]:
+    async def _deliver_here(self, items: list[Item], declined: list[Declined]) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
-        served = self._serve((m, t.clean, t.shards) for m, t in items)
+        served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok) for m, t in items)
+        declined.extend((*items[i], Placement(why)) for i, why in served.declined)
         if served.to_persist:
             await self._persist_tracked(served.to_persist, served.shards)
         if served.congested:
             await self.local.hold_back(served.congested)
-        return [(items[i][0], NodeTargets(False, shards)) for i, shards in served.unheld]
+        return [(items[i][0], items[i][1]._replace(clean=False, shards=shards))
+                for i, shards in served.unheld]
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
-        served = self._serve((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards)
-                             for e in msg.entries)
+        served = self._serve((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards,
+                              e.share, e.offline_ok) for e in msg.entries)
         req = msg.req
         if req == 0:
             return
-        answer = Delivered(served.unheld)
+        answer = Delivered(served.unheld, served.declined)
         if not served.to_persist and not served.congested:
             self.links.reply(node, req, True, answer)
             return

@@ -109,6 +109,12 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     qos: QoS
     shards: list[int]
     clean: bool = True
+    #: Set: the entry is for ONE member of this share (``$share/{group}/{filter}``) among
+    #: the sessions named above, chosen by the receiver, online ones first; an offline
+    #: (persistent) one only if ``offline_ok``.  Where it has none to give it to, the
+    #: receiver says so in ``Delivered.declined`` and the sender tries another member.
+    share: str = ""
+    offline_ok: bool = False
 
 
 class Dlv(_Frozen, tag="dlv"):
@@ -142,6 +148,26 @@ class Batch(WireMessage, tag="q0"):
     count: int
     #: ``[section, topic, frames, bytes, ...]``: the runs, four entries each.
     index: list[int | str]
+
+
+class SharedEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message for one share (``Redispatch``)."""
+
+    topic: str
+    payload: bytes
+    qos: QoS
+    share: str
+
+
+class Redispatch(_Frozen, tag="shre"):
+    """A node where a member of a share ended (its session closed, clean) with copies it had
+    not acknowledged -> the owner of their topics' shards: give each to another member of
+    its share (``mqttring.cluster.shared``).  The receiver dispatches them as it would a
+    publish, for that share only, and answers once each is placed (or no member is left);
+    it passes on, by its own view, what it does not own."""
+
+    req: int
+    entries: list[SharedEntry]
 
 
 # -- routes (``mqttring.cluster.routes``, anti-entropy in ``router``) ------------------------
@@ -413,6 +439,9 @@ class Delivered(_Frozen, tag="delivered"):
     delivers to them where they are now.  Empty in the common case."""
 
     unheld: list[tuple[int, list[int]]]
+    #: For each share entry the receiver could not place: (its index, why: a
+    #: ``mqttring.broker.shared.Placement``, no member here or only offline ones).
+    declined: list[tuple[int, int]] = []
 
 
 Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened | Delivered
@@ -432,15 +461,15 @@ class Ack(_Frozen, tag="ack"):
 
 #: Every message a link carries.
 LinkMessage: TypeAlias = (
-    Pub | Dlv | Batch | RouteAdd | RouteDel | RouteSync | RouteDigest | RoutePull | Handoff
-    | RetainedQuery | Repl | CatchUp | SessionOpen | SessionClose | SessionKick
+    Pub | Dlv | Batch | Redispatch | RouteAdd | RouteDel | RouteSync | RouteDigest | RoutePull
+    | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen | SessionClose | SessionKick
     | WillRegister | WillDelete | SessionBytes | SessionAck | InboundQos2 | SessionSubscribe
     | SessionUnsubscribe | Ack
 )
 #: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
 Request: TypeAlias = (
-    Pub | Dlv | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
-    | SessionKick | InboundQos2
+    Pub | Dlv | Redispatch | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp
+    | SessionOpen | SessionKick | InboundQos2
 )
 
 
@@ -507,6 +536,7 @@ __all__ = [
     "LinkMessage",
     "Pub",
     "PubEntry",
+    "Redispatch",
     "Repl",
     "Reply",
     "Request",
@@ -529,6 +559,7 @@ __all__ = [
     "SessionUnsubscribe",
     "ShardOps",
     "ShardRows",
+    "SharedEntry",
     "StoredOp",
     "WillDelete",
     "WillRegister",

@@ -1,0 +1,242 @@
+"""Shared subscriptions across the cluster: the owner picks one member per share and message.
+
+Theory of operation
+-------------------
+A share's members may sit on any nodes.  Each registers its membership like any route:
+``($share/g/f, target)``, where the target is its node (a clean session) or ``s:N`` (a
+persistent session of client shard N, living at N's owner), placed by the inner filter
+(``mqttring.cluster.routes``).  So the owner of a topic's shard knows, for every share
+matching the topic, the *targets* that have members, though not the members themselves.
+
+Per message and matching share, the owner (``ShareAttempt``, sans-IO):
+
+1. orders the share's targets by the strategy (``round_robin``: the rotation of the
+   ``Chooser``, per share; ``random``; ``local_first``: targets on this node first), and
+   asks the first target's node (a ``Dlv`` entry naming the share) to give the message to
+   ONE of its members there, online ones first;
+2. if that node has no member left (it unsubscribed or ended in flight: ``NO_MEMBER``), only
+   offline persistent ones (``OFFLINE_ONLY``), or left the view before it answered
+   (``NODE_GONE``), asks the next target: nothing is dropped for a race;
+3. when every target declined and some had offline members, asks those again with
+   ``offline_ok`` (the first that still has one queues it): an offline persistent member
+   gets a message only when no member is online anywhere;
+4. when no target is left, the share has no member: the message is not delivered to it, as
+   for a topic without subscribers.
+
+The owner's acknowledgement to the publisher (QoS >= 1) waits for that, so an acknowledged
+message is queued at exactly one member of each share (at least one, if a redispatch below
+happened after the member had it).
+
+After that, what a member holds unacknowledged goes back to the share when its session ends
+(clean session closed, or discarded by a clean start): its node sends those copies to the
+topic's owner (``Redispatch``), which runs the same steps for that share alone.  Persistent
+members keep what they were sent across a disconnect (they get it on reconnect).  A QoS 2
+copy whose PUBREC came is not sent again.  So each message reaches at least one member, and
+exactly one as long as no member ends with it unacknowledged.
+
+QoS 0 goes the same way in a task of its own, so a plain publish never waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import trio
+
+from mqttring.broker.shared import Chooser, Placement, SharedMessage, Strategy
+from mqttring.cluster.delivery import Declined, Item, NodeTargets
+from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
+from mqttring.cluster.links import Links
+from mqttring.cluster.messages import Redispatch, SharedEntry
+from mqttring.cluster.viewchanges import ViewChanges
+from mqttring.protocol.session import Message
+from mqttring.raft.view import ClusterView
+
+log = logging.getLogger("mqttring.cluster.shared")
+
+__all__ = ["ShareAttempt", "ShareDispatch", "target_node"]
+
+
+def target_node(target: str, view: ClusterView) -> tuple[str | None, NodeTargets]:
+    """The node a route target lives on under ``view``, and which of its sessions."""
+    if target.startswith("s:"):
+        shard = int(target[2:])
+        return view.owner(shard), NodeTargets(False, [shard])
+    return target, NodeTargets(True, [])
+
+
+class ShareAttempt:
+    """One message on its way to one member of one share: the targets still to ask."""
+
+    __slots__ = ("message", "offline", "offline_phase", "pending", "share", "tried")
+
+    def __init__(self, message: Message, share: str, order: list[str]) -> None:
+        self.message = message
+        self.share = share
+        #: Targets not yet asked, next first.
+        self.pending = order
+        #: Targets that had only offline members (asked again with ``offline_ok``).
+        self.offline: list[str] = []
+        self.offline_phase = False
+        #: The target asked last (whose answer is awaited).
+        self.tried: str | None = None
+
+    def next(self, view: ClusterView) -> tuple[str, Item] | None:
+        """The next node to ask and what; None when no target is left."""
+        while True:
+            if not self.pending:
+                if self.offline_phase or not self.offline:
+                    return None
+                self.offline_phase, self.pending, self.offline = True, self.offline, []
+            target = self.pending.pop(0)
+            node, targets = target_node(target, view)
+            if node is None or node not in view.live_members():
+                continue
+            self.tried = target
+            return node, (self.message, targets._replace(share=self.share,
+                                                         offline_ok=self.offline_phase))
+
+    def declined(self, why: Placement) -> None:
+        """The node asked last could not place it."""
+        if why is Placement.OFFLINE_ONLY and not self.offline_phase and self.tried:
+            self.offline.append(self.tried)
+
+
+class ShareDispatch:
+    """Builds the attempts for messages (the decisions above), and runs them.
+
+    ``shares_for(topic)`` gives share -> targets from the route table, ``deliver(node,
+    items)`` is ``Deliveries.deliver`` (it returns what was declined).
+    """
+
+    def __init__(self, node_id: str, strategy: Strategy,
+                 shares_for: Callable[[str], dict[str, list[str]]],
+                 deliver: Callable[[str, list[Item]], Awaitable[list[Declined]]],
+                 view: Callable[[], ClusterView], links: Links, view_changes: ViewChanges,
+                 *, patience: float, request_timeout: float) -> None:
+        self.node_id = node_id
+        self.strategy = strategy
+        #: The rotation over targets (members of a node rotate in ``LocalRouter``'s own).
+        self.chooser = Chooser(strategy)
+        self.shares_for = shares_for
+        self._deliver = deliver
+        self.view = view
+        self.links = links
+        self.view_changes = view_changes
+        self.patience = patience
+        self.request_timeout = request_timeout
+        #: Messages placed, and redispatched after a member ended (for ``$SYS``/tests).
+        self.placed = 0
+        self.redispatched = 0
+
+    def attempts(self, messages: Sequence[Message], view: ClusterView) -> list[ShareAttempt]:
+        """One attempt per message and matching share (a ``SharedMessage`` being
+        redispatched: its own share only), targets in the strategy's order."""
+        found: list[ShareAttempt] = []
+        for message in messages:
+            shares = self.shares_for(message.topic)
+            if not shares:
+                continue
+            only = message.share if type(message) is SharedMessage else None
+            for share, targets in shares.items():
+                if only is not None and share != only:
+                    continue
+                found.append(ShareAttempt(message, share, self.order(share, targets, view)))
+        return found
+
+    def order(self, share: str, targets: list[str], view: ClusterView) -> list[str]:
+        ordered = self.chooser.order(share, targets)
+        if self.strategy is Strategy.LOCAL_FIRST:
+            me = self.node_id
+            here = [t for t in ordered if target_node(t, view)[0] == me]
+            if here:
+                ordered = here + [t for t in ordered if t not in here]
+        return ordered
+
+    async def run(self, messages: Sequence[Message]) -> None:
+        """Place every message with one member of each matching share; return once each is
+        placed or its share has no member left.  Each round asks every node once (one
+        ``Dlv`` per node, the messages in order), then the declined go to their next
+        target."""
+        view = self.view()
+        pending = self.attempts(messages, view)
+        while pending:
+            by_node: dict[str, list[tuple[ShareAttempt, Item]]] = {}
+            for attempt in pending:
+                step = attempt.next(view)
+                if step is None:
+                    log.debug("%r: no member of %s left", attempt.message.topic, attempt.share)
+                    continue
+                node, item = step
+                by_node.setdefault(node, []).append((attempt, item))
+            declined: dict[tuple[int, str], Placement] = {}
+            attempts_of: dict[tuple[int, str], ShareAttempt] = {}
+            if len(by_node) == 1:
+                [(node, asked)] = by_node.items()
+                await self._ask(node, asked, declined, attempts_of)
+            elif by_node:
+                with peer_failures_unwrapped():
+                    async with trio.open_nursery() as nursery:
+                        for node, asked in by_node.items():
+                            nursery.start_soon(self._ask, node, asked, declined, attempts_of)
+            self.placed += sum(len(a) for a in by_node.values()) - len(declined)
+            pending = []
+            for key, why in declined.items():
+                attempt = attempts_of[key]
+                attempt.declined(why)
+                pending.append(attempt)
+            if pending:
+                view = self.view()
+
+    async def _ask(self, node: str, asked: list[tuple[ShareAttempt, Item]],
+                   declined: dict[tuple[int, str], Placement],
+                   attempts_of: dict[tuple[int, str], ShareAttempt]) -> None:
+        for attempt, _ in asked:
+            attempts_of[(id(attempt.message), attempt.share)] = attempt
+        for message, targets, why in await self._deliver(node, [i for _, i in asked]):
+            declined[(id(message), targets.share)] = why
+
+    # -- a member ended with copies unacknowledged ------------------------------------------
+
+    async def redispatch(self, messages: Sequence[SharedMessage]) -> None:
+        """Give each copy to another member of its share: here for the topics this node
+        owns, through their owner (``Redispatch``) for the others, following view changes
+        for as long as ``patience`` (an owner that died is replaced within it)."""
+        self.redispatched += len(messages)
+        deadline = trio.current_time() + self.patience
+        while messages:
+            view = self.view()
+            by_owner: dict[str | None, list[SharedMessage]] = {}
+            for message in messages:
+                owner = view.owner(view.shard_for_topic(message.topic))
+                by_owner.setdefault(owner, []).append(message)
+            failed: list[SharedMessage] = []
+            for owner, owned in by_owner.items():
+                if owner is None or owner == self.node_id:
+                    await self.run(owned)
+                    continue
+                entries = [SharedEntry(m.topic, m.payload, m.qos, m.share) for m in owned]
+                try:
+                    await self.links.request(owner, Redispatch(0, entries),
+                                             self.request_timeout)
+                except (PeerUnavailable, RemoteError) as exc:
+                    log.info("redispatch of %d copies to %s failed (%s); retrying",
+                             len(owned), owner, exc)
+                    failed.extend(owned)
+            if failed and trio.current_time() >= deadline:
+                log.warning("%d copies of shares not redispatched within %.0fs (first %r)",
+                            len(failed), self.patience, failed[0].topic)
+                return
+            messages = failed
+            if failed:
+                await self.view_changes.wait(0.5)
+
+    async def on_redispatch(self, node: str, msg: Redispatch) -> None:
+        """A peer's member ended: its copies to other members of their shares; answered
+        once placed (what we no longer own goes on to the owner by our view)."""
+        copies = [SharedMessage(Message(e.topic, e.payload, e.qos), e.share)
+                  for e in msg.entries]
+        await self.redispatch(copies)
+        self.redispatched -= len(copies)  # counted where the member ended
+        self.links.reply(node, msg.req, True)
