@@ -193,3 +193,50 @@ def test_a_members_node_killed_mid_stream_loses_no_acknowledged_message(
     lost = sorted(acked - got, key=lambda p: int(p[1:]))
     assert not lost, (f"{len(lost)} of {len(acked)} acknowledged messages lost, first "
                       f"{lost[:10]}\n{cluster.logs_of_interest(('a', 'b'))}")
+
+
+def test_copies_held_by_a_member_whose_node_dies_go_to_the_others(
+        fresh_cluster: Callable[..., NodeCluster], clients: Clients) -> None:
+    """A raw member on c takes its share of QoS 1 messages and never acknowledges them;
+    c is killed.  The owners (a and b) kept each copy they placed on c until told it was
+    gone, and now place them with the members on a and b: nothing acknowledged is lost."""
+    cluster = fresh_cluster()
+    view = cluster.view("a")
+    prefix = unique("held")
+    topics = [view.topic_owned_by(node, prefix) for node in ("a", "b")]
+    topics.append(view.topic_owned_by("b", prefix, avoid=topics))
+    share = f"$share/g/{prefix}/#"
+    stubborn = RawClient("127.0.0.1", cluster.port("c"), timeout=10)
+    try:
+        assert stubborn.connect(unique("stubborn")).return_code == 0
+        assert stubborn.subscribe([(share, 1)]) == [1]
+        inbox: queue.Queue[Delivery] = queue.Queue()
+        for node in ("a", "b"):
+            m = clients.make(cluster.port(node), unique(f"m-{node}"), inbox=inbox,
+                             name=f"m@{node}")
+            m.connect()
+            assert m.subscribe(share, 1) == [1]
+        publisher = clients.connected(cluster.port("a"), name="publisher@a")
+        n = 30
+        for i in range(n):
+            publisher.publish(topics[i % len(topics)], f"m{i}", 1)
+        held = []
+        while True:
+            try:
+                p = stubborn.recv_packet(timeout=1.0)
+            except TimeoutError:
+                break
+            if p.type == PUBLISH:
+                held.append(p.payload)
+        assert held, "the stubborn member got no share"
+        cluster.kill("c")
+    finally:
+        stubborn.close()
+    want = {f"m{i}".encode() for i in range(n)}
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 30
+    while not want <= got and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            got.add(inbox.get(timeout=0.2).payload)
+    assert want <= got, (f"lost {sorted(want - got)}; held at c: {held}\n"
+                         f"{cluster.logs_of_interest(('a', 'b'))}")

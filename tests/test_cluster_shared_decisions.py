@@ -14,7 +14,7 @@ from decision_support import Metadata
 from mqttring.broker.shared import Placement, SharedMessage, Strategy
 from mqttring.cluster.delivery import NodeTargets
 from mqttring.cluster.errors import PeerUnavailable
-from mqttring.cluster.messages import Ack, Delivered, Dlv, DlvEntry
+from mqttring.cluster.messages import Ack, Delivered, Dlv, DlvEntry, SharedDone
 from mqttring.cluster.routes import RouteTable, route_shard
 from mqttring.cluster.shared import ShareAttempt
 from mqttring.protocol.session import Message, Session
@@ -128,3 +128,18 @@ def test_a_receiver_gives_a_share_entry_to_one_member_or_declines() -> None:
     placed, session = router.local.deliver_to_share(Message("jobs/y", b"", 1), SHARE,
                                                     clean=False, shards=[shard])
     assert placed is Placement.SERVED and session is away
+
+
+async def test_copies_placed_on_a_node_are_kept_until_gone_and_returned_if_it_dies() -> None:
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.routes.add(SHARE, "b", "b")
+    await router.shares.run([Message(f"jobs/{i}", b"", 1) for i in range(3)])
+    tokens = [e.track for _, m in links.take(Dlv) for e in m.entries]
+    assert len(tokens) == 3 and all(tokens)
+    router.shares.on_done("b", SharedDone(tokens[:2]))
+    meta.down("b")
+    lost = router.shares.on_view(meta.view())
+    assert [(m.topic, m.share, type(m)) for m in lost] == [("jobs/2", SHARE, SharedMessage)]
+    assert router.shares.on_view(meta.view()) == []

@@ -98,3 +98,17 @@ def test_online_members_first_and_orphans_go_to_the_others() -> None:
     placed, session = router.deliver_to_share(Message("t/9", b"", 1), "$share/g/t/#")
     assert placed is Placement.SERVED and session is sessions["off"]
     assert [e.message.topic for e in sessions["off"].queue] == ["t/9"]
+
+
+def test_a_watched_copy_is_reported_gone_once_its_client_acknowledged_it() -> None:
+    sessions = {"m": online("m")}
+    router = make_router(sessions)
+    router.add_subscription(sessions["m"], "$share/g/t", 1)
+    router.deliver_to_share(Message("t", b"1", 1), "$share/g/t", origin=("owner", 7))
+    router.deliver_to_share(Message("t", b"2", 1), "$share/g/t", origin=("owner", 8))
+    assert router.copies.take() == {}  # both in flight
+    [first, _] = sessions["m"].inflight
+    sessions["m"].on_puback(first)
+    assert router.copies.take() == {"owner": [7]}
+    router.forget(sessions.pop("m"))  # ended: its copy is handed back (nobody left) and gone
+    assert router.copies.take() == {"owner": [8]}

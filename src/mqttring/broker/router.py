@@ -44,6 +44,7 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shared import (
     Chooser,
+    CopyWatch,
     Placement,
     SharedGroups,
     SharedMessage,
@@ -126,6 +127,8 @@ class LocalRouter:
         self.shared = SharedGroups()
         #: Which member of a share is tried first (``shared_subscription_strategy``).
         self.chooser = Chooser(strategy)
+        #: Copies placed here by another node's dispatcher, watched until they are gone.
+        self.copies = CopyWatch()
         #: Persistent sessions that got a redispatched copy outside a publish (a member's
         #: session ended); written with the next publish's group commit.
         self._owed_writes: list[Session] = []
@@ -241,11 +244,13 @@ class LocalRouter:
         self, message: Message, share: str, *, clean: bool = True,
         shards: Container[int] | None = None, offline_ok: bool = True,
         exclude: str | None = None, congested: list[Session] | None = None,
+        origin: tuple[str, int] | None = None,
     ) -> tuple[Placement, Session | None]:
         """Give ``message`` to one member of ``share`` here, chosen by the strategy among
         the members named (clean sessions if ``clean``, persistent ones of ``shards``, or
         all with ``shards`` None), online ones first; an offline persistent member only if
-        ``offline_ok``.  Returns what happened and the session that got it."""
+        ``offline_ok``.  Returns what happened and the session that got it.  ``origin``:
+        (dispatcher, token) to tell when a copy for a clean member is gone (``copies``)."""
         members = self.shared.members.get(share)
         if not members:
             return Placement.NO_MEMBER, None
@@ -282,7 +287,11 @@ class LocalRouter:
         granted = members[chosen.client_id]
         qos = granted if granted < message.qos else message.qos
         dropped = chosen.dropped
-        chosen.deliver(SharedMessage(message, share), qos, False, self._clock())
+        copy = SharedMessage(message, share)
+        if origin is not None and chosen.clean_session:
+            self.copies.watch(copy, *origin)
+        chosen.deliver(copy, qos, False, self._clock())
+        del copy  # the session holds it now, or nobody: then it is gone at once
         self._metrics.messages_dropped += chosen.dropped - dropped
         if chosen.output is not None:
             self._metrics.messages_sent += 1

@@ -32,6 +32,7 @@ is never chosen.  With no shares at all, publishing costs one ``len`` check.
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Sequence
 from enum import IntEnum, StrEnum
 from typing import NamedTuple, TypeVar
@@ -42,6 +43,7 @@ from mqttring.protocol.topics import TopicTrie, validate_topic_filter
 
 __all__ = [
     "Chooser",
+    "CopyWatch",
     "Placement",
     "SharedFilter",
     "SharedGroups",
@@ -161,11 +163,42 @@ class SharedMessage(Message):
     the copy can go to another member if this one's session ends without acknowledging it.
     A live delivery never carries RETAIN."""
 
-    __slots__ = ("share",)
+    __slots__ = ("__weakref__", "share")
 
     def __init__(self, message: Message, share: str) -> None:
         super().__init__(message.topic, message.payload, message.qos, False)
         self.share = share
+
+
+class CopyWatch:
+    """Tells the node that placed a copy here (another node) when the copy is gone.
+
+    A cluster's dispatcher keeps each copy it placed with a clean member on another node
+    until it hears the copy is gone, so it can place it again if that node dies first
+    (``mqttring.cluster.shared``).  A copy is gone when its session lets go of it: the client
+    acknowledged it (PUBACK, PUBCOMP), or the session ended (its copies were handed back to
+    the share then).  The ``Session`` machine has no hooks, and must not get a callback per
+    acknowledgement for the sake of shares, so this watches the copy itself: a weak
+    reference whose finalizer notes ``(dispatcher, token)`` when CPython frees the copy,
+    which happens at once when the session drops its last reference.  The finalizer only
+    appends to a list; the cluster sends what ``take`` returns, batched, on a timer.
+    """
+
+    __slots__ = ("_gone",)
+
+    def __init__(self) -> None:
+        self._gone: dict[str, list[int]] = {}
+
+    def watch(self, copy: SharedMessage, origin: str, token: int) -> None:
+        weakref.finalize(copy, self._note, origin, token).atexit = False
+
+    def _note(self, origin: str, token: int) -> None:
+        self._gone.setdefault(origin, []).append(token)
+
+    def take(self) -> dict[str, list[int]]:
+        """Dispatcher -> tokens of its copies gone since the last call."""
+        gone, self._gone = self._gone, {}
+        return gone
 
 
 def orphans(session: Session) -> list[SharedMessage]:

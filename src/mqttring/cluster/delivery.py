@@ -63,6 +63,8 @@ class NodeTargets(NamedTuple):
     share: str = ""
     #: A share's offline persistent member may take it (no member online anywhere).
     offline_ok: bool = False
+    #: Non-zero: the dispatcher's token for a copy it tracks (``DlvEntry.track``).
+    track: int = 0
 
 
 #: Node -> its targets, for one topic under one view.
@@ -187,7 +189,7 @@ class Deliveries:
         done = 0
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
             entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
-                                t.offline_ok) for m, t in run]
+                                t.offline_ok, t.track) for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
                                                   expect=Delivered)
@@ -257,7 +259,8 @@ class Deliveries:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool]]) -> _Served:
+    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool, int]],
+               sender: str | None = None) -> _Served:
         """Deliver a batch to this node's sessions, in order, without yielding."""
         holds = self.holds
         deliver_local = self.local.deliver_local
@@ -267,7 +270,7 @@ class Deliveries:
         unheld: list[tuple[int, list[int]]] = []
         declined: list[tuple[int, int]] = []
         with self.local.wakes_deferred():
-            for index, (message, clean, shards, share, offline_ok) in enumerate(batch):
+            for index, (message, clean, shards, share, offline_ok, track) in enumerate(batch):
                 held = shards
                 if shards and not all(holds(s) for s in shards):
                     # Still loading here, or gone (the view moved it in flight): serve the
@@ -279,7 +282,8 @@ class Deliveries:
                         continue  # the sender follows the unheld shard
                     placed, session = self.local.deliver_to_share(
                         message, share, clean=clean, shards=held, offline_ok=offline_ok,
-                        congested=congested)
+                        congested=congested,
+                        origin=(sender, track) if track and sender is not None else None)
                     if placed is not Placement.SERVED:
                         declined.append((index, int(placed)))
                     elif session is not None and session.persistent and message.qos:
@@ -295,7 +299,8 @@ class Deliveries:
 
     async def _deliver_here(self, items: list[Item], declined: list[Declined]) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
-        served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok) for m, t in items)
+        served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok, t.track)
+                             for m, t in items)
         declined.extend((*items[i], Placement(why)) for i, why in served.declined)
         if served.to_persist:
             await self._persist_tracked(served.to_persist, served.shards)
@@ -306,8 +311,8 @@ class Deliveries:
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
-        served = self._serve((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards,
-                              e.share, e.offline_ok) for e in msg.entries)
+        served = self._serve(((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards,
+                               e.share, e.offline_ok, e.track) for e in msg.entries), node)
         req = msg.req
         if req == 0:
             return

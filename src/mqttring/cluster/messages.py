@@ -115,6 +115,10 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: receiver says so in ``Delivered.declined`` and the sender tries another member.
     share: str = ""
     offline_ok: bool = False
+    #: Non-zero: the sender keeps this copy until told it is gone (``SharedDone``), to
+    #: place it again if the receiver dies first; the receiver watches the copy it gives a
+    #: clean member.
+    track: int = 0
 
 
 class Dlv(_Frozen, tag="dlv"):
@@ -168,6 +172,15 @@ class Redispatch(_Frozen, tag="shre"):
 
     req: int
     entries: list[SharedEntry]
+
+
+class SharedDone(_Frozen, tag="shdone"):
+    """A node -> the node that placed copies of shares with its clean members (``DlvEntry.
+    track``): these copies are gone (acknowledged by the client, or handed back to the
+    share when the member ended), sent in batches on a timer.  The receiver forgets them:
+    it no longer places them again when the sender dies.  Never answered."""
+
+    tokens: list[int]
 
 
 # -- routes (``mqttring.cluster.routes``, anti-entropy in ``router``) ------------------------
@@ -461,8 +474,9 @@ class Ack(_Frozen, tag="ack"):
 
 #: Every message a link carries.
 LinkMessage: TypeAlias = (
-    Pub | Dlv | Batch | Redispatch | RouteAdd | RouteDel | RouteSync | RouteDigest | RoutePull
-    | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen | SessionClose | SessionKick
+    Pub | Dlv | Batch | Redispatch | SharedDone | RouteAdd | RouteDel | RouteSync
+    | RouteDigest | RoutePull | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
+    | SessionClose | SessionKick
     | WillRegister | WillDelete | SessionBytes | SessionAck | InboundQos2 | SessionSubscribe
     | SessionUnsubscribe | Ack
 )
@@ -559,6 +573,7 @@ __all__ = [
     "SessionUnsubscribe",
     "ShardOps",
     "ShardRows",
+    "SharedDone",
     "SharedEntry",
     "StoredOp",
     "WillDelete",

@@ -69,6 +69,7 @@ from mqttring.cluster.messages import (
     SessionOpen,
     SessionSubscribe,
     SessionUnsubscribe,
+    SharedDone,
     WillDelete,
     WillRegister,
     WireMessage,
@@ -284,6 +285,7 @@ class DataPlane:
             nursery.start_soon(self._follow, views)
             nursery.start_soon(self._guard_quorum)
             nursery.start_soon(self._anti_entropy)
+            nursery.start_soon(self.router.shares.report_gone)
             task_status.started(first)
 
     async def _follow(self, views: trio.MemoryReceiveChannel[ClusterView]) -> None:
@@ -509,6 +511,7 @@ class DataPlane:
             Dlv: self.deliveries.on_dlv,
             Batch: router.on_batch,
             Redispatch: task(router.on_redispatch),
+            SharedDone: router.on_shared_done,
             RouteAdd: router.on_route,
             RouteDel: router.on_route,
             Handoff: task(self.on_hoff),

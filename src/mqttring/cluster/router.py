@@ -79,6 +79,7 @@ from mqttring.cluster.messages import (
     RouteDigest,
     RoutePull,
     RouteSync,
+    SharedDone,
 )
 from mqttring.cluster.routes import (
     RouteKey,
@@ -182,7 +183,7 @@ class ClusterRouter:
         #: One member per share and message (``mqttring.cluster.shared``).
         self.shares = ShareDispatch(node_id, local.chooser.strategy, self.routes.shares_for,
                                     deliveries.deliver, view, links, self.view_changes,
-                                    patience=deliveries.patience,
+                                    local.copies, patience=deliveries.patience,
                                     request_timeout=deliveries.request_timeout)
 
     def route(self, topic: str, view: ClusterView) -> Route:
@@ -445,6 +446,9 @@ class ClusterRouter:
         """A peer's share member ended with copies unacknowledged (``cluster.shared``)."""
         await self.shares.on_redispatch(node, msg)
 
+    def on_shared_done(self, node: str, msg: SharedDone) -> None:
+        self.shares.on_done(node, msg)
+
     def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
         registrar = registrar_for(msg.target, node)
         if type(msg) is RouteAdd:
@@ -649,6 +653,9 @@ class ClusterRouter:
         for topic_filter, target in self.local_filters:
             if me in self._route_targets(topic_filter, new):
                 self.routes.add(topic_filter, target, registrar_for(target, me))
+        lost = self.shares.on_view(new)
+        if lost:  # copies held by clean members of a node that died: to other members
+            self.spawn(self.shares.redispatch, lost)
         for shard in list(self.replica_since):
             if shard not in held:
                 del self.replica_since[shard]

@@ -39,16 +39,17 @@ QoS 0 goes the same way in a task of its own, so a plain publish never waits for
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from mqttring.broker.shared import Chooser, Placement, SharedMessage, Strategy
+from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage, Strategy
 from mqttring.cluster.delivery import Declined, Item, NodeTargets
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
 from mqttring.cluster.links import Links
-from mqttring.cluster.messages import Redispatch, SharedEntry
+from mqttring.cluster.messages import Redispatch, SharedDone, SharedEntry
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message
 from mqttring.raft.view import ClusterView
@@ -114,7 +115,7 @@ class ShareDispatch:
                  shares_for: Callable[[str], dict[str, list[str]]],
                  deliver: Callable[[str, list[Item]], Awaitable[list[Declined]]],
                  view: Callable[[], ClusterView], links: Links, view_changes: ViewChanges,
-                 *, patience: float, request_timeout: float) -> None:
+                 copies: CopyWatch, *, patience: float, request_timeout: float) -> None:
         self.node_id = node_id
         self.strategy = strategy
         #: The rotation over targets (members of a node rotate in ``LocalRouter``'s own).
@@ -126,6 +127,15 @@ class ShareDispatch:
         self.view_changes = view_changes
         self.patience = patience
         self.request_timeout = request_timeout
+        #: Copies this node placed here for dispatchers elsewhere (``CopyWatch``).
+        self.copies = copies
+        #: node -> token -> (message, share): copies placed with clean members there and
+        #: not yet reported gone; placed again if that node leaves the view first.
+        self.unconfirmed: dict[str, dict[int, tuple[Message, str]]] = {}
+        self._tokens = itertools.count(1)
+        #: Copies forgotten because ``MAX_UNCONFIRMED`` was reached (no longer protected
+        #: against their member's node dying).
+        self.untracked = 0
         #: Messages placed, and redispatched after a member ended (for ``$SYS``/tests).
         self.placed = 0
         self.redispatched = 0
@@ -169,6 +179,8 @@ class ShareDispatch:
                     log.debug("%r: no member of %s left", attempt.message.topic, attempt.share)
                     continue
                 node, item = step
+                if node != self.node_id and item[1].clean and attempt.message.qos:
+                    item = self._track(node, attempt, item)
                 by_node.setdefault(node, []).append((attempt, item))
             declined: dict[tuple[int, str], Placement] = {}
             attempts_of: dict[tuple[int, str], ShareAttempt] = {}
@@ -196,6 +208,52 @@ class ShareDispatch:
             attempts_of[(id(attempt.message), attempt.share)] = attempt
         for message, targets, why in await self._deliver(node, [i for _, i in asked]):
             declined[(id(message), targets.share)] = why
+            if targets.track:
+                self.unconfirmed.get(node, {}).pop(targets.track, None)
+
+    # -- copies placed on other nodes, until they are gone ----------------------------------
+
+    #: Copies tracked per node; past it the oldest are forgotten (and counted).
+    MAX_UNCONFIRMED = 100_000
+    #: Seconds between the batches of ``SharedDone`` this node sends.
+    DONE_INTERVAL = 0.1
+
+    def _track(self, node: str, attempt: ShareAttempt, item: Item) -> Item:
+        token = next(self._tokens)
+        tracked = self.unconfirmed.setdefault(node, {})
+        if len(tracked) >= self.MAX_UNCONFIRMED:
+            del tracked[next(iter(tracked))]
+            self.untracked += 1
+        tracked[token] = (attempt.message, attempt.share)
+        return item[0], item[1]._replace(track=token)
+
+    def on_done(self, node: str, msg: SharedDone) -> None:
+        """``node`` let go of copies we placed there: nothing to place again for them."""
+        tracked = self.unconfirmed.get(node)
+        if tracked is not None:
+            for token in msg.tokens:
+                tracked.pop(token, None)
+
+    def on_view(self, view: ClusterView) -> list[SharedMessage]:
+        """The copies held at nodes that left the view, with their clean members: they go
+        to other members of their shares (``redispatch``; at least once: a member may have
+        had one without its acknowledgement reaching us)."""
+        live = view.live_members()
+        lost: list[SharedMessage] = []
+        for node in [n for n in self.unconfirmed if n not in live]:
+            for message, share in self.unconfirmed.pop(node).values():
+                lost.append(SharedMessage(message, share))
+        if lost:
+            log.info("%d copies of shares were held at nodes that left the view; placing "
+                     "them again", len(lost))
+        return lost
+
+    async def report_gone(self) -> None:
+        """Forever: tell each dispatcher which of its copies here are gone (batched)."""
+        while True:
+            await trio.sleep(self.DONE_INTERVAL)
+            for node, tokens in self.copies.take().items():
+                self.links.send(node, SharedDone(tokens))
 
     # -- a member ended with copies unacknowledged ------------------------------------------
 
