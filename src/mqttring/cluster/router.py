@@ -303,7 +303,9 @@ class ClusterRouter:
         me = self.node_id
         archive = self.archive
         by_node: dict[str, list[Item]] = {}
-        shared = [m for m in messages if m.qos] if self.routes.shared_routes else None
+        shares = self.routes.shares_for
+        shared = ([m for m in messages if m.qos and shares(m.topic)]
+                  if self.routes.shared_routes else None)
         for message in messages:
             targets = self.route(message.topic, view).targets
             if message.qos == 0:
@@ -350,7 +352,7 @@ class ClusterRouter:
         ``Message`` (``unpack(frames)``) for its own path.  Shares choose their member in
         a task (``mqttring.cluster.shared``).
         """
-        if self.routes.shared_routes:
+        if self.routes.shared_routes and self.routes.shares_for(topic):
             self.spawn(self.shares.run, list(unpack(frames)))
         for node, targets in by_node.items():
             shards = targets.shards
