@@ -17,6 +17,11 @@ What a delivery can leave over, and what happens to it (``_redeliver``):
 * the node did not hold a session shard named for it (still loading, or moved away in
   flight: ``Delivered`` names it): the shard's sessions follow its owner in the newer view.
 
+A *share* entry (``NodeTargets.share``) asks the node for ONE member of that share among
+the sessions named (``mqttring.cluster.shared`` chose the node): what it cannot place is
+returned as *declined* (no member there any more, only offline ones, or the node left the
+view before it answered) for the dispatcher to try the next target, never dropped here.
+
 Leftovers are retried as a batch, in order, after each view change (or a short wait), and
 bounded by ``patience``: past it the publish is refused (no acknowledgement, the client
 resends), never given up silently.

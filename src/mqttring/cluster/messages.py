@@ -33,9 +33,11 @@ from mqttring.cluster.errors import PeerProtocolError
 #: Version of the frame format; a frame of any other version is refused.  Version 1 was the
 #: untyped map of positional lists; version 2 had a ``Dlv`` that was refused whole when the
 #: receiver lacked one of its session shards (version 3 delivers the rest, see ``Dlv``);
-#: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches).
+#: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches); version 4
+#: had no shared subscriptions (a version 4 node would take a share's ``DlvEntry`` for an
+#: ordinary one and know neither ``Redispatch`` nor ``SharedDone``).
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 4
+FRAME_VERSION = 5
 
 QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
 #: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).

@@ -21,6 +21,11 @@ a safety net against views that disagree for a moment.
 
 The Raft leader has no part in any of this: routing reads the local ``ClusterView`` only.
 
+Shared subscriptions (``$share/{group}/{filter}``) are routed by ``ShareDispatch``
+(``mqttring.cluster.shared``): the owner picks one member target per share and message and
+asks that node alone; ``accept`` runs it beside the ordinary deliveries, and its
+acknowledgement waits for both.  Without shares the cost is one attribute check.
+
 Subscriptions register node-level routes (``radd``/``rdel``) as described in
 ``mqttring.cluster.routes``; ``subscribe`` returns only when the route is registered where
 publishes will look for it, so a client's SUBACK means what it says on every node.

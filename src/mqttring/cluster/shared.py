@@ -262,6 +262,9 @@ class ShareDispatch:
         owns, through their owner (``Redispatch``) for the others, following view changes
         for as long as ``patience`` (an owner that died is replaced within it)."""
         self.redispatched += len(messages)
+        await self._place_again(messages)
+
+    async def _place_again(self, messages: Sequence[SharedMessage]) -> None:
         deadline = trio.current_time() + self.patience
         while messages:
             view = self.view()
@@ -295,6 +298,5 @@ class ShareDispatch:
         once placed (what we no longer own goes on to the owner by our view)."""
         copies = [SharedMessage(Message(e.topic, e.payload, e.qos), e.share)
                   for e in msg.entries]
-        await self.redispatch(copies)
-        self.redispatched -= len(copies)  # counted where the member ended
+        await self._place_again(copies)  # counted where the member ended
         self.links.reply(node, msg.req, True)
