@@ -240,3 +240,32 @@ def test_copies_held_by_a_member_whose_node_dies_go_to_the_others(
             got.add(inbox.get(timeout=0.2).payload)
     assert want <= got, (f"lost {sorted(want - got)}; held at c: {held}\n"
                          f"{cluster.logs_of_interest(('a', 'b'))}")
+
+
+def test_local_first_gives_each_message_to_the_member_on_its_topics_owner(
+        tmp_path: Path, clients: Clients) -> None:
+    """``shared_subscription_strategy = "local_first"``: with a member on every node, each
+    message goes to the member on the node that owns its topic: no inter-node delivery."""
+    cluster = NodeCluster(tmp_path / "local-first")
+    cluster.extra_toml = 'shared_subscription_strategy = "local_first"\n'
+    try:
+        cluster.form_sync(*NODES)
+        view = cluster.settle(NODES)
+        prefix = unique("lf")
+        topics = topics_on_every_owner(view, prefix)
+        share = f"$share/g/{prefix}/#"
+        members = []
+        for node in NODES:
+            m = clients.connected(cluster.port(node), unique(f"m-{node}"), name=node)
+            assert m.subscribe(share, 1) == [1]
+            members.append(m)
+        publisher = clients.connected(cluster.port("a"), name="publisher@a")
+        for i in range(18):
+            publisher.publish(topics[i % len(topics)], f"m{i}", 1)
+        got = collect_all(members, 18)
+        for node, deliveries in got.items():
+            owners = {view.owner_of_topic(d.topic) for d in deliveries}
+            assert owners == {node}, f"member on {node} got topics owned by {owners}"
+            assert len(deliveries) == 6
+    finally:
+        cluster.close()

@@ -169,3 +169,31 @@ def test_acl_checks_a_share_against_its_inner_filter(node_factory, paho_any, uid
     pub.publish("public/x", "ok", qos=1)
     assert m.get().payload == b"ok"
     assert node.terminate() == 0
+
+
+def test_random_strategy_spreads_messages_over_the_members(tmp_path, paho, uid):
+    from conftest import BrokerHandle
+    from mqttring import BrokerConfig, MqttRingBroker
+
+    broker = MqttRingBroker(BrokerConfig(node_id="random", mqtt="127.0.0.1:0",
+                                         data_dir=tmp_path / "random", sys_interval=0,
+                                         shared_subscription_strategy="random"))
+    ports = broker.start()
+    try:
+        target = BrokerHandle("127.0.0.1", ports.mqtt, None, tmp_path)
+        root = uid("rnd")
+        group = []
+        for _ in range(2):
+            m = paho(uid("m"), target=target)
+            m.connect()
+            m.subscribe(f"$share/g/{root}", 1)
+            group.append(m)
+        pub = paho(uid("pub"), target=target)
+        pub.connect()
+        n = 40
+        for i in range(n):
+            pub.publish(root, str(i), qos=1)
+        per_member = [len(m.drain(1.0)) for m in group]
+        assert sum(per_member) == n and min(per_member) > 0, per_member
+    finally:
+        broker.stop()
