@@ -197,3 +197,15 @@ def test_random_strategy_spreads_messages_over_the_members(tmp_path, paho, uid):
         assert sum(per_member) == n and min(per_member) > 0, per_member
     finally:
         broker.stop()
+
+
+def test_the_readme_example_with_mosquitto_clients(broker, processes, uid):
+    """Two ``mosquitto_sub -t '$share/workers/jobs/#'``; ``mosquitto_pub`` twice: one each."""
+    from test_e2e_mosquitto_cli import finish_sub, pub, start_sub
+
+    root = uid("jobs")
+    subs = [start_sub(processes, broker, f"$share/workers/{root}/#", 1, 1) for _ in range(2)]
+    pub(broker, f"{root}/1", "a", qos=1)
+    pub(broker, f"{root}/1", "b", qos=1)
+    got = sorted(line for proc, head in subs for line in finish_sub(proc, head))
+    assert got == [(1, False, f"{root}/1", "a"), (1, False, f"{root}/1", "b")]
