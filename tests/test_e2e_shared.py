@@ -209,3 +209,36 @@ def test_the_readme_example_with_mosquitto_clients(broker, processes, uid):
     pub(broker, f"{root}/1", "b", qos=1)
     got = sorted(line for proc, head in subs for line in finish_sub(proc, head))
     assert got == [(1, False, f"{root}/1", "a"), (1, False, f"{root}/1", "b")]
+
+
+def test_a_persistent_member_keeps_its_copies_until_its_session_is_discarded(
+        paho, raw, uid):
+    """A persistent member that disconnects keeps what it was sent (its session lives on);
+    when a clean start discards that session, its unacknowledged copies go to the others."""
+    root = uid("pd")
+    share = f"$share/g/{root}"
+    member_id = uid("durable")
+    durable = raw()
+    assert durable.connect(member_id, clean_session=False).return_code == 0
+    assert durable.subscribe([(share, 1)]) == [1]
+    [steady] = members(paho, uid, share, 1)
+    pub = paho(uid("pub"))
+    pub.connect()
+    n = 8
+    for i in range(n):
+        pub.publish(root, str(i), qos=1)
+    held = []
+    while True:
+        try:
+            p = durable.recv_packet(timeout=0.5)
+        except TimeoutError:
+            break
+        if p.type == PUBLISH:
+            held.append(p.payload.decode())
+    durable.close()  # unacknowledged; the persistent session keeps them
+    first = [m.payload.decode() for m in steady.collect(n - len(held)) + steady.drain(0.5)]
+    assert sorted(first + held, key=int) == [str(i) for i in range(n)]
+    again = raw()
+    assert again.connect(member_id, clean_session=True).return_code == 0  # discards it
+    later = [m.payload.decode() for m in steady.collect(len(held))]
+    assert sorted(later, key=int) == held
