@@ -34,6 +34,15 @@ members keep what they were sent across a disconnect (they get it on reconnect).
 copy whose PUBREC came is not sent again.  So each message reaches at least one member, and
 exactly one as long as no member ends with it unacknowledged.
 
+A member's node may also die with copies queued or in flight at its clean members.  So the
+owner keeps each copy it places with a clean member on another node (``unconfirmed``, by a
+token carried in the ``DlvEntry``) until that node reports it gone (``SharedDone``: the
+client acknowledged it, or it was handed back as above; ``CopyWatch`` notices on the member's
+node); when the node leaves the view, what it had not reported goes to other members
+(``on_view``), at least once.  Copies for persistent members need none of this: they are
+stored at the session's home and its replicas.  What this does not cover: the owner dying
+together with the member's node, or a member on the owner's own node dying with it.
+
 QoS 0 goes the same way in a task of its own, so a plain publish never waits for it.
 """
 
