@@ -274,3 +274,26 @@ def test_local_first_gives_each_message_to_the_member_on_its_topics_owner(
             assert len(deliveries) == 6
     finally:
         cluster.close()
+
+
+def test_members_get_even_shares_however_they_are_spread_over_nodes(
+        cluster: NodeCluster, view: ViewInfo, clients: Clients) -> None:
+    """Three members on a, one on c, topics owned by b: each member gets about a quarter
+    (b weighs a's turns by its members online), not a's a sixth each and c's a half."""
+    prefix = unique("even")
+    topics = [view.topic_owned_by("b", prefix)]
+    topics.append(view.topic_owned_by("b", prefix, avoid=topics))
+    share = f"$share/g/{prefix}/#"
+    members = []
+    for n, node in enumerate(("a", "a", "a", "c")):
+        m = clients.connected(cluster.port(node), unique(f"m-{node}"), name=f"m{n}@{node}")
+        assert m.subscribe(share, 1) == [1]
+        members.append(m)
+    publisher = clients.connected(cluster.port("a"), name="publisher@a")
+    n = 40
+    for i in range(n):
+        publisher.publish(topics[i % 2], f"m{i}", 1)
+    got = collect_all(members, n)
+    per_member = {name: len(ds) for name, ds in got.items()}
+    assert sum(per_member.values()) == n
+    assert all(6 <= c <= 14 for c in per_member.values()), per_member

@@ -8,6 +8,8 @@ offline members last, nothing dropped while any member is left.
 
 from __future__ import annotations
 
+import collections
+
 import trio
 
 from decision_support import Metadata
@@ -114,7 +116,8 @@ def test_a_receiver_gives_a_share_entry_to_one_member_or_declines() -> None:
         router.local.add_subscription(s, SHARE, 1)
     entries = [DlvEntry(f"jobs/{i}", b"", 1, [], True, SHARE) for i in range(4)]
     router.deliveries.on_dlv("a", Dlv(7, entries))
-    assert links.take(Ack) == [("a", Ack(7, True, Delivered([], [])))]
+    # Placed, each with the number of members online that could have taken it:
+    assert links.take(Ack) == [("a", Ack(7, True, Delivered([], [], [(i, 2) for i in range(4)])))]
     assert [len(one.inflight), len(two.inflight)] == [2, 2]
     assert all(type(e.message) is SharedMessage for e in one.inflight.values())
     # Only an offline persistent member of the shard named: declined unless offline_ok.
@@ -125,7 +128,7 @@ def test_a_receiver_gives_a_share_entry_to_one_member_or_declines() -> None:
     assert links.take(Ack) == [("a", Ack(8, True, Delivered(
         [], [(0, int(Placement.OFFLINE_ONLY)), (1, int(Placement.NO_MEMBER))])))]
     assert away.queue == []
-    placed, session = router.local.deliver_to_share(Message("jobs/y", b"", 1), SHARE,
+    placed, session, _ = router.local.deliver_to_share(Message("jobs/y", b"", 1), SHARE,
                                                     clean=False, shards=[shard])
     assert placed is Placement.SERVED and session is away
 
@@ -143,3 +146,21 @@ async def test_copies_placed_on_a_node_are_kept_until_gone_and_returned_if_it_di
     lost = router.shares.on_view(meta.view())
     assert [(m.topic, m.share, type(m)) for m in lost] == [("jobs/2", SHARE, SharedMessage)]
     assert router.shares.on_view(meta.view()) == []
+
+
+async def test_a_node_with_more_members_online_gets_more_turns() -> None:
+    """b said it has three members online, c one: b gets three turns in four, so each of
+    the four members gets a quarter (rather than b's a sixth each and c's a half)."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.routes.add(SHARE, "b", "b")
+    router.routes.add(SHARE, "c", "c")
+    links.answers["b"] = [Delivered([], [], [(0, 3)])]
+    links.answers["c"] = [Delivered([], [], [(0, 1)])]
+    await router.shares.run([Message("jobs/0", b"", 1), Message("jobs/1", b"", 1)])
+    assert router.shares.weights == {(SHARE, "b"): 3, (SHARE, "c"): 1}
+    links.take(Dlv)
+    await router.shares.run([Message(f"jobs/{i}", b"", 1) for i in range(8)])
+    asked = collections.Counter(n for n, m in links.take(Dlv) for _ in m.entries)
+    assert asked == {"b": 6, "c": 2}

@@ -95,7 +95,7 @@ def test_online_members_first_and_orphans_go_to_the_others() -> None:
     router.drop_subscriptions(Session("on2", True, subscriptions={"$share/g/t/#": 1}))
     assert router.deliver_to_share(Message("t/9", b"", 1), "$share/g/t/#",
                                    offline_ok=False)[0] is Placement.OFFLINE_ONLY
-    placed, session = router.deliver_to_share(Message("t/9", b"", 1), "$share/g/t/#")
+    placed, session, _ = router.deliver_to_share(Message("t/9", b"", 1), "$share/g/t/#")
     assert placed is Placement.SERVED and session is sessions["off"]
     assert [e.message.topic for e in sessions["off"].queue] == ["t/9"]
 

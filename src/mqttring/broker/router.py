@@ -45,6 +45,7 @@ from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shared import (
     Chooser,
     CopyWatch,
+    Placed,
     Placement,
     SharedGroups,
     SharedMessage,
@@ -235,7 +236,7 @@ class LocalRouter:
         ``message``; returns the sessions needing a write."""
         to_persist: list[Session] = []
         for share in self.shared.match(message.topic):
-            _, session = self.deliver_to_share(message, share, congested=congested)
+            session = self.deliver_to_share(message, share, congested=congested).session
             if session is not None and session.persistent and message.qos:
                 to_persist.append(session)
         return to_persist
@@ -245,15 +246,16 @@ class LocalRouter:
         shards: Container[int] | None = None, offline_ok: bool = True,
         exclude: str | None = None, congested: list[Session] | None = None,
         origin: tuple[str, int] | None = None,
-    ) -> tuple[Placement, Session | None]:
+    ) -> Placed:
         """Give ``message`` to one member of ``share`` here, chosen by the strategy among
         the members named (clean sessions if ``clean``, persistent ones of ``shards``, or
         all with ``shards`` None), online ones first; an offline persistent member only if
-        ``offline_ok``.  Returns what happened and the session that got it.  ``origin``:
+        ``offline_ok``.  Returns what happened, the session that got it and how many
+        online members could have (a cluster weighs this node's turns by it).  ``origin``:
         (dispatcher, token) to tell when a copy for a clean member is gone (``copies``)."""
         members = self.shared.members.get(share)
         if not members:
-            return Placement.NO_MEMBER, None
+            return Placed(Placement.NO_MEMBER)
         sessions = self._sessions
         topic = message.topic
         ready: list[Session] = []
@@ -279,9 +281,9 @@ class LocalRouter:
         if ready:
             chosen = self.chooser.order(share, ready)[0]
         elif not offline:
-            return Placement.NO_MEMBER, None
+            return Placed(Placement.NO_MEMBER)
         elif not offline_ok:
-            return Placement.OFFLINE_ONLY, None
+            return Placed(Placement.OFFLINE_ONLY)
         else:
             chosen = self.chooser.order(share, offline)[0]
         granted = members[chosen.client_id]
@@ -298,7 +300,7 @@ class LocalRouter:
             self._wake(chosen.client_id)
         if qos and congested is not None and chosen.congested:
             congested.append(chosen)
-        return Placement.SERVED, chosen
+        return Placed(Placement.SERVED, chosen, len(ready))
 
     def take_orphans(self, session: Session) -> list[SharedMessage]:
         """What a session that is ending got through shares and did not acknowledge (see
@@ -312,7 +314,7 @@ class LocalRouter:
         their shares, online ones first.  A copy for an offline persistent member is written
         with the next publish's group commit."""
         for message in lost:
-            _, session = self.deliver_to_share(message, message.share, exclude=exclude)
+            session = self.deliver_to_share(message, message.share, exclude=exclude).session
             if session is not None and session.persistent:
                 self._owed_writes.append(session)
 

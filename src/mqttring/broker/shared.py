@@ -44,6 +44,7 @@ from mqttring.protocol.topics import TopicTrie, validate_topic_filter
 __all__ = [
     "Chooser",
     "CopyWatch",
+    "Placed",
     "Placement",
     "SharedFilter",
     "SharedGroups",
@@ -156,6 +157,16 @@ class Placement(IntEnum):
     OFFLINE_ONLY = 2
     #: The node left the view before it answered (cluster only).
     NODE_GONE = 3
+
+
+class Placed(NamedTuple):
+    """What giving a message to one member of a share here did."""
+
+    placement: Placement
+    #: The member that got it (SERVED).
+    session: Session | None = None
+    #: How many members could have taken it, online: a cluster weighs this node's turn by it.
+    online: int = 0
 
 
 class SharedMessage(Message):

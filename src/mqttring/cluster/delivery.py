@@ -76,8 +76,9 @@ class NodeTargets(NamedTuple):
 ByNode = dict[str, NodeTargets]
 #: One message and the sessions of one node it goes to.
 Item = tuple[Message, NodeTargets]
-#: A share's item the node could not place, and why (a ``Placement``).
-Declined = tuple[Message, NodeTargets, Placement]
+#: What became of a share's item at the node asked (``Placement``: SERVED, or why not), and
+#: how many members there could have taken it online (reported when SERVED).
+ShareOutcome = tuple[Message, NodeTargets, Placement, int]
 
 
 T = TypeVar("T")
@@ -136,6 +137,8 @@ class _Served(NamedTuple):
     unheld: list[tuple[int, list[int]]]
     #: (index in the batch, why) of the share entries not placed here.
     declined: list[tuple[int, int]]
+    #: (index in the batch, members online) of the share entries placed here.
+    online: list[tuple[int, int]]
 
 
 class Deliveries:
@@ -172,24 +175,25 @@ class Deliveries:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def deliver(self, node: str, items: list[Item]) -> list[Declined]:
+    async def deliver(self, node: str, items: list[Item]) -> list[ShareOutcome]:
         """Deliver ``items`` to the sessions they name on ``node``; return once accepted,
-        with the share items nobody there could take (the caller tries other members).
+        with what became of the share items (the caller tries other members for those
+        nobody there could take).
 
         The common case is one request (or a local call); leftovers go to ``_redeliver``.
         """
-        declined: list[Declined] = []
-        left, failure = await self._attempt(node, items, declined)
+        outcomes: list[ShareOutcome] = []
+        left, failure = await self._attempt(node, items, outcomes)
         if left:
-            await self._redeliver(node, left, failure, declined)
-        return declined
+            await self._redeliver(node, left, failure, outcomes)
+        return outcomes
 
-    async def _attempt(self, node: str, items: list[Item], declined: list[Declined]
+    async def _attempt(self, node: str, items: list[Item], outcomes: list[ShareOutcome]
                        ) -> tuple[list[Item], Exception | None]:
         """One delivery to ``node``: what it left over, and why if it failed outright;
-        the share items it could not place are added to ``declined``."""
+        what became of its share items is added to ``outcomes``."""
         if node == self.node_id:
-            return await self._deliver_here(items, declined), None
+            return await self._deliver_here(items, outcomes), None
         left: list[Item] = []
         done = 0
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
@@ -208,14 +212,17 @@ class Deliveries:
                     if not 0 <= index < len(run) or not run[index][1].share:
                         raise RemoteError(f"{node} declined entry {index} of a Dlv of "
                                           f"{len(run)} that it was not asked to choose for")
-                    declined.append((*run[index], Placement(why)))
+                    outcomes.append((*run[index], Placement(why), 0))
+                for index, online in answer.online:
+                    if 0 <= index < len(run) and run[index][1].share:
+                        outcomes.append((*run[index], Placement.SERVED, online))
             except (PeerUnavailable, RemoteError, ValueError) as exc:
                 return left + items[done:], exc
             done += len(run)
         return left, None
 
     async def _redeliver(self, node: str, items: list[Item], failure: Exception | None,
-                         declined: list[Declined]) -> None:
+                         outcomes: list[ShareOutcome]) -> None:
         """What a first delivery to ``node`` left over, retried until it is accepted (see
         the module docstring), in order, as one batch per node and round."""
         deadline = trio.current_time() + self.patience
@@ -232,7 +239,7 @@ class Deliveries:
                         if clean and not live:
                             clean = False  # its clean sessions died with it
                             if item.share:  # ... but the share has other members
-                                declined.append((message, item, Placement.NODE_GONE))
+                                outcomes.append((message, item, Placement.NODE_GONE, 0))
                                 continue
                         if shards:
                             by_node = resolve((f"s:{s}" for s in shards), view)
@@ -248,19 +255,19 @@ class Deliveries:
                         log.info("delivery of %d messages to %s not confirmed (%s); it left "
                                  "the view", len(items), node, failure)
                     for other, followed in moved.items():
-                        followers.start_soon(self._follow, other, followed, declined)
+                        followers.start_soon(self._follow, other, followed, outcomes)
                     if not stay:
                         return
                     if trio.current_time() >= deadline:
                         raise PeerUnavailable(
                             f"delivery of {len(stay)} messages (first {stay[0][0].topic!r}) "
                             f"to {node} not confirmed within {self.patience}s: {failure}")
-                    items, failure = await self._attempt(node, stay, declined)
+                    items, failure = await self._attempt(node, stay, outcomes)
                     if not items:
                         return
 
-    async def _follow(self, node: str, items: list[Item], declined: list[Declined]) -> None:
-        declined.extend(await self.deliver(node, items))
+    async def _follow(self, node: str, items: list[Item], outcomes: list[ShareOutcome]) -> None:
+        outcomes.extend(await self.deliver(node, items))
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -274,6 +281,7 @@ class Deliveries:
         shards_served: set[int] = set()
         unheld: list[tuple[int, list[int]]] = []
         declined: list[tuple[int, int]] = []
+        online: list[tuple[int, int]] = []
         with self.local.wakes_deferred():
             for index, (message, clean, shards, share, offline_ok, track) in enumerate(batch):
                 held = shards
@@ -285,13 +293,15 @@ class Deliveries:
                 if share:
                     if not (clean or held):
                         continue  # the sender follows the unheld shard
-                    placed, session = self.local.deliver_to_share(
+                    placed, session, ready = self.local.deliver_to_share(
                         message, share, clean=clean, shards=held, offline_ok=offline_ok,
                         congested=congested,
                         origin=(sender, track) if track and sender is not None else None)
                     if placed is not Placement.SERVED:
                         declined.append((index, int(placed)))
-                    elif session is not None and session.persistent and message.qos:
+                        continue
+                    online.append((index, ready))
+                    if session is not None and session.persistent and message.qos:
                         to_persist[id(session)] = session
                         shards_served.update(held)
                 elif clean or held:
@@ -300,13 +310,15 @@ class Deliveries:
                         to_persist[id(session)] = session
                     shards_served.update(held)
         return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld,
-                       declined)
+                       declined, online)
 
-    async def _deliver_here(self, items: list[Item], declined: list[Declined]) -> list[Item]:
+    async def _deliver_here(self, items: list[Item], outcomes: list[ShareOutcome]
+                            ) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
         served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok, t.track)
                              for m, t in items)
-        declined.extend((*items[i], Placement(why)) for i, why in served.declined)
+        outcomes.extend((*items[i], Placement(why), 0) for i, why in served.declined)
+        outcomes.extend((*items[i], Placement.SERVED, n) for i, n in served.online)
         if served.to_persist:
             await self._persist_tracked(served.to_persist, served.shards)
         if served.congested:
@@ -321,7 +333,7 @@ class Deliveries:
         req = msg.req
         if req == 0:
             return
-        answer = Delivered(served.unheld, served.declined)
+        answer = Delivered(served.unheld, served.declined, served.online)
         if not served.to_persist and not served.congested:
             self.links.reply(node, req, True, answer)
             return

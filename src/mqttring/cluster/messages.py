@@ -457,6 +457,9 @@ class Delivered(_Frozen, tag="delivered"):
     #: For each share entry the receiver could not place: (its index, why: a
     #: ``mqttring.broker.shared.Placement``, no member here or only offline ones).
     declined: list[tuple[int, int]] = []
+    #: For each share entry it placed: (its index, how many members could have taken it
+    #: online), by which the sender weighs this node's turns (a fair share per member).
+    online: list[tuple[int, int]] = []
 
 
 Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened | Delivered

@@ -11,7 +11,9 @@ matching the topic, the *targets* that have members, though not the members them
 Per message and matching share, the owner (``ShareAttempt``, sans-IO):
 
 1. orders the share's targets by the strategy (``round_robin``: the rotation of the
-   ``Chooser``, per share; ``random``; ``local_first``: targets on this node first), and
+   ``Chooser``, per share, a target having as many turns as its node last said it has
+   members online, so each member gets an even share; ``random``, weighted alike;
+   ``local_first``: targets on this node first), and
    asks the first target's node (a ``Dlv`` entry naming the share) to give the message to
    ONE of its members there, online ones first;
 2. if that node has no member left (it unsubscribed or ended in flight: ``NO_MEMBER``), only
@@ -55,7 +57,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage, Strategy
-from mqttring.cluster.delivery import Declined, Item, NodeTargets
+from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import Redispatch, SharedDone, SharedEntry
@@ -117,12 +119,12 @@ class ShareDispatch:
     """Builds the attempts for messages (the decisions above), and runs them.
 
     ``shares_for(topic)`` gives share -> targets from the route table, ``deliver(node,
-    items)`` is ``Deliveries.deliver`` (it returns what was declined).
+    items)`` is ``Deliveries.deliver`` (it returns what became of each share item).
     """
 
     def __init__(self, node_id: str, strategy: Strategy,
                  shares_for: Callable[[str], dict[str, list[str]]],
-                 deliver: Callable[[str, list[Item]], Awaitable[list[Declined]]],
+                 deliver: Callable[[str, list[Item]], Awaitable[list[ShareOutcome]]],
                  view: Callable[[], ClusterView], links: Links, view_changes: ViewChanges,
                  copies: CopyWatch, *, patience: float, request_timeout: float) -> None:
         self.node_id = node_id
@@ -142,6 +144,9 @@ class ShareDispatch:
         #: not yet reported gone; placed again if that node leaves the view first.
         self.unconfirmed: dict[str, dict[int, tuple[Message, str]]] = {}
         self._tokens = itertools.count(1)
+        #: (share, target) -> members online there when last asked: a target's turns in
+        #: the rotation, so that each member, not each node, gets an even share.
+        self.weights: dict[tuple[str, str], int] = {}
         #: Copies forgotten because ``MAX_UNCONFIRMED`` was reached (no longer protected
         #: against their member's node dying).
         self.untracked = 0
@@ -164,8 +169,22 @@ class ShareDispatch:
                 found.append(ShareAttempt(message, share, self.order(share, targets, view)))
         return found
 
+    #: Weights kept (cleared when full: targets fall back to one turn until asked again).
+    MAX_WEIGHTS = 100_000
+
     def order(self, share: str, targets: list[str], view: ClusterView) -> list[str]:
-        ordered = self.chooser.order(share, targets)
+        """The targets in the order to ask them.  A target with k members online (as its
+        node last said) has k turns in the rotation, so members on a crowded node get as
+        many messages as one alone on another; each target is asked once per message."""
+        weights = self.weights
+        if weights:
+            turns = [t for t in targets for _ in range(weights.get((share, t), 1) or 1)]
+            if len(turns) != len(targets):
+                ordered = list(dict.fromkeys(self.chooser.order(share, turns)))
+            else:
+                ordered = self.chooser.order(share, targets)
+        else:
+            ordered = self.chooser.order(share, targets)
         if self.strategy is Strategy.LOCAL_FIRST:
             me = self.node_id
             here = [t for t in ordered if target_node(t, view)[0] == me]
@@ -201,7 +220,7 @@ class ShareDispatch:
                     async with trio.open_nursery() as nursery:
                         for node, asked in by_node.items():
                             nursery.start_soon(self._ask, node, asked, declined, attempts_of)
-            self.placed += sum(len(a) for a in by_node.values()) - len(declined)
+            self.placed += sum(map(len, by_node.values())) - len(declined)
             pending = []
             for key, why in declined.items():
                 attempt = attempts_of[key]
@@ -215,8 +234,16 @@ class ShareDispatch:
                    attempts_of: dict[tuple[int, str], ShareAttempt]) -> None:
         for attempt, _ in asked:
             attempts_of[(id(attempt.message), attempt.share)] = attempt
-        for message, targets, why in await self._deliver(node, [i for _, i in asked]):
-            declined[(id(message), targets.share)] = why
+        for message, targets, why, online in await self._deliver(node, [i for _, i in asked]):
+            key = (id(message), targets.share)
+            if why is Placement.SERVED:
+                attempt = attempts_of.get(key)
+                if attempt is not None and attempt.tried is not None:
+                    if len(self.weights) >= self.MAX_WEIGHTS:
+                        self.weights.clear()
+                    self.weights[(targets.share, attempt.tried)] = online
+                continue
+            declined[key] = why
             if targets.track:
                 self.unconfirmed.get(node, {}).pop(targets.track, None)
 
