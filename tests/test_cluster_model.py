@@ -13,6 +13,12 @@ deliveries per client, (topic, payload, QoS, RETAIN), within a bound; CONNACK se
 and SUBACK codes must match too.  Client ids and topics are fresh per example, so examples
 share the two brokers without seeing each other.
 
+Shared subscriptions take part too: some filters are shares (``$share/g/...``).  Which
+member of a share gets a message is the broker's choice (and is made per node in the
+cluster), so clients that were ever members in a program are compared together: the
+multiset of everything they received, without the QoS (a member's grant decides it), must
+match; every other client is compared alone, exactly.
+
 Shrinking is off (each example costs seconds on real processes); a failure prints the full
 program and the step where the two diverged, which is short enough to read.
 """
@@ -39,7 +45,8 @@ pytestmark = pytest.mark.timeout(400)
 NODES = ("a", "b", "c")
 N_CLIENTS = 3
 TOPICS = ("a", "b", "a/x", "b/x")
-FILTERS = ("a", "b", "+", "#", "+/x", "a/x", "a/#")
+FILTERS = ("a", "b", "+", "#", "+/x", "a/x", "a/#", "$share/g/#", "$share/g/a/#",
+           "$share/h/+/x")
 REF_QUIET = 0.15  # the reference is quiet when nothing arrives for this long
 MATCH_BOUND = 4.0  # the cluster must match the reference within this
 
@@ -85,6 +92,15 @@ programs = head.flatmap(lambda h: st.lists(operation, min_size=4, max_size=6).ma
     lambda tail: [*h, *tail]))
 
 
+def filter_for(prefix: str, x: int) -> str:
+    """FILTERS[x] under the example's prefix (a share's prefix goes after its group)."""
+    f = FILTERS[x]
+    if f.startswith("$share/"):
+        _, group, inner = f.split("/", 2)
+        return f"$share/{group}/{prefix}/{inner}"
+    return f"{prefix}/{f}"
+
+
 # --------------------------------------------------------------------------- worlds
 
 
@@ -118,9 +134,16 @@ class World:
         for i, inbox in self.inboxes.items():
             with_suppress_empty(inbox, self.delivered[i])
 
-    def counters(self) -> dict[int, collections.Counter[Delivery]]:
+    def counters(self, members: frozenset[int] = frozenset()
+                 ) -> dict[int | str, collections.Counter[Any]]:
+        """Per client; the share ``members`` together, under "members", QoS left out."""
         self.pump()
-        return {i: collections.Counter(d) for i, d in self.delivered.items()}
+        found: dict[int | str, collections.Counter[Any]] = {
+            i: collections.Counter(d) for i, d in self.delivered.items() if i not in members}
+        if members:
+            found["members"] = collections.Counter(
+                (d.topic, d.payload, d.retain) for i in members for d in self.delivered[i])
+        return found
 
 
 def with_suppress_empty(inbox: queue.Queue[Delivery], out: list[Delivery]) -> None:
@@ -154,8 +177,8 @@ def describe(program: list[Any], upto: int, ids: list[str]) -> str:
     return f"clients {ids}\n" + "\n".join(lines)
 
 
-def diff(ref: dict[int, collections.Counter[Delivery]],
-         got: dict[int, collections.Counter[Delivery]]) -> str:
+def diff(ref: dict[int | str, collections.Counter[Any]],
+         got: dict[int | str, collections.Counter[Any]]) -> str:
     out = []
     for i in ref:
         missing, extra = ref[i] - got[i], got[i] - ref[i]
@@ -183,6 +206,7 @@ def test_cluster_delivers_like_one_broker(cluster: NodeCluster, reference: int,
     ]
     ref, clu = worlds
     clean_flag: dict[int, bool] = {}
+    members: set[int] = set()  # clients that were ever members of a share
     try:
         for step, op in enumerate(program):
             kind, i, x, y, flag = op
@@ -207,12 +231,14 @@ def test_cluster_delivers_like_one_broker(cluster: NodeCluster, reference: int,
             elif not connected:
                 continue
             elif kind == "subscribe":
-                topic_filter = f"{prefix}/{FILTERS[x]}"
+                topic_filter = filter_for(prefix, x)
+                if topic_filter.startswith("$share/"):
+                    members.add(i)
                 codes = [w.live[i].subscribe(topic_filter, y) for w in worlds]
                 assert codes[0] == codes[1], f"SUBACK {codes}\n{where}"
             elif kind == "unsubscribe":
                 for w in worlds:
-                    w.live[i].unsubscribe(f"{prefix}/{FILTERS[x]}")
+                    w.live[i].unsubscribe(filter_for(prefix, x))
             elif kind == "publish":
                 topic = f"{prefix}/{TOPICS[x % len(TOPICS)]}"
                 for w in worlds:
@@ -222,11 +248,12 @@ def test_cluster_delivers_like_one_broker(cluster: NodeCluster, reference: int,
                     w.disconnect(i)
             # Quiescence: the reference settles, then the cluster must reach the same state.
             wait_quiet(ref)
-            want = ref.counters()
+            group = frozenset(members)
+            want = ref.counters(group)
             deadline = time.monotonic() + MATCH_BOUND
-            while clu.counters() != want and time.monotonic() < deadline:
+            while clu.counters(group) != want and time.monotonic() < deadline:
                 time.sleep(0.03)
-            got = clu.counters()
+            got = clu.counters(group)
             assert got == want, (
                 f"after step {step}, deliveries differ:\n{diff(want, got)}\n{where}\n"
                 f"{cluster.logs_of_interest(limit=5)}")
@@ -234,7 +261,8 @@ def test_cluster_delivers_like_one_broker(cluster: NodeCluster, reference: int,
         # Anything late (duplicates, stragglers) shows up now.
         time.sleep(0.3)
         wait_quiet(ref)
-        want, got = ref.counters(), clu.counters()
+        group = frozenset(members)
+        want, got = ref.counters(group), clu.counters(group)
         assert got == want, (
             f"at the end, deliveries differ:\n{diff(want, got)}\n"
             f"{describe(program, len(program), ids)}")

@@ -236,6 +236,11 @@ class BrokerConfig:
     #: Bearer token every HTTP request must carry (or ``$MQTTRING_HTTP_TOKEN``).
     http_token: Annotated[str | None, SECRET, Rule(_token, "a string of at least 16 characters")
                           ] = None
+    #: Which member of a shared subscription (``$share/{group}/{filter}``) gets each
+    #: message: ``round_robin``, ``random``, or ``local_first`` (a member on the node that
+    #: owns the topic's shard when there is one: no inter-node message; docs/design.md).
+    shared_subscription_strategy: Literal["round_robin", "random", "local_first"] = \
+        "round_robin"
     # Cluster settings (used when a node joins or forms a cluster).
     cluster: Address = None
     raft: Address = None

@@ -45,6 +45,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
+from mqttring.broker.shared import is_shared, parse_shared
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
@@ -55,6 +56,7 @@ from mqttring.protocol.connection import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
+from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.session import Message, Session, SessionLimits
 from mqttring.security.acl import AccessControl, ClientAccess
@@ -365,7 +367,15 @@ class BrokerCore:
         codes: list[int] = []
         access = session.access
         for topic_filter, qos in topics:
-            if access is not None and not access.may_subscribe(topic_filter):
+            checked = topic_filter
+            if is_shared(topic_filter):
+                try:
+                    checked = parse_shared(topic_filter).filter  # ACLs see the inner filter
+                except InvalidTopic as exc:
+                    log.info("refused a subscription of %r: %s", session.client_id, exc)
+                    codes.append(SUBACK_FAILURE)
+                    continue
+            if access is not None and not access.may_subscribe(checked):
                 # mosquitto checks a subscription against read rules; SUBACK 0x80.
                 log.info("refused a subscription of %r to %r by the ACL", session.client_id,
                          topic_filter)
@@ -388,7 +398,9 @@ class BrokerCore:
         """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
         several new filters match it, at the best QoS any of them grants."""
         best: dict[str, tuple[Message, int]] = {}
-        granted = [(f, code) for (f, _), code in zip(topics, codes, strict=True) if code <= 2]
+        # Never on a shared subscription [MQTT-4.8.2]: which member would it be for?
+        granted = [(f, code) for (f, _), code in zip(topics, codes, strict=True)
+                   if code <= 2 and not is_shared(f)]
         for topic_filter, qos in granted:
             for message in await self.router.retained(topic_filter):
                 q = min(message.qos, qos)

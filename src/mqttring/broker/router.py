@@ -22,6 +22,12 @@ granted QoS`` per filter and delivers to ``Session`` objects:
 
 The hot path does one trie walk, one dict per publish and one bytes append per subscriber
 (QoS 0 PUBLISH bytes are encoded once and shared); it never logs.
+
+Shared subscriptions (``mqttring.broker.shared``) are kept apart from the trie of ordinary
+ones (``shared``): ``deliver_local`` never serves them, because in a cluster the owner of
+the topic chooses one member cluster-wide and names it (``deliver_to_share``).  One node
+chooses itself (``deliver_to_groups``, from ``publish_many``).  With no share on the node
+the only cost is ``if self.shared.members``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,17 @@ from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.session_store import SessionStore
+from mqttring.broker.shared import (
+    Chooser,
+    CopyWatch,
+    Placed,
+    Placement,
+    SharedGroups,
+    SharedMessage,
+    Strategy,
+    is_shared,
+    orphans,
+)
 from mqttring.lsm import Durability
 from mqttring.protocol.session import Message, Session
 from mqttring.protocol.topics import TopicTrie
@@ -91,6 +108,7 @@ class LocalRouter:
         wake: Callable[[str], None],
         clock: Callable[[], float] = time.time,
         flow: FlowControl | None = None,
+        strategy: Strategy = Strategy.ROUND_ROBIN,
     ) -> None:
         self._sessions = sessions
         self._retained = retained
@@ -106,6 +124,15 @@ class LocalRouter:
         #: Set by the server when ``config.archive`` lists topic filters.
         self.archive: TelemetryArchive | None = None
         self._match_cache: dict[str, dict[str, int]] = {}
+        #: Members of shared subscriptions on this node, by share.
+        self.shared = SharedGroups()
+        #: Which member of a share is tried first (``shared_subscription_strategy``).
+        self.chooser = Chooser(strategy)
+        #: Copies placed here by another node's dispatcher, watched until they are gone.
+        self.copies = CopyWatch()
+        #: Persistent sessions that got a redispatched copy outside a publish (a member's
+        #: session ended); written with the next publish's group commit.
+        self._owed_writes: list[Session] = []
 
     async def publish(self, message: Message) -> None:
         await self.publish_many((message,))
@@ -121,6 +148,8 @@ class LocalRouter:
             if archive is not None:
                 archive.append(message)
             to_persist = self.deliver_local(message, congested=congested)
+            if self.shared.members:
+                to_persist += self.deliver_to_groups(message, congested)
         else:
             # One wake per subscriber and one durable write for the whole batch.
             persist: dict[int, Session] = {}  # by id: one write per session (unhashable)
@@ -130,7 +159,13 @@ class LocalRouter:
                         archive.append(message)
                     for session in self.deliver_local(message, congested=congested):
                         persist[id(session)] = session
+                    if self.shared.members:
+                        for session in self.deliver_to_groups(message, congested):
+                            persist[id(session)] = session
             to_persist = list(persist.values())
+        if self._owed_writes:
+            to_persist += self._owed_writes
+            self._owed_writes = []
         if to_persist:
             await self._session_store.save_changes(to_persist, Durability.DURABLE)
         if congested:
@@ -192,6 +227,96 @@ class LocalRouter:
                     congested.append(session)
         self._metrics.messages_sent += sent
         return to_persist
+
+    # -- shared subscriptions ---------------------------------------------------------------
+
+    def deliver_to_groups(self, message: Message, congested: list[Session] | None = None,
+                          ) -> list[Session]:
+        """One node choosing for itself: one member of each matching share gets
+        ``message``; returns the sessions needing a write."""
+        to_persist: list[Session] = []
+        for share in self.shared.match(message.topic):
+            session = self.deliver_to_share(message, share, congested=congested).session
+            if session is not None and session.persistent and message.qos:
+                to_persist.append(session)
+        return to_persist
+
+    def deliver_to_share(
+        self, message: Message, share: str, *, clean: bool = True,
+        shards: Container[int] | None = None, offline_ok: bool = True,
+        exclude: str | None = None, congested: list[Session] | None = None,
+        origin: tuple[str, int] | None = None,
+    ) -> Placed:
+        """Give ``message`` to one member of ``share`` here, chosen by the strategy among
+        the members named (clean sessions if ``clean``, persistent ones of ``shards``, or
+        all with ``shards`` None), online ones first; an offline persistent member only if
+        ``offline_ok``.  Returns what happened, the session that got it and how many
+        online members could have (a cluster weighs this node's turns by it).  ``origin``:
+        (dispatcher, token) to tell when a copy for a clean member is gone (``copies``)."""
+        members = self.shared.members.get(share)
+        if not members:
+            return Placed(Placement.NO_MEMBER)
+        sessions = self._sessions
+        topic = message.topic
+        ready: list[Session] = []
+        offline: list[Session] = []
+        for cid in members:
+            session = sessions.get(cid)
+            if session is None or cid == exclude:
+                continue
+            if session.clean_session:
+                if not clean:
+                    continue
+            elif shards is not None and self._session_store.shard(cid) not in shards:
+                continue
+            access = session.access
+            if access is not None and not access.may_read(topic):
+                continue
+            if session.output is not None:
+                ready.append(session)
+            elif session.persistent:
+                offline.append(session)
+        # The rotation runs over the members that can take it, so an offline one does not
+        # hand its turn to its neighbour.
+        if ready:
+            chosen = self.chooser.order(share, ready)[0]
+        elif not offline:
+            return Placed(Placement.NO_MEMBER)
+        elif not offline_ok:
+            return Placed(Placement.OFFLINE_ONLY)
+        else:
+            chosen = self.chooser.order(share, offline)[0]
+        granted = members[chosen.client_id]
+        qos = granted if granted < message.qos else message.qos
+        dropped = chosen.dropped
+        copy = SharedMessage(message, share)
+        if origin is not None and chosen.clean_session:
+            self.copies.watch(copy, *origin)
+        chosen.deliver(copy, qos, False, self._clock())
+        del copy  # the session holds it now, or nobody: then it is gone at once
+        self._metrics.messages_dropped += chosen.dropped - dropped
+        if chosen.output is not None:
+            self._metrics.messages_sent += 1
+            self._wake(chosen.client_id)
+        if qos and congested is not None and chosen.congested:
+            congested.append(chosen)
+        return Placed(Placement.SERVED, chosen, len(ready))
+
+    def take_orphans(self, session: Session) -> list[SharedMessage]:
+        """What a session that is ending got through shares and did not acknowledge (see
+        ``mqttring.broker.shared.orphans``); empty when it has no share."""
+        if not any(is_shared(f) for f in session.subscriptions):
+            return []
+        return orphans(session)
+
+    def redispatch(self, lost: list[SharedMessage], exclude: str) -> None:
+        """One node: give the copies a member lost (its session ended) to other members of
+        their shares, online ones first.  A copy for an offline persistent member is written
+        with the next publish's group commit."""
+        for message in lost:
+            session = self.deliver_to_share(message, message.share, exclude=exclude).session
+            if session is not None and session.persistent:
+                self._owed_writes.append(session)
 
     def deliver_frames(
         self,
@@ -271,19 +396,39 @@ class LocalRouter:
         self.add_subscription(session, topic_filter, qos)
 
     def add_subscription(self, session: Session, topic_filter: str, qos: int) -> None:
-        self._match_cache.clear()
         session.subscriptions[topic_filter] = qos
+        if is_shared(topic_filter):  # parsed by the core: a malformed one got SUBACK 0x80
+            self.shared.add(topic_filter, session.client_id, qos)
+            return
+        self._match_cache.clear()
         self.subscriptions.add(topic_filter, session.client_id, qos)  # replaces a re-subscribe
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
+        if session.subscriptions.pop(topic_filter, None) is None:
+            return
+        if is_shared(topic_filter):
+            self.shared.remove(topic_filter, session.client_id)
+            return
         self._match_cache.clear()
-        if session.subscriptions.pop(topic_filter, None) is not None:
-            self.subscriptions.remove(topic_filter, session.client_id)
+        self.subscriptions.remove(topic_filter, session.client_id)
 
-    def forget(self, session: Session) -> None:
+    def drop_subscriptions(self, session: Session) -> None:
+        """Take a session's subscriptions out of the lookup structures (it ends, or its
+        home moves); ``session.subscriptions`` stays as it is."""
         self._match_cache.clear()
         for topic_filter in session.subscriptions:
-            self.subscriptions.remove(topic_filter, session.client_id)
+            if is_shared(topic_filter):
+                self.shared.remove(topic_filter, session.client_id)
+            else:
+                self.subscriptions.remove(topic_filter, session.client_id)
+
+    def forget(self, session: Session) -> None:
+        """A session ends: drop its subscriptions, and what it got through shares without
+        acknowledging goes to other members."""
+        lost = self.take_orphans(session)
+        self.drop_subscriptions(session)
+        if lost:
+            self.redispatch(lost, session.client_id)
 
     async def retained(self, topic_filter: str) -> list[Message]:
         return self._retained.matching(topic_filter)
@@ -293,4 +438,7 @@ class LocalRouter:
         self._match_cache.clear()
         for session in sessions:
             for topic_filter, qos in session.subscriptions.items():
-                self.subscriptions.add(topic_filter, session.client_id, qos)
+                if is_shared(topic_filter):
+                    self.shared.add(topic_filter, session.client_id, qos)
+                else:
+                    self.subscriptions.add(topic_filter, session.client_id, qos)

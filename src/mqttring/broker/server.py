@@ -60,6 +60,7 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
+from mqttring.broker.shared import Strategy
 from mqttring.broker.sys_topics import publish_sys_topics
 from mqttring.broker.tls import (
     TlsContext,
@@ -171,7 +172,8 @@ class BrokerNode:
 
                 def local_router(core: BrokerCore) -> Router:
                     return LocalRouter(core.sessions, retained, core.session_store, metrics,
-                                       core.wake, flow=core.flow)
+                                       core.wake, flow=core.flow,
+                                       strategy=Strategy(config.shared_subscription_strategy))
 
                 core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics,
                                   router=local_router)

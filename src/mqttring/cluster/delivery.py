@@ -17,6 +17,11 @@ What a delivery can leave over, and what happens to it (``_redeliver``):
 * the node did not hold a session shard named for it (still loading, or moved away in
   flight: ``Delivered`` names it): the shard's sessions follow its owner in the newer view.
 
+A *share* entry (``NodeTargets.share``) asks the node for ONE member of that share among
+the sessions named (``mqttring.cluster.shared`` chose the node): what it cannot place is
+returned as *declined* (no member there any more, only offline ones, or the node left the
+view before it answered) for the dispatcher to try the next target, never dropped here.
+
 Leftovers are retried as a batch, in order, after each view change (or a short wait), and
 bounded by ``patience``: past it the publish is refused (no acknowledgement, the client
 resends), never given up silently.
@@ -36,6 +41,7 @@ from typing import Any, NamedTuple, TypeVar
 import trio
 
 from mqttring.broker.router import LocalRouter
+from mqttring.broker.shared import Placement
 from mqttring.cluster.errors import (
     PeerFailure,
     PeerUnavailable,
@@ -58,12 +64,21 @@ class NodeTargets(NamedTuple):
     clean: bool
     #: Session shards the node owns whose persistent sessions subscribe.
     shards: list[int]
+    #: Set: ONE member of this share among the sessions above (``mqttring.cluster.shared``).
+    share: str = ""
+    #: A share's offline persistent member may take it (no member online anywhere).
+    offline_ok: bool = False
+    #: Non-zero: the dispatcher's token for a copy it tracks (``DlvEntry.track``).
+    track: int = 0
 
 
 #: Node -> its targets, for one topic under one view.
 ByNode = dict[str, NodeTargets]
 #: One message and the sessions of one node it goes to.
 Item = tuple[Message, NodeTargets]
+#: What became of a share's item at the node asked (``Placement``: SERVED, or why not), and
+#: how many members there could have taken it online (reported when SERVED).
+ShareOutcome = tuple[Message, NodeTargets, Placement, int]
 
 
 T = TypeVar("T")
@@ -120,6 +135,10 @@ class _Served(NamedTuple):
     shards: list[int]
     #: (index in the batch, the shards named for it that this node does not hold).
     unheld: list[tuple[int, list[int]]]
+    #: (index in the batch, why) of the share entries not placed here.
+    declined: list[tuple[int, int]]
+    #: (index in the batch, members online) of the share entries placed here.
+    online: list[tuple[int, int]]
 
 
 class Deliveries:
@@ -156,24 +175,30 @@ class Deliveries:
 
     # -- sending ----------------------------------------------------------------------------
 
-    async def deliver(self, node: str, items: list[Item]) -> None:
-        """Deliver ``items`` to the sessions they name on ``node``; return once accepted.
+    async def deliver(self, node: str, items: list[Item]) -> list[ShareOutcome]:
+        """Deliver ``items`` to the sessions they name on ``node``; return once accepted,
+        with what became of the share items (the caller tries other members for those
+        nobody there could take).
 
         The common case is one request (or a local call); leftovers go to ``_redeliver``.
         """
-        left, failure = await self._attempt(node, items)
+        outcomes: list[ShareOutcome] = []
+        left, failure = await self._attempt(node, items, outcomes)
         if left:
-            await self._redeliver(node, left, failure)
+            await self._redeliver(node, left, failure, outcomes)
+        return outcomes
 
-    async def _attempt(self, node: str, items: list[Item]
+    async def _attempt(self, node: str, items: list[Item], outcomes: list[ShareOutcome]
                        ) -> tuple[list[Item], Exception | None]:
-        """One delivery to ``node``: what it left over, and why if it failed outright."""
+        """One delivery to ``node``: what it left over, and why if it failed outright;
+        what became of its share items is added to ``outcomes``."""
         if node == self.node_id:
-            return await self._deliver_here(items), None
+            return await self._deliver_here(items, outcomes), None
         left: list[Item] = []
         done = 0
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
-            entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean) for m, t in run]
+            entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
+                                t.offline_ok, t.track) for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
                                                   expect=Delivered)
@@ -181,14 +206,23 @@ class Deliveries:
                     if not 0 <= index < len(run):
                         raise RemoteError(f"{node} answered a Dlv of {len(run)} messages "
                                           f"about message {index}")
-                    left.append((run[index][0], NodeTargets(False, shards)))
-            except (PeerUnavailable, RemoteError) as exc:
+                    message, targets = run[index]
+                    left.append((message, targets._replace(clean=False, shards=shards)))
+                for index, why in answer.declined:
+                    if not 0 <= index < len(run) or not run[index][1].share:
+                        raise RemoteError(f"{node} declined entry {index} of a Dlv of "
+                                          f"{len(run)} that it was not asked to choose for")
+                    outcomes.append((*run[index], Placement(why), 0))
+                for index, online in answer.online:
+                    if 0 <= index < len(run) and run[index][1].share:
+                        outcomes.append((*run[index], Placement.SERVED, online))
+            except (PeerUnavailable, RemoteError, ValueError) as exc:
                 return left + items[done:], exc
             done += len(run)
         return left, None
 
-    async def _redeliver(self, node: str, items: list[Item], failure: Exception | None
-                         ) -> None:
+    async def _redeliver(self, node: str, items: list[Item], failure: Exception | None,
+                         outcomes: list[ShareOutcome]) -> None:
         """What a first delivery to ``node`` left over, retried until it is accepted (see
         the module docstring), in order, as one batch per node and round."""
         deadline = trio.current_time() + self.patience
@@ -200,36 +234,45 @@ class Deliveries:
                     live = node in view.live_members()
                     stay: list[Item] = []
                     moved: dict[str, list[Item]] = {}
-                    for message, (clean, shards) in items:
+                    for message, item in items:
+                        clean, shards = item.clean, item.shards
                         if clean and not live:
                             clean = False  # its clean sessions died with it
+                            if item.share:  # ... but the share has other members
+                                outcomes.append((message, item, Placement.NODE_GONE, 0))
+                                continue
                         if shards:
                             by_node = resolve((f"s:{s}" for s in shards), view)
                             here = by_node.pop(node, None)
                             shards = here.shards if here is not None else []
                             for other, targets in by_node.items():
                                 moved.setdefault(other, []).append(
-                                    (message, NodeTargets(False, targets.shards)))
+                                    (message, item._replace(clean=False,
+                                                            shards=targets.shards)))
                         if clean or shards:
-                            stay.append((message, NodeTargets(clean, shards)))
+                            stay.append((message, item._replace(clean=clean, shards=shards)))
                     if not live and any(t.clean for _, t in items):
                         log.info("delivery of %d messages to %s not confirmed (%s); it left "
                                  "the view", len(items), node, failure)
                     for other, followed in moved.items():
-                        followers.start_soon(self.deliver, other, followed)
+                        followers.start_soon(self._follow, other, followed, outcomes)
                     if not stay:
                         return
                     if trio.current_time() >= deadline:
                         raise PeerUnavailable(
                             f"delivery of {len(stay)} messages (first {stay[0][0].topic!r}) "
                             f"to {node} not confirmed within {self.patience}s: {failure}")
-                    items, failure = await self._attempt(node, stay)
+                    items, failure = await self._attempt(node, stay, outcomes)
                     if not items:
                         return
 
+    async def _follow(self, node: str, items: list[Item], outcomes: list[ShareOutcome]) -> None:
+        outcomes.extend(await self.deliver(node, items))
+
     # -- receiving --------------------------------------------------------------------------
 
-    def _serve(self, batch: Iterable[tuple[Message, bool, list[int]]]) -> _Served:
+    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool, int]],
+               sender: str | None = None) -> _Served:
         """Deliver a batch to this node's sessions, in order, without yielding."""
         holds = self.holds
         deliver_local = self.local.deliver_local
@@ -237,38 +280,60 @@ class Deliveries:
         congested: list[Session] = []
         shards_served: set[int] = set()
         unheld: list[tuple[int, list[int]]] = []
+        declined: list[tuple[int, int]] = []
+        online: list[tuple[int, int]] = []
         with self.local.wakes_deferred():
-            for index, (message, clean, shards) in enumerate(batch):
+            for index, (message, clean, shards, share, offline_ok, track) in enumerate(batch):
                 held = shards
                 if shards and not all(holds(s) for s in shards):
                     # Still loading here, or gone (the view moved it in flight): serve the
                     # rest now, name the shard so the sender finds its sessions where they are.
                     held = [s for s in shards if holds(s)]
                     unheld.append((index, [s for s in shards if not holds(s)]))
-                if clean or held:
+                if share:
+                    if not (clean or held):
+                        continue  # the sender follows the unheld shard
+                    placed, session, ready = self.local.deliver_to_share(
+                        message, share, clean=clean, shards=held, offline_ok=offline_ok,
+                        congested=congested,
+                        origin=(sender, track) if track and sender is not None else None)
+                    if placed is not Placement.SERVED:
+                        declined.append((index, int(placed)))
+                        continue
+                    online.append((index, ready))
+                    if session is not None and session.persistent and message.qos:
+                        to_persist[id(session)] = session
+                        shards_served.update(held)
+                elif clean or held:
                     for session in deliver_local(message, clean=clean, shards=held,
                                                  congested=congested):
                         to_persist[id(session)] = session
                     shards_served.update(held)
-        return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld)
+        return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld,
+                       declined, online)
 
-    async def _deliver_here(self, items: list[Item]) -> list[Item]:
+    async def _deliver_here(self, items: list[Item], outcomes: list[ShareOutcome]
+                            ) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
-        served = self._serve((m, t.clean, t.shards) for m, t in items)
+        served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok, t.track)
+                             for m, t in items)
+        outcomes.extend((*items[i], Placement(why), 0) for i, why in served.declined)
+        outcomes.extend((*items[i], Placement.SERVED, n) for i, n in served.online)
         if served.to_persist:
             await self._persist_tracked(served.to_persist, served.shards)
         if served.congested:
             await self.local.hold_back(served.congested)
-        return [(items[i][0], NodeTargets(False, shards)) for i, shards in served.unheld]
+        return [(items[i][0], items[i][1]._replace(clean=False, shards=shards))
+                for i, shards in served.unheld]
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
-        served = self._serve((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards)
-                             for e in msg.entries)
+        served = self._serve(((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards,
+                               e.share, e.offline_ok, e.track) for e in msg.entries), node)
         req = msg.req
         if req == 0:
             return
-        answer = Delivered(served.unheld)
+        answer = Delivered(served.unheld, served.declined, served.online)
         if not served.to_persist and not served.congested:
             self.links.reply(node, req, True, answer)
             return

@@ -33,9 +33,11 @@ from mqttring.cluster.errors import PeerProtocolError
 #: Version of the frame format; a frame of any other version is refused.  Version 1 was the
 #: untyped map of positional lists; version 2 had a ``Dlv`` that was refused whole when the
 #: receiver lacked one of its session shards (version 3 delivers the rest, see ``Dlv``);
-#: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches).
+#: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches); version 4
+#: had no shared subscriptions (a version 4 node would take a share's ``DlvEntry`` for an
+#: ordinary one and know neither ``Redispatch`` nor ``SharedDone``).
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 4
+FRAME_VERSION = 5
 
 QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
 #: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).
@@ -109,6 +111,16 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     qos: QoS
     shards: list[int]
     clean: bool = True
+    #: Set: the entry is for ONE member of this share (``$share/{group}/{filter}``) among
+    #: the sessions named above, chosen by the receiver, online ones first; an offline
+    #: (persistent) one only if ``offline_ok``.  Where it has none to give it to, the
+    #: receiver says so in ``Delivered.declined`` and the sender tries another member.
+    share: str = ""
+    offline_ok: bool = False
+    #: Non-zero: the sender keeps this copy until told it is gone (``SharedDone``), to
+    #: place it again if the receiver dies first; the receiver watches the copy it gives a
+    #: clean member.
+    track: int = 0
 
 
 class Dlv(_Frozen, tag="dlv"):
@@ -142,6 +154,35 @@ class Batch(WireMessage, tag="q0"):
     count: int
     #: ``[section, topic, frames, bytes, ...]``: the runs, four entries each.
     index: list[int | str]
+
+
+class SharedEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message for one share (``Redispatch``)."""
+
+    topic: str
+    payload: bytes
+    qos: QoS
+    share: str
+
+
+class Redispatch(_Frozen, tag="shre"):
+    """A node where a member of a share ended (its session closed, clean) with copies it had
+    not acknowledged -> the owner of their topics' shards: give each to another member of
+    its share (``mqttring.cluster.shared``).  The receiver dispatches them as it would a
+    publish, for that share only, and answers once each is placed (or no member is left);
+    it passes on, by its own view, what it does not own."""
+
+    req: int
+    entries: list[SharedEntry]
+
+
+class SharedDone(_Frozen, tag="shdone"):
+    """A node -> the node that placed copies of shares with its clean members (``DlvEntry.
+    track``): these copies are gone (acknowledged by the client, or handed back to the
+    share when the member ended), sent in batches on a timer.  The receiver forgets them:
+    it no longer places them again when the sender dies.  Never answered."""
+
+    tokens: list[int]
 
 
 # -- routes (``mqttring.cluster.routes``, anti-entropy in ``router``) ------------------------
@@ -413,6 +454,12 @@ class Delivered(_Frozen, tag="delivered"):
     delivers to them where they are now.  Empty in the common case."""
 
     unheld: list[tuple[int, list[int]]]
+    #: For each share entry the receiver could not place: (its index, why: a
+    #: ``mqttring.broker.shared.Placement``, no member here or only offline ones).
+    declined: list[tuple[int, int]] = []
+    #: For each share entry it placed: (its index, how many members could have taken it
+    #: online), by which the sender weighs this node's turns (a fair share per member).
+    online: list[tuple[int, int]] = []
 
 
 Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened | Delivered
@@ -432,15 +479,16 @@ class Ack(_Frozen, tag="ack"):
 
 #: Every message a link carries.
 LinkMessage: TypeAlias = (
-    Pub | Dlv | Batch | RouteAdd | RouteDel | RouteSync | RouteDigest | RoutePull | Handoff
-    | RetainedQuery | Repl | CatchUp | SessionOpen | SessionClose | SessionKick
+    Pub | Dlv | Batch | Redispatch | SharedDone | RouteAdd | RouteDel | RouteSync
+    | RouteDigest | RoutePull | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
+    | SessionClose | SessionKick
     | WillRegister | WillDelete | SessionBytes | SessionAck | InboundQos2 | SessionSubscribe
     | SessionUnsubscribe | Ack
 )
 #: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
 Request: TypeAlias = (
-    Pub | Dlv | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
-    | SessionKick | InboundQos2
+    Pub | Dlv | Redispatch | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp
+    | SessionOpen | SessionKick | InboundQos2
 )
 
 
@@ -507,6 +555,7 @@ __all__ = [
     "LinkMessage",
     "Pub",
     "PubEntry",
+    "Redispatch",
     "Repl",
     "Reply",
     "Request",
@@ -529,6 +578,8 @@ __all__ = [
     "SessionUnsubscribe",
     "ShardOps",
     "ShardRows",
+    "SharedDone",
+    "SharedEntry",
     "StoredOp",
     "WillDelete",
     "WillRegister",

@@ -41,6 +41,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
+from mqttring.broker.shared import Strategy
 from mqttring.cluster.delivery import Deliveries
 from mqttring.cluster.errors import PeerFailure
 from mqttring.cluster.fencing import admit_frame
@@ -53,6 +54,7 @@ from mqttring.cluster.messages import (
     InboundQos2,
     LinkMessage,
     Pub,
+    Redispatch,
     Repl,
     RetainedQuery,
     RouteAdd,
@@ -67,6 +69,7 @@ from mqttring.cluster.messages import (
     SessionOpen,
     SessionSubscribe,
     SessionUnsubscribe,
+    SharedDone,
     WillDelete,
     WillRegister,
     WireMessage,
@@ -141,7 +144,8 @@ class DataPlane:
     def make_router(self, core: BrokerCore) -> ClusterRouter:
         config = self.config
         local = LocalRouter(core.sessions, self.retained, self.session_store, self.metrics,
-                            core.wake, flow=core.flow)
+                            core.wake, flow=core.flow,
+                            strategy=Strategy(config.shared_subscription_strategy))
         patience = config.cluster_write_patience
         self.deliveries = Deliveries(self.node_id, local, self.links, self.current_view,
                                      self._persist, self.spawn, self.held.__contains__,
@@ -288,6 +292,7 @@ class DataPlane:
             nursery.start_soon(self._follow, views)
             nursery.start_soon(self._guard_quorum)
             nursery.start_soon(self._anti_entropy)
+            nursery.start_soon(self.router.shares.report_gone)
             task_status.started(first)
 
     async def _follow(self, views: trio.MemoryReceiveChannel[ClusterView]) -> None:
@@ -512,6 +517,8 @@ class DataPlane:
             Pub: router.on_pub,
             Dlv: self.deliveries.on_dlv,
             Batch: router.on_batch,
+            Redispatch: task(router.on_redispatch),
+            SharedDone: router.on_shared_done,
             RouteAdd: router.on_route,
             RouteDel: router.on_route,
             Handoff: task(self.on_hoff),

@@ -21,6 +21,11 @@ a safety net against views that disagree for a moment.
 
 The Raft leader has no part in any of this: routing reads the local ``ClusterView`` only.
 
+Shared subscriptions (``$share/{group}/{filter}``) are routed by ``ShareDispatch``
+(``mqttring.cluster.shared``): the owner picks one member target per share and message and
+asks that node alone; ``accept`` runs it beside the ordinary deliveries, and its
+acknowledgement waits for both.  Without shares the cost is one attribute check.
+
 Subscriptions register node-level routes (``radd``/``rdel``) as described in
 ``mqttring.cluster.routes``; ``subscribe`` returns only when the route is registered where
 publishes will look for it, so a client's SUBACK means what it says on every node.
@@ -70,6 +75,7 @@ from mqttring.cluster.messages import (
     DlvEntry,
     Pub,
     PubEntry,
+    Redispatch,
     RetainedQuery,
     RetainedRow,
     RetainedRows,
@@ -78,6 +84,7 @@ from mqttring.cluster.messages import (
     RouteDigest,
     RoutePull,
     RouteSync,
+    SharedDone,
 )
 from mqttring.cluster.routes import (
     RouteKey,
@@ -86,6 +93,7 @@ from mqttring.cluster.routes import (
     route_digest,
     route_shard,
 )
+from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
@@ -177,6 +185,11 @@ class ClusterRouter:
         self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
         self.route_syncs_sent = 0
         self.route_repairs = 0
+        #: One member per share and message (``mqttring.cluster.shared``).
+        self.shares = ShareDispatch(node_id, local.chooser.strategy, self.routes.shares_for,
+                                    deliveries.deliver, view, links, self.view_changes,
+                                    local.copies, patience=deliveries.patience,
+                                    request_timeout=deliveries.request_timeout)
 
     def route(self, topic: str, view: ClusterView) -> Route:
         """The topic's shard, its owner and {node: the sessions there to deliver to} under
@@ -295,6 +308,9 @@ class ClusterRouter:
         me = self.node_id
         archive = self.archive
         by_node: dict[str, list[Item]] = {}
+        shares = self.routes.shares_for
+        shared = ([m for m in messages if m.qos and shares(m.topic)]
+                  if self.routes.shared_routes else None)
         for message in messages:
             targets = self.route(message.topic, view).targets
             if message.qos == 0:
@@ -306,14 +322,16 @@ class ClusterRouter:
                 by_node.setdefault(node, []).append((message, node_targets))
                 if node != me:
                     self.metrics.deliveries_to_nodes += 1
-        if len(by_node) == 1:
+        if len(by_node) == 1 and not shared:
             [(node, items)] = by_node.items()
             await self.deliveries.deliver(node, items)
-        elif by_node:
+        elif by_node or shared:
             with peer_failures_unwrapped():
                 async with trio.open_nursery() as nursery:
                     for node, items in by_node.items():
                         nursery.start_soon(self.deliveries.deliver, node, items)
+                    if shared:
+                        nursery.start_soon(self.shares.run, shared)
 
     def _accept_plain(self, message: Message, by_node: ByNode) -> None:
         """``accept`` for QoS 0 (retained state already updated): nothing to wait for."""
@@ -336,8 +354,11 @@ class ClusterRouter:
 
         A node with clean sessions only gets the bytes as they are, appended to its packed
         batch; sessions of a shard (persistent, or one still loading here) need each
-        ``Message`` (``unpack(frames)``) for its own path.
+        ``Message`` (``unpack(frames)``) for its own path.  Shares choose their member in
+        a task (``mqttring.cluster.shared``).
         """
+        if self.routes.shared_routes and self.routes.shares_for(topic):
+            self.spawn(self.shares.run, list(unpack(frames)))
         for node, targets in by_node.items():
             shards = targets.shards
             if node == self.node_id:
@@ -428,6 +449,13 @@ class ClusterRouter:
                         messages[0].topic, exc)
             self.links.reply(node, req, False, str(exc))
 
+    async def on_redispatch(self, node: str, msg: Redispatch) -> None:
+        """A peer's share member ended with copies unacknowledged (``cluster.shared``)."""
+        await self.shares.on_redispatch(node, msg)
+
+    def on_shared_done(self, node: str, msg: SharedDone) -> None:
+        self.shares.on_done(node, msg)
+
     def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
         registrar = registrar_for(msg.target, node)
         if type(msg) is RouteAdd:
@@ -507,10 +535,13 @@ class ClusterRouter:
         home, which asserts the same session-shard routes once it has loaded the session,
         so they are not withdrawn in between (see ``registrar_for``)."""
         target = self.route_target(session)
-        self.local.forget(session)
+        lost = [] if moving else self.local.take_orphans(session)
+        self.local.drop_subscriptions(session)
         announce = not (moving and target.startswith("s:"))
         for topic_filter in list(session.subscriptions):
             self._release((topic_filter, target), announce)
+        if lost:  # it ended with copies of shares unacknowledged: to other members
+            self.spawn(self.shares.redispatch, lost)
 
     def _release(self, key: tuple[str, str], announce: bool = True) -> None:
         count = self.local_filters.get(key, 0) - 1
@@ -629,6 +660,9 @@ class ClusterRouter:
         for topic_filter, target in self.local_filters:
             if me in self._route_targets(topic_filter, new):
                 self.routes.add(topic_filter, target, registrar_for(target, me))
+        lost = self.shares.on_view(new)
+        if lost:  # copies held by clean members of a node that died: to other members
+            self.spawn(self.shares.redispatch, lost)
         for shard in list(self.replica_since):
             if shard not in held:
                 del self.replica_since[shard]

@@ -25,6 +25,13 @@ and *who registered a route* is part of it: a route (filter, target) stays while
 registrar holds it.  That matters for ``s:N`` targets, which two homes can register at once
 while a session shard moves (the old home's ``rdel`` must not remove the new home's route).
 
+Shared subscriptions (``$share/{group}/{filter}``, ``mqttring.broker.shared``) register
+routes like any other filter, keyed by the full share filter (so registration, removal and
+anti-entropy need nothing new), placed by their *inner* filter, and held apart from the
+ordinary ones (``shared``): an ordinary lookup never sees them, and ``shares_for`` gives the
+owner each matching share with its targets, from which it picks one per message
+(``mqttring.cluster.shared``).
+
 Anti-entropy (``ClusterRouter``): each node knows exactly which routes it should hold at each
 peer, so it can send the full set (``rsync``) and the receiver replaces what that registrar
 had.  Full sets go out after every view change and every link (re)connection; in between, a
@@ -39,6 +46,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+from mqttring.broker.shared import inner_filter, is_shared
 from mqttring.protocol.topics import TopicTrie
 from mqttring.raft.view import ClusterView
 
@@ -60,7 +68,10 @@ def literal_prefix(topic_filter: str) -> str:
 
 
 def route_shard(topic_filter: str, view: ClusterView) -> int | None:
-    """The one shard whose owner must hold this filter's route, or None for everywhere."""
+    """The one shard whose owner must hold this filter's route, or None for everywhere
+    (a share's inner filter decides for it)."""
+    if is_shared(topic_filter):
+        topic_filter = inner_filter(topic_filter)
     if not has_wildcard(topic_filter):
         return view.shard_for_topic(topic_filter)
     if view.pins:
@@ -112,6 +123,10 @@ class RouteTable:
     def __init__(self) -> None:
         self.exact: dict[str, set[str]] = {}
         self.wildcard: TopicTrie[str, int] = TopicTrie()
+        #: Routes of shares, by inner filter: (share filter, target) -> 1.
+        self.shared: TopicTrie[RouteKey, int] = TopicTrie()
+        #: How many: the hot path's one check (an attribute, not ``len``).
+        self.shared_routes = 0
         #: Bumped by every change, so callers can cache answers per topic.
         self.version = 0
         self._holders: dict[RouteKey, set[str]] = {}
@@ -124,12 +139,19 @@ class RouteTable:
     # -- the lookup structures -------------------------------------------------------------
 
     def _insert(self, topic_filter: str, target: str) -> None:
-        if has_wildcard(topic_filter):
+        if is_shared(topic_filter):
+            self.shared.add(inner_filter(topic_filter), (topic_filter, target), 1)
+            self.shared_routes = len(self.shared)
+        elif has_wildcard(topic_filter):
             self.wildcard.add(topic_filter, target, 1)
         else:
             self.exact.setdefault(topic_filter, set()).add(target)
 
     def _delete(self, topic_filter: str, target: str) -> None:
+        if is_shared(topic_filter):
+            self.shared.remove(inner_filter(topic_filter), (topic_filter, target))
+            self.shared_routes = len(self.shared)
+            return
         if has_wildcard(topic_filter):
             self.wildcard.remove(topic_filter, target)
             return
@@ -222,7 +244,8 @@ class RouteTable:
     def drop_exact_where(self, keep: set[int], view: ClusterView) -> None:
         """Forget exact routes of topics whose shard this node no longer holds."""
         for key in [k for k in self._holders
-                    if not has_wildcard(k[0]) and view.shard_for_topic(k[0]) not in keep]:
+                    if not has_wildcard(k[0]) and view.shard_for_topic(inner_filter(k[0]))
+                    not in keep]:
             self._drop_key(key)
         self.version += 1
 
@@ -232,3 +255,13 @@ class RouteTable:
         for node, _ in self.wildcard.match(topic):
             nodes.add(node)
         return nodes
+
+    def shares_for(self, topic: str) -> dict[str, list[str]]:
+        """Share filter -> its route targets (sorted: every owner sees one order), for the
+        shares whose inner filter matches ``topic``."""
+        found: dict[str, list[str]] = {}
+        for (share, target), _ in self.shared.match(topic):
+            found.setdefault(share, []).append(target)
+        for targets in found.values():
+            targets.sort()
+        return found
