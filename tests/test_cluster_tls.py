@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,64 @@ async def test_single_node_admin_over_mutual_tls(tmp_path: Path) -> None:
         with trio.fail_after(10):
             while broker.admin.refused < 1:  # once the node sees our plain client hang up
                 await trio.sleep(0.02)
+
+
+def tls_toml(directory: Path, name: str, cafile: Path | None = None) -> str:
+    return (f'cluster_cafile = "{cafile or directory / "ca.pem"}"\n'
+            f'cluster_certfile = "{directory / name}.pem"\n'
+            f'cluster_keyfile = "{directory / name}.key"\n')
+
+
+@pytest.mark.parametrize("trusts", ["cluster-ca", "own-ca"])
+def test_a_node_with_a_certificate_from_another_ca_cannot_join(tmp_path: Path,
+                                                               trusts: str) -> None:
+    """A real node whose certificate ``mqttring cert`` made with another CA tries to join a
+    TLS cluster (with the right secret): the member refuses it in the TLS handshake and
+    logs the refusal, the node never becomes a member.  ``cluster-ca``: it trusts the
+    cluster's CA (so only its own certificate is wrong, and the member's verification is
+    what stops it); ``own-ca``: it trusts only its own CA and refuses the member too."""
+    pki, rogue = tmp_path / "pki", tmp_path / "rogue"
+    for directory, names in ((pki, ("a", "b", "admin")), (rogue, ("x",))):
+        assert cert_cli("ca", str(directory)).returncode == 0
+        made = cert_cli("node", str(directory), *names)
+        assert made.returncode == 0, made.stderr
+    root = tmp_path / "cluster"
+    root.mkdir()
+    cluster = NodeCluster(root)
+    cluster.node_toml = {"a": tls_toml(pki, "a"), "b": tls_toml(pki, "b"),
+                         "x": tls_toml(rogue, "x", pki / "ca.pem" if trusts == "cluster-ca"
+                                       else None)}
+    cluster.tls = ClusterTls.from_files(pki / "ca.pem", pki / "admin.pem",
+                                        pki / "admin.key").client
+    try:
+        cluster.form_sync("a", "b")
+        cluster.settle(("a", "b"))
+        refused_before = cluster.status_sync("a")["rpc_refused"]
+        cluster.start("x", join=cluster.procs["a"].cluster)
+        deadline = time.monotonic() + 20
+        refusals: list[str] = []
+        while not refusals:
+            assert time.monotonic() < deadline, (
+                f"a logged no refusal in 20 s:\n{cluster.tail('a')}\n--- x:\n"
+                f"{cluster.tail('x')}")
+            refusals = cluster.grep("a", "refused cluster connection from 127.0.0.1:")
+            time.sleep(0.1)
+        if trusts == "cluster-ca":  # a's own verification refused x's certificate
+            assert any("certificate verify failed" in line for line in refusals), refusals
+        assert cluster.status_sync("a")["rpc_refused"] > refused_before
+        # x gives up at once with one line that says why, not a traceback: a certificate
+        # from the wrong CA does not get better by retrying.
+        x = cluster.procs["x"].popen
+        assert x is not None
+        assert x.wait(30) == 1, cluster.tail("x")
+        assert not cluster.procs["x"].ready_file.exists(), "x said it was ready"
+        told = cluster.grep("x", "mqttring: cannot start node:")
+        expected = {"cluster-ca": "refuse our certificate",
+                    "own-ca": "certificate verify failed"}[trusts]
+        assert told and expected in told[-1], cluster.tail("x")
+        assert not cluster.grep("x", "Traceback"), cluster.tail("x")
+        for node in ("a", "b"):
+            assert "x" not in cluster.view(node).members
+        assert cluster.settle(("a", "b")).up() == {"a", "b"}
+    finally:
+        cluster.close()

@@ -208,3 +208,48 @@ def test_model_every_qos_message_arrives_in_order(operations, window):
         absorb(out)
     assert first_seen == expected
     assert not s.inflight and not s.queue
+
+
+class DenyPrefix:
+    """A read access that refuses topics under one prefix (the ACL's ``ClientAccess``
+    answers the same question)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def may_read(self, topic: str) -> bool:
+        return not topic.startswith(self.prefix)
+
+
+def test_reattach_drops_inflight_publishes_the_client_may_no_longer_read():
+    """Sent before an ACL change (or to another identity with the same client id): an
+    unacknowledged PUBLISH the client may not read now is dropped, not sent again; a
+    PUBREL (no payload) still goes; the freed window takes readable queued messages."""
+    s = make(max_inflight=3)
+    out = bytearray()
+    s.attach(out)
+    s.deliver(Message("open/1", b"a", 1), 1)
+    s.deliver(Message("closed/2", b"b", 2), 2)
+    s.deliver(Message("closed/3", b"c", 2), 2)
+    s.deliver(Message("open/4", b"d", 1), 1)
+    first = packets(out)
+    assert [p.topic for p in first] == ["open/1", "closed/2", "closed/3"]
+    s.on_pubrec(first[1].packet_id)
+    assert packets(out) == [PubRel(first[1].packet_id)]
+    s.detach()
+    s.take_changes()
+    s.access = DenyPrefix("closed/")
+    out2 = bytearray()
+    s.attach(out2)
+    again = packets(out2)
+    assert again == [Publish("open/1", b"a", 1, dup=True, packet_id=first[0].packet_id),
+                     PubRel(first[1].packet_id),
+                     Publish("open/4", b"d", 1, packet_id=again[2].packet_id)]
+    assert first[2].packet_id not in s.inflight
+    dirty, _ = s.take_changes()
+    assert None in dirty.values(), "the dropped message is removed from the store too"
+    s.access = DenyPrefix("open/")  # even the message in PUBREL stage keeps its flow
+    s.detach()
+    out3 = bytearray()
+    s.attach(out3)
+    assert packets(out3) == [PubRel(first[1].packet_id)]

@@ -33,6 +33,7 @@ from mqttring.config import BrokerConfig, ConfigError, flag_overrides
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lifecycle import ConfigLoader, ExitCode, NodeLifecycle, Stage
 from mqttring.logs import FORMATS, LEVELS, setup_logging
+from mqttring.rpc import AuthError
 from mqttring.security import check_security_files
 from mqttring.workers import run_workers, worker_count
 
@@ -184,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
         error = sole_exception(exc)
         if isinstance(error, KeyboardInterrupt):
             return ExitCode.OK
-        expected = isinstance(error, OSError | ConfigError | trio.TooSlowError)
+        # AuthError: a member refused our certificate or secret, or we refused its
+        # certificate (a join with another CA's files): the operator's to fix, not a bug.
+        expected = isinstance(error, OSError | ConfigError | trio.TooSlowError | AuthError)
         # Expected failures: the traceback at debug only; anything else is a bug: log it.
         log.log(logging.DEBUG if expected else logging.ERROR, "node failed", exc_info=exc)
         what = "cannot start node" if lifecycle.stage is Stage.STARTING else "node failed"

@@ -17,7 +17,7 @@ knows nothing of trio, sockets or LMDB:
   the queue, which is what [MQTT-4.6.0-6] asks of ordered topics.
 * ``attach(output)`` binds a connection's output buffer; encoded packets are appended to it.
   On (re)attach, every inflight message is sent again, PUBLISH with DUP=1 or PUBREL for those
-  that reached PUBREC [MQTT-4.4.0-1], before any new message.
+  that reached PUBREC [MQTT-4.4.0-1], before any new message (but see access control).
 * The client's PUBACK/PUBREC/PUBCOMP move messages on; each freed slot pulls the next queued
   message into the window.
 * Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
@@ -27,7 +27,11 @@ Access control: ``access`` (None unless the node has an ACL file) answers whethe
 may reach this client.  It is asked where a message enters the session (``deliver``) and
 again where a queued one leaves for the connection (``_pump``), so a message queued before
 an ACL change, or while the client's identity was unknown (a session restored from the
-store), never reaches a client the current rules do not let read it.
+store), never reaches a client the current rules do not let read it.  For the same reason
+``attach`` drops, rather than sends again, an unacknowledged PUBLISH the connecting client
+may not read (it went out before an ACL change, or to another user who had the same client
+id): the ACL outranks [MQTT-4.4.0-1], as in mosquitto, which drops such messages on
+reconnect.  A PUBREL is still sent, it carries no payload.
 
 Persistence is by *dirty sets*, not callbacks: every change to a persistent session marks the
 outbound message (by its sequence number) or the inbound QoS 2 id it touched.  Whoever owns
@@ -345,11 +349,18 @@ class Session:
         """
         self.output = output
         self.expire(now)
-        for entry in self.inflight.values():
+        access = self.access
+        denied: list[int] = []
+        for pid, entry in self.inflight.items():
             if entry.state == OutState.AWAIT_PUBCOMP:
+                # Only the PUBREL goes again: no payload, and the client holds the id.
                 output += encode_packet(PubRel(entry.packet_id))  # type: ignore[arg-type]
+            elif access is not None and not access.may_read(entry.message.topic):
+                denied.append(pid)  # sent before an ACL change, or to another identity
             else:
                 output += entry.message.encode(entry.qos, entry.retain, True, entry.packet_id)
+        for pid in denied:
+            self._forget(self.inflight.pop(pid))
         self._pump(output)
 
     def detach(self) -> None:
