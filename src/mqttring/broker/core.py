@@ -37,8 +37,10 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+from mqttring.broker.delayed import DelayedWills
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
@@ -55,7 +57,9 @@ from mqttring.protocol.connection import (
     UnsubscribeRequested,
 )
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
+from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.protocol.session5 import V5Session
 from mqttring.security.acl import AccessControl, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 
@@ -109,6 +113,9 @@ class BrokerCore:
         self.acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
+        #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the
+        #: node's nursery (``mqttring.broker.server``).
+        self.delayed_wills = DelayedWills(self.router.publish)
 
     # -- plumbing used by the router --------------------------------------------------------
 
@@ -186,7 +193,8 @@ class BrokerCore:
             elif kind is UnsubscribeRequested:
                 await self.on_unsubscribe(handler, event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
-                handler.clean_disconnect = True
+                # MQTT 5 reason 0x04: "disconnect with will message" keeps the will.
+                handler.clean_disconnect = event.reason_code != 0x04  # type: ignore[union-attr]
             if handler.conn.pending_output:
                 handler.wake()  # what this event answered leaves now, not after the batch
             if handler.conn.closed and not handler.conn.disconnected:
@@ -199,7 +207,8 @@ class BrokerCore:
                 # permitted redelivery, so it is written lazily.
                 await self.manager.persist([session], Durability.LAZY)
 
-    async def on_connect(self, handler: ClientHandler, packet: Connect) -> list[Event]:
+    async def on_connect(self, handler: ClientHandler, packet: Connect | Connect5
+                         ) -> list[Event]:
         conn = handler.conn
         outcome = await self.auth.check(packet.username, packet.password,
                                         handler.transport.peer)
@@ -229,10 +238,14 @@ class BrokerCore:
             log.info("refusing %r: %s", client_id, exc)
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
             return []
+        # A new connection within the will delay: the previous connection's will (also one
+        # just owed by the takeover inside ``open``) is not sent (section 3.1.3.2.2).
+        self.delayed_wills.cancel(client_id)
         if conn.closed:
             return []  # taken over while we were asking
         handler.session = session
         session.access = access  # before accept: what it sends from its queue is checked
+        self._bind_protocol(handler, session)
         handler.will = packet.will
         handler.connected_at = time.time()
         self.clients[client_id] = handler
@@ -247,6 +260,26 @@ class BrokerCore:
         events = conn.accept(session, present, time.time())
         self.metrics.messages_dropped += session.dropped - dropped  # expired while away
         return events
+
+    def _bind_protocol(self, handler: ClientHandler, session: Session) -> None:
+        """Give the session the delivery rules of the protocol its client speaks now.
+
+        MQTT 5: the v5 encoder (properties, subscription options, the client's Maximum
+        Packet Size) and an inflight window no larger than the client's Receive Maximum
+        [MQTT-3.3.4-7].  3.1.1: the node's limits and the 3.1.1 encoder, as ever.
+        """
+        link = handler.conn.v5
+        if link is None:
+            session.v5 = None
+            session.limits = self.session_limits
+            return
+        old = session.v5
+        session.v5 = V5Session(session.client_id, link.client_max_packet,
+                               old.options if old is not None else None)
+        limits = self.session_limits
+        if link.client_receive_max < limits.max_inflight:
+            limits = replace(limits, max_inflight=link.client_receive_max)
+        session.limits = limits
 
     async def on_publishes(self, handler: ClientHandler, events: list[PublishReceived]
                            ) -> None:
@@ -305,46 +338,76 @@ class BrokerCore:
         assert session is not None
         if self.manager.forward_subscribe(session, event.packet_id, event.topics):
             return  # the session lives on another node, which answers
-        codes = await self.subscribe(session, event.topics)
+        options = event.options
+        replay = [True] * len(event.topics)
+        if options is not None:
+            # Retain Handling (3.8.3.1): 0 send retained, 1 only for a new subscription,
+            # 2 never; decided before the subscription is (re)registered.
+            replay = [o >> 4 & 3 == 0 or (o >> 4 & 3 == 1 and f not in session.subscriptions)
+                      for (f, _), o in zip(event.topics, options, strict=True)]
+        codes = await self.subscribe(session, event.topics, options, event.subscription_id)
         handler.conn.send_suback(event.packet_id, codes)
-        await self.deliver_retained(session, event.topics, codes)
+        await self.deliver_retained(session, event.topics, codes, replay)
 
-    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...]) -> list[int]:
-        """Register a session's filters (durably for a persistent one); the SUBACK codes."""
+    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...],
+                        options: tuple[int, ...] | None = None, subscription_id: int = 0
+                        ) -> list[int]:
+        """Register a session's filters (durably for a persistent one); the SUBACK codes.
+
+        ``options`` (MQTT 5: one subscription options byte per filter) and the
+        subscription identifier go to the session's ``V5Session``.  Failure codes are the
+        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x9E
+        shared subscriptions not supported) and 0x80 for a 3.1.1 one.
+        """
         codes: list[int] = []
         access = session.access
-        for topic_filter, qos in topics:
+        v5 = session.v5
+        for i, (topic_filter, qos) in enumerate(topics):
+            if v5 is not None and topic_filter.startswith("$share/"):
+                # Shared subscriptions are the ``shared-subs`` work: until it lands, a v5
+                # client is told so (CONNACK also says they are not available).
+                codes.append(0x9E)
+                continue
             if access is not None and not access.may_subscribe(topic_filter):
                 # mosquitto checks a subscription against read rules; SUBACK 0x80.
                 log.info("refused a subscription of %r to %r by the ACL", session.client_id,
                          topic_filter)
-                codes.append(SUBACK_FAILURE)
+                codes.append(SUBACK_FAILURE if v5 is None else 0x87)
                 continue
             if (
                 topic_filter not in session.subscriptions
                 and len(session.subscriptions) >= self.limits.max_subscriptions
             ):
-                codes.append(SUBACK_FAILURE)
+                codes.append(SUBACK_FAILURE if v5 is None else 0x97)
                 continue
             await self.router.subscribe(session, topic_filter, qos)
+            if v5 is not None:
+                v5.set_options(topic_filter, options[i] if options else 0, subscription_id)
             codes.append(qos)
         await self.session_store.save_subscriptions(session)
         return codes
 
     async def deliver_retained(
-        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int]
+        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],
+        replay: list[bool] | None = None,
     ) -> None:
         """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
-        several new filters match it, at the best QoS any of them grants."""
+        several new filters match it, at the best QoS any of them grants.  ``replay``
+        (MQTT 5 Retain Handling) says which filters get them; expired ones are not sent."""
         best: dict[str, tuple[Message, int]] = {}
-        granted = [(f, code) for (f, _), code in zip(topics, codes, strict=True) if code <= 2]
+        if replay is None:
+            replay = [True] * len(topics)
+        granted = [(f, code) for (f, _), code, wanted in zip(topics, codes, replay, strict=True)
+                   if code <= 2 and wanted]
+        now = time.time()  # wall clock: message expiry deadlines are UNIX time
         for topic_filter, qos in granted:
             for message in await self.router.retained(topic_filter):
+                if message.props is not None and message.props.expired(now):
+                    continue  # MQTT 5 message expiry interval passed [MQTT-3.3.2-5]
                 q = min(message.qos, qos)
                 seen = best.get(message.topic)
                 if seen is None or seen[1] < q:
                     best[message.topic] = (message, q)
-        now = time.time()  # wall clock: stamps the queued-message expiry deadline
         for message, q in best.values():
             session.deliver(message, q, True, now)
         self.metrics.messages_sent += len(best)
@@ -356,10 +419,15 @@ class BrokerCore:
         assert session is not None
         if self.manager.forward_unsubscribe(session, event.packet_id, event.topics):
             return
+        # MQTT 5 reports per filter: 0x11 "no subscription existed" (section 3.11.3).
+        codes = [0 if f in session.subscriptions else 0x11 for f in event.topics]
+        v5 = session.v5
         for topic_filter in event.topics:
             self.router.unsubscribe(session, topic_filter)
+            if v5 is not None:
+                v5.set_options(topic_filter, 0, 0)
         await self.session_store.save_subscriptions(session)
-        handler.conn.send_unsuback(event.packet_id)
+        handler.conn.send_unsuback(event.packet_id, codes)
 
     # -- disconnects ------------------------------------------------------------------------
 

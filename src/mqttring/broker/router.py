@@ -225,7 +225,8 @@ class LocalRouter:
             if session.deliver_encoded(frames, count):
                 sent += count
                 wake(cid)
-            elif not session.clean_session:
+            elif not session.clean_session or session.v5 is not None:
+                # Offline and persistent (queued), or an MQTT 5 client (v5 encoding).
                 if pending is None:
                     pending = list(unpack(frames))
                 now = self._clock()

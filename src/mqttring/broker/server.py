@@ -138,6 +138,7 @@ class BrokerNode:
                                   router=local_router)
             self.core, self.retained = core, retained
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(core.delayed_wills.run)  # MQTT 5 will delay
                 tcp_listeners: list[trio.SocketListener] | None = None
                 if plane is not None:
                     self.admin = plane.admin

@@ -19,12 +19,41 @@ Rules kept here (MQTT 3.1.1):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.lsm import Durability
-from mqttring.protocol.packets import Connect
+from mqttring.protocol.packets import Connect, Will
+from mqttring.protocol.packets5 import Connect5, Will5
 from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import PublishProps
+
+#: The MQTT 5 Session Expiry Interval that means "never" (section 3.1.2.11.2).
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+def fresh_start(packet: Connect | Connect5) -> bool:
+    """MQTT 5 Clean Start with a session to keep: discard the old one, keep the new."""
+    return type(packet) is Connect5 and packet.clean_start and packet.session_expiry > 0
+
+
+def will_message(will: Will | Will5, client_id: str) -> Message:
+    """The message a will becomes; an MQTT 5 will keeps its properties."""
+    props = None
+    if type(will) is Will5:
+        props = PublishProps.from_properties(will.properties, client_id, time.time())
+    return Message(will.topic, will.payload, will.qos, will.retain, props)
+
+
+def will_delay(will: Will | Will5, handler: ClientHandler) -> int:
+    """Seconds an MQTT 5 will waits: the Will Delay Interval, or less if the session ends
+    sooner (section 3.1.3.2.2); 0 for a 3.1.1 will."""
+    if type(will) is not Will5:
+        return 0
+    link = handler.conn.v5
+    expiry = link.session_expiry if link is not None else 0
+    return min(will.delay, expiry)
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
@@ -80,14 +109,23 @@ class LocalSessions:
             log.info("takeover of client %r", client_id)
             old.close_reason = old.close_reason or "taken over by a new connection"
             await core.connection_lost(old)
-            old.kick("taken over by a new connection")
-        return await self.bind(client_id, packet.clean_session)
+            old.kick("taken over by a new connection", 0x8E)
+        return await self.bind(client_id, packet.clean_session, fresh_start(packet))
 
-    async def bind(self, client_id: str, clean_session: bool) -> tuple[Session, bool]:
-        """Resume or create the session for a client whose id this node now holds."""
+    async def bind(self, client_id: str, clean_session: bool, fresh: bool = False
+                   ) -> tuple[Session, bool]:
+        """Resume or create the session for a client whose id this node now holds.
+
+        ``fresh``: an MQTT 5 Clean Start with a non-zero Session Expiry Interval, which
+        discards the old session but keeps the new one (CleanSession=1 cannot say that).
+        A session whose expiry interval ran out while it was offline is gone.
+        """
         core = self.core
         existing = core.sessions.get(client_id)
-        if clean_session or existing is None or existing.clean_session:
+        if existing is not None and 0 < existing.ends_at <= time.time():
+            log.info("session of %r expired (session expiry interval)", client_id)
+            fresh = True
+        if clean_session or fresh or existing is None or existing.clean_session:
             if existing is not None:
                 core.router.forget(existing)
                 del core.sessions[client_id]
@@ -97,6 +135,9 @@ class LocalSessions:
             core.sessions[client_id] = session
             await core.session_store.save_subscriptions(session)
             return session, False
+        if existing.ends_at:
+            existing.ends_at = 0.0  # connected again: it no longer runs out
+            await core.session_store.save_subscriptions(existing)
         return existing, True
 
     async def close(self, handler: ClientHandler) -> None:
@@ -110,6 +151,17 @@ class LocalSessions:
         client_id = session.client_id
         if session.output is handler.conn.output:
             session.detach()
+        link = handler.conn.v5
+        if link is not None and session.persistent and core.sessions.get(client_id) is session:
+            if link.session_expiry == 0:
+                # MQTT 5: a DISCONNECT set the Session Expiry Interval to 0: it ends now.
+                core.router.forget(session)
+                del core.sessions[client_id]
+                await core.session_store.delete(client_id)
+                return
+            if link.session_expiry != NEVER_EXPIRES:
+                session.ends_at = time.time() + link.session_expiry
+                await core.session_store.save_subscriptions(session)
         if session.clean_session:
             if core.sessions.get(client_id) is session:
                 core.router.forget(session)
@@ -121,12 +173,17 @@ class LocalSessions:
         will = handler.will
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
+            message = will_message(will, handler.client_id or "")
+            delay = will_delay(will, handler)
+            if delay > 0:
+                log.info("will of %r on %r delayed %d s: %s", handler.client_id, will.topic,
+                         delay, handler.close_reason or "closed without DISCONNECT")
+                self.core.delayed_wills.schedule(handler.client_id or "", message, delay)
+                return
             log.info("publishing the will of %r on %r: %s", handler.client_id, will.topic,
                      handler.close_reason or "closed without DISCONNECT")
             self.core.metrics.messages_received += 1
-            await self.core.router.publish(
-                Message(will.topic, will.payload, will.qos, will.retain)
-            )
+            await self.core.router.publish(message)
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         await self.core.session_store.save_changes(sessions, durability)

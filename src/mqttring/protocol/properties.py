@@ -351,6 +351,12 @@ def encode_properties(props: Properties, packet: str) -> bytes:
     """
     if not props.items:
         return b"\x00"
+    body = encode_property_body(props, packet)
+    return encode_vbi(len(body)) + body
+
+
+def encode_property_body(props: Properties, packet: str) -> bytes:
+    """``encode_properties`` without the length in front (for splicing sets together)."""
     parts: list[bytes] = []
     seen: set[int] = set()
     for prop, value in props.items:
@@ -358,8 +364,7 @@ def encode_properties(props: Properties, packet: str) -> bytes:
         _check_place(prop, where, repeats, packet, seen)
         parts.append(bytes((prop,)))
         parts.append(_enc_value(prop, kind, value))
-    body = b"".join(parts)
-    return encode_vbi(len(body)) + body
+    return b"".join(parts)
 
 
 # ------------------------------------------------------------------------------- decoding
