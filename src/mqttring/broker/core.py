@@ -45,7 +45,12 @@ from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
-from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
+from mqttring.broker.sessions import (
+    LocalSessions,
+    SessionManager,
+    SessionUnavailable,
+    effective_will,
+)
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
@@ -59,7 +64,7 @@ from mqttring.protocol.connection import (
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
-from mqttring.protocol.session5 import V5Session
+from mqttring.protocol.session5 import V5Session, retained_wanted
 from mqttring.security.acl import AccessControl, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 
@@ -246,7 +251,7 @@ class BrokerCore:
         handler.session = session
         session.access = access  # before accept: what it sends from its queue is checked
         self._bind_protocol(handler, session)
-        handler.will = packet.will
+        handler.will = effective_will(packet.will, conn.v5)
         handler.connected_at = time.time()
         self.clients[client_id] = handler
         self.wakers[client_id] = handler
@@ -262,23 +267,30 @@ class BrokerCore:
         return events
 
     def _bind_protocol(self, handler: ClientHandler, session: Session) -> None:
+        link = handler.conn.v5
+        self.bind_protocol(session, None if link is None else
+                           (link.client_max_packet, link.client_receive_max))
+
+    def bind_protocol(self, session: Session, v5: tuple[int, int] | None) -> None:
         """Give the session the delivery rules of the protocol its client speaks now.
 
-        MQTT 5: the v5 encoder (properties, subscription options, the client's Maximum
-        Packet Size) and an inflight window no larger than the client's Receive Maximum
-        [MQTT-3.3.4-7].  3.1.1: the node's limits and the 3.1.1 encoder, as ever.
+        ``v5``: (the client's Maximum Packet Size, its Receive Maximum) for an MQTT 5
+        client: the v5 encoder (properties, subscription options, packets too large for
+        the client dropped) and an inflight window no larger than the client's Receive
+        Maximum [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.
+        Also called by a cluster home for a session whose client is on another node.
         """
-        link = handler.conn.v5
-        if link is None:
+        if v5 is None:
             session.v5 = None
             session.limits = self.session_limits
             return
+        max_packet, receive_max = v5
         old = session.v5
-        session.v5 = V5Session(session.client_id, link.client_max_packet,
+        session.v5 = V5Session(session.client_id, max_packet,
                                old.options if old is not None else None)
         limits = self.session_limits
-        if link.client_receive_max < limits.max_inflight:
-            limits = replace(limits, max_inflight=link.client_receive_max)
+        if receive_max < limits.max_inflight:
+            limits = replace(limits, max_inflight=receive_max)
         session.limits = limits
 
     async def on_publishes(self, handler: ClientHandler, events: list[PublishReceived]
@@ -336,16 +348,12 @@ class BrokerCore:
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
         assert session is not None
-        if self.manager.forward_subscribe(session, event.packet_id, event.topics):
+        if self.manager.forward_subscribe(session, event.packet_id, event.topics,
+                                          event.options, event.subscription_id):
             return  # the session lives on another node, which answers
-        options = event.options
-        replay = [True] * len(event.topics)
-        if options is not None:
-            # Retain Handling (3.8.3.1): 0 send retained, 1 only for a new subscription,
-            # 2 never; decided before the subscription is (re)registered.
-            replay = [o >> 4 & 3 == 0 or (o >> 4 & 3 == 1 and f not in session.subscriptions)
-                      for (f, _), o in zip(event.topics, options, strict=True)]
-        codes = await self.subscribe(session, event.topics, options, event.subscription_id)
+        replay = retained_wanted(session, event.topics, event.options)
+        codes = await self.subscribe(session, event.topics, event.options,
+                                     event.subscription_id)
         handler.conn.send_suback(event.packet_id, codes)
         await self.deliver_retained(session, event.topics, codes, replay)
 

@@ -21,11 +21,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.lsm import Durability
+from mqttring.protocol.connection5 import V5Link
 from mqttring.protocol.packets import Connect, Will
 from mqttring.protocol.packets5 import Connect5, Will5
+from mqttring.protocol.properties import Properties, PropertyId
 from mqttring.protocol.session import Message, Session
 from mqttring.protocol.session5 import PublishProps
 
@@ -46,14 +49,26 @@ def will_message(will: Will | Will5, client_id: str) -> Message:
     return Message(will.topic, will.payload, will.qos, will.retain, props)
 
 
-def will_delay(will: Will | Will5, handler: ClientHandler) -> int:
-    """Seconds an MQTT 5 will waits: the Will Delay Interval, or less if the session ends
-    sooner (section 3.1.3.2.2); 0 for a 3.1.1 will."""
+def effective_will(will: Will | Will5 | None, link: V5Link | None) -> Will | Will5 | None:
+    """The will as it will be kept: an MQTT 5 will's Will Delay Interval bounded by the
+    Session Expiry Interval, since the will goes out when the session ends if that comes
+    first (section 3.1.3.2.2).  Kept in the will's own properties, so that whoever holds it
+    (this node, or a cluster home: ``WillSpec``) reads one number, ``Will5.delay``."""
     if type(will) is not Will5:
-        return 0
-    link = handler.conn.v5
+        return will
     expiry = link.session_expiry if link is not None else 0
-    return min(will.delay, expiry)
+    delay = min(will.delay, expiry)
+    if delay == will.delay:
+        return will
+    props = will.properties.without(PropertyId.WILL_DELAY_INTERVAL)
+    if delay:
+        props = Properties((*props.items, (PropertyId.WILL_DELAY_INTERVAL, delay)))
+    return replace(will, properties=props)
+
+
+def will_delay(will: Will | Will5) -> int:
+    """Seconds a will waits before it is published (0 for a 3.1.1 will)."""
+    return will.delay if type(will) is Will5 else 0
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
@@ -68,7 +83,7 @@ class SessionUnavailable(Exception):
 
 class SessionManager(Protocol):
     async def open(
-        self, handler: ClientHandler, client_id: str, packet: Connect
+        self, handler: ClientHandler, client_id: str, packet: Connect | Connect5
     ) -> tuple[Session, bool]:
         """Take the id (closing any other connection with it); return (session, present)."""
 
@@ -79,9 +94,12 @@ class SessionManager(Protocol):
         """Store what changed in these sessions."""
 
     def forward_subscribe(self, session: Session, packet_id: int,
-                          topics: tuple[tuple[str, int], ...]) -> bool:
+                          topics: tuple[tuple[str, int], ...],
+                          options: tuple[int, ...] | None = None,
+                          subscription_id: int = 0) -> bool:
         """True if the session lives on another node, which then answers the SUBSCRIBE
-        (in the session's own byte stream); False: the broker core handles it here."""
+        (in the session's own byte stream); False: the broker core handles it here.
+        ``options``/``subscription_id``: MQTT 5's, as in ``SubscribeRequested``."""
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
                             topics: tuple[str, ...]) -> bool:
@@ -93,7 +111,9 @@ class LocalSessions:
         self.core = core
 
     def forward_subscribe(self, session: Session, packet_id: int,
-                          topics: tuple[tuple[str, int], ...]) -> bool:
+                          topics: tuple[tuple[str, int], ...],
+                          options: tuple[int, ...] | None = None,
+                          subscription_id: int = 0) -> bool:
         return False  # every session of a single node lives here
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
@@ -101,7 +121,7 @@ class LocalSessions:
         return False
 
     async def open(
-        self, handler: ClientHandler, client_id: str, packet: Connect
+        self, handler: ClientHandler, client_id: str, packet: Connect | Connect5
     ) -> tuple[Session, bool]:
         core = self.core
         old = core.clients.get(client_id)
@@ -152,16 +172,9 @@ class LocalSessions:
         if session.output is handler.conn.output:
             session.detach()
         link = handler.conn.v5
-        if link is not None and session.persistent and core.sessions.get(client_id) is session:
-            if link.session_expiry == 0:
-                # MQTT 5: a DISCONNECT set the Session Expiry Interval to 0: it ends now.
-                core.router.forget(session)
-                del core.sessions[client_id]
-                await core.session_store.delete(client_id)
-                return
-            if link.session_expiry != NEVER_EXPIRES:
-                session.ends_at = time.time() + link.session_expiry
-                await core.session_store.save_subscriptions(session)
+        if link is not None and await self.session_expiry_at_close(session,
+                                                                   link.session_expiry):
+            return
         if session.clean_session:
             if core.sessions.get(client_id) is session:
                 core.router.forget(session)
@@ -169,12 +182,31 @@ class LocalSessions:
         elif session.has_changes():
             await core.session_store.save_changes([session], Durability.LAZY)
 
+    async def session_expiry_at_close(self, session: Session, expiry: int) -> bool:
+        """MQTT 5: a persistent session's connection ended with this Session Expiry
+        Interval in force: keep the session that long (wall clock, so any node and a
+        restart agree: ``Session.ends_at``, stored), forever, or, for 0 (a DISCONNECT set
+        it), end it now.  True if the session ended."""
+        core = self.core
+        client_id = session.client_id
+        if not session.persistent or core.sessions.get(client_id) is not session:
+            return False
+        if expiry == 0:
+            core.router.forget(session)
+            del core.sessions[client_id]
+            await core.session_store.delete(client_id)
+            return True
+        if expiry != NEVER_EXPIRES:
+            session.ends_at = time.time() + expiry
+            await core.session_store.save_subscriptions(session)
+        return False
+
     async def publish_will(self, handler: ClientHandler) -> None:
         will = handler.will
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
             message = will_message(will, handler.client_id or "")
-            delay = will_delay(will, handler)
+            delay = will_delay(will)
             if delay > 0:
                 log.info("will of %r on %r delayed %d s: %s", handler.client_id, will.topic,
                          delay, handler.close_reason or "closed without DISCONNECT")

@@ -315,7 +315,10 @@ class ServerConnection:
             (PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE, int(limits.subscription_identifiers)),
             (PropertyId.SHARED_SUBSCRIPTION_AVAILABLE, int(limits.shared_subscriptions)),
         ]
-        assert self.connect is not None
+        assert self.connect is not None and self._v5 is not None
+        if self._v5.session_expiry != self.connect.session_expiry:  # type: ignore[union-attr]
+            # The server overrode the client's Session Expiry Interval [MQTT-3.2.2-21].
+            items.append((PropertyId.SESSION_EXPIRY_INTERVAL, self._v5.session_expiry))
         if not self.connect.client_id:
             items.append((PropertyId.ASSIGNED_CLIENT_IDENTIFIER, session.client_id))
         return Properties(items)

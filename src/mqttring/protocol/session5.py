@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from struct import Struct
 
 from mqttring.protocol.codec5 import encode_publish5
@@ -75,12 +75,12 @@ class PublishProps:
     def expired(self, now: float) -> bool:
         return 0 < self.expires_at <= now
 
-    def to_wire(self) -> list[object]:
-        """For the session store and cluster messages: ``[raw, expires_at, origin]``."""
-        return [self.raw, self.expires_at, self.origin]
+    def to_wire(self) -> tuple[bytes, float, str]:
+        """For the session store and cluster messages: ``(raw, expires_at, origin)``."""
+        return (self.raw, self.expires_at, self.origin)
 
     @classmethod
-    def from_wire(cls, value: list[object] | tuple[object, ...] | None) -> PublishProps | None:
+    def from_wire(cls, value: Sequence[object] | None) -> PublishProps | None:
         if value is None:
             return None
         raw, expires_at, origin = value
@@ -168,3 +168,20 @@ class V5Session:
             return False
         out += data
         return True
+
+
+def props_to_wire(props: PublishProps | None) -> tuple[bytes, float, str] | None:
+    """``message.props`` as a cluster message or store row field (None stays None)."""
+    return None if props is None else props.to_wire()
+
+
+def retained_wanted(session: object, topics: Sequence[tuple[str, int]],
+                    options: Sequence[int] | None) -> list[bool] | None:
+    """MQTT 5 Retain Handling (3.8.3.1) per filter of a SUBSCRIBE: 0 send retained
+    messages, 1 only for a subscription that does not exist yet, 2 never.  Asked before
+    the subscriptions are (re)registered.  None (3.1.1, no options): always."""
+    if options is None:
+        return None
+    existing: dict[str, int] = session.subscriptions  # type: ignore[attr-defined]
+    return [o >> 4 & 3 == 0 or (o >> 4 & 3 == 1 and f not in existing)
+            for (f, _), o in zip(topics, options, strict=True)]
