@@ -139,6 +139,14 @@ def test_reason_codes_in_suback_and_unsuback(v5: Callable[..., Paho5]) -> None:
     assert client.unsubscribe(topic) == [0]
 
 
+def test_takeover_sends_disconnect_0x8e(v5: Callable[..., Paho5]) -> None:
+    cid = unique("to")
+    first = v5(cid)
+    first.connect()
+    v5(cid).connect()
+    assert first.disconnects.get(timeout=WAIT) == 0x8E
+
+
 def test_session_expiry(v5: Callable[..., Paho5]) -> None:
     cid, topic = unique("se"), unique("se")
     client = v5(cid)

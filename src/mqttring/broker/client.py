@@ -171,23 +171,22 @@ class ClientHandler:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    def kick(self, reason: str = "closed by the broker", reason_code: int | None = None
-             ) -> None:
-        """Close this connection now (takeover, slow consumer, shutdown).
-
-        ``reason_code``: an MQTT 5 client is sent DISCONNECT with it first (0x8E session
-        taken over...), written at once if the socket takes it (best effort: the
-        connection is going away either way)."""
+    def kick(self, reason: str = "closed by the broker") -> None:
+        """Close this connection now (takeover, slow consumer, shutdown)."""
         self.close_reason = self.close_reason or reason
-        if reason_code is not None and self.conn.v5 is not None and not self.conn.closed:
-            self.conn.disconnect(reason_code)
-            if not self._parked:
-                self.wake()
         self.conn.close()
         if self._parked:
             self._unpark()  # its task comes back, finds it closed, and ends it
         elif self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def goodbye(self, reason_code: int) -> None:
+        """MQTT 5: send DISCONNECT with ``reason_code`` now if the socket takes it (the
+        connection is closing either way); nothing for a 3.1.1 client."""
+        if self.conn.v5 is not None and not self.conn.closed:
+            self.conn.disconnect(reason_code)
+            if not self._parked:
+                self.wake()
 
     def _unpark(self) -> None:
         assert self._parking is not None

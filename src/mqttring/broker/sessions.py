@@ -128,8 +128,9 @@ class LocalSessions:
         if old is not None:
             log.info("takeover of client %r", client_id)
             old.close_reason = old.close_reason or "taken over by a new connection"
+            old.goodbye(0x8E)  # MQTT 5: "session taken over", before the cleanup closes it
             await core.connection_lost(old)
-            old.kick("taken over by a new connection", 0x8E)
+            old.kick("taken over by a new connection")
         return await self.bind(client_id, packet.clean_session, fresh_start(packet))
 
     async def bind(self, client_id: str, clean_session: bool, fresh: bool = False
