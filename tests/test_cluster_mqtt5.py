@@ -98,6 +98,30 @@ def test_properties_and_subscription_ids_across_nodes(
     assert sorted(d.payload for d in plain) == sorted(n.encode() for n in NODES)
 
 
+@pytest.mark.parametrize("qos", [0, 1])
+def test_311_publishes_reach_v5_subscribers_on_other_nodes(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients,
+        qos: int) -> None:
+    """A 3.1.1 QoS 0 publish crosses in packed 3.1.1 frames; a v5 subscriber's node
+    re-encodes it as v5 (no properties but the subscription identifier)."""
+    prefix = unique("c3")
+    topics = one_topic_per_owner(view, prefix)
+    subs = []
+    for node, sid in (("b", 3), ("c", 4)):
+        sub = v5(node)
+        sub.connect()
+        sub.subscribe(f"{prefix}/#", 1, props(SUBSCRIBE, SubscriptionIdentifier=sid))
+        subs.append((sub, sid))
+    pub = clients.connected(cluster.port("a"), name="v311@a")
+    for owner, topic in topics.items():
+        pub.publish(topic, owner, qos)
+    for sub, sid in subs:
+        got = [sub.get() for _ in topics]
+        assert sorted(m.payload for m in got) == sorted(n.encode() for n in NODES)
+        assert all(m.properties.SubscriptionIdentifier == [sid] for m in got)
+        assert not any(hasattr(m.properties, "UserProperty") for m in got)
+
+
 def test_retained_properties_from_the_owner(
         cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
     prefix = unique("r5")

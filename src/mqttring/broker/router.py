@@ -232,6 +232,9 @@ class LocalRouter:
                 now = self._clock()
                 for message in pending:
                     session.deliver(message, 0, False, now)
+                if session.output is not None:  # an online MQTT 5 client: it has output
+                    sent += count
+                    wake(cid)
             dropped += session.dropped - before
         self._metrics.messages_sent += sent
         if dropped:
