@@ -26,6 +26,10 @@ password check runs in a worker thread); ``acl`` (None without an ``acl_file``) 
 for a client's writes here at its edge, for its subscriptions where its session lives, and
 for each delivery by the session itself (``Session.access``, bound at connect).
 
+MQTT 5.0 (docs/design.md, "MQTT 5.0"): ``bind_protocol`` gives a session the v5 encoder and
+the client's limits at each CONNECT; SUBACK/UNSUBACK carry v5 reason codes for v5 sessions;
+subscription options go to the session's ``V5Session``; wills may wait (``DelayedWills``).
+
 Events of one connection are handled in order by that connection's acceptor task
 (``mqttring.broker.client``), so one client's packets are processed sequentially; different
 clients proceed concurrently.
@@ -120,7 +124,7 @@ class BrokerCore:
         self.manager: SessionManager = manager(self)
         #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the
         #: node's nursery (``mqttring.broker.server``).
-        self.delayed_wills = DelayedWills(self.router.publish)
+        self.delayed_wills = DelayedWills(self.router.publish, self.clients.__contains__)
 
     # -- plumbing used by the router --------------------------------------------------------
 

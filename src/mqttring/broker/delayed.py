@@ -26,8 +26,13 @@ log = logging.getLogger("mqttring.broker")
 
 
 class DelayedWills:
-    def __init__(self, publish: Callable[[Message], Awaitable[None]]) -> None:
+    def __init__(self, publish: Callable[[Message], Awaitable[None]],
+                 connected: Callable[[str], bool]) -> None:
         self._publish = publish
+        #: Whether a client id has a live connection now: a will falling due then is
+        #: dropped (it reconnected; the cancel may have come before the old connection's
+        #: cleanup scheduled the will).
+        self._connected = connected
         #: client id -> (trio deadline, will message).
         self._pending: dict[str, tuple[float, Message]] = {}
         self._changed = trio.Event()
@@ -51,6 +56,9 @@ class DelayedWills:
             due = [cid for cid, (deadline, _) in self._pending.items() if deadline <= now]
             for cid in due:
                 _, message = self._pending.pop(cid)
+                if self._connected(cid):
+                    log.info("delayed will of %r not published: it reconnected", cid)
+                    continue
                 log.info("publishing the delayed will of %r on %r", cid, message.topic)
                 try:
                     await self._publish(message)

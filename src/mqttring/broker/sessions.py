@@ -208,6 +208,11 @@ class LocalSessions:
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
             message = will_message(will, handler.client_id or "")
             delay = will_delay(will)
+            current = self.core.clients.get(handler.client_id or "")
+            if delay > 0 and current is not None and current is not handler:
+                log.info("will of %r not published: it reconnected within the will delay",
+                         handler.client_id)
+                return
             if delay > 0:
                 log.info("will of %r on %r delayed %d s: %s", handler.client_id, will.topic,
                          delay, handler.close_reason or "closed without DISCONNECT")

@@ -1,4 +1,9 @@
-"""The server side of one MQTT 3.1.1 network connection, without I/O.
+"""The server side of one MQTT 3.1.1 or 5.0 network connection, without I/O.
+
+A level-5 CONNECT turns on the connection's MQTT 5.0 half (``connection5.V5Link``: the v5
+decoder, topic aliases, flow control, CONNACK properties, DISCONNECT with a reason code);
+the 3.1.1 paths below never consult it except where the answer differs (CONNACK, SUBACK,
+UNSUBACK, refusals, the DISCONNECT sent before closing on a protocol error).
 
 Theory of operation
 -------------------

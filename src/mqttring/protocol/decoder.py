@@ -1,5 +1,8 @@
 """Sans-IO MQTT 3.1.1 decoder: bytes, in arbitrary chunks, to packets.
 
+A level-5 CONNECT is handed to ``decoder5.decode_connect5``; the connection then continues
+on ``decoder5.PacketDecoder5`` (MQTT 5.0), so nothing below pays for the other version.
+
 Decoder invariants:
 
 * One immutable ``bytes`` buffer holds unconsumed input and ``_pos`` marks where the next

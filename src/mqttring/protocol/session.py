@@ -23,6 +23,11 @@ knows nothing of trio, sockets or LMDB:
 * Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
   until PUBREL, so a redelivered PUBLISH with the same id is acknowledged but not routed again.
 
+MQTT 5.0: ``v5`` (``session5.V5Session``) is set while the client speaks v5 and changes
+only how messages are encoded and which are skipped (No Local, expired, too large for the
+client); ``ends_at`` is its Session Expiry deadline while offline.  Both are None/0 for a
+3.1.1 client, whose deliveries take one extra attribute test.
+
 Access control: ``access`` (None unless the node has an ACL file) answers whether a topic
 may reach this client.  It is asked where a message enters the session (``deliver``) and
 again where a queued one leaves for the connection (``_pump``), so a message queued before
