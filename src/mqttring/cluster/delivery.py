@@ -46,7 +46,7 @@ from mqttring.cluster.links import Links
 from mqttring.cluster.messages import Delivered, Dlv, DlvEntry
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message, Session
-from mqttring.protocol.session5 import PublishProps, props_to_wire
+from mqttring.protocol.session5 import PublishProps
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.delivery")
@@ -177,7 +177,8 @@ class Deliveries:
         done = 0
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
             entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean,
-                                props_to_wire(m.props)) for m, t in run]
+                                None if m.props is None else m.props.to_wire())
+                       for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
                                                   expect=Delivered)

@@ -228,7 +228,8 @@ class ClusterRouter:
             await self.forward(acked, 1)
 
     def _pub(self, messages: list[Message], req: int, hops: int, view: ClusterView) -> Pub:
-        return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain, props_to_wire(m.props))
+        return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain,
+                                  None if m.props is None else m.props.to_wire())
                          for m in messages], self.node_id, view.epoch, hops)
 
     async def forward(self, messages: list[Message], hops: int) -> None:
