@@ -196,3 +196,12 @@ def test_persistent_v5_session_wherever_it_lives(
     time.sleep(1.5)  # the wall clock is what expires it
     present, _ = v5("a", cid).connect(clean_start=False)
     assert not present
+
+
+def test_takeover_through_another_node_says_0x8e(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
+    cid = view.client_homed_at("b", unique("to"))
+    first = v5("a", cid)
+    first.connect()
+    v5("c", cid).connect()
+    assert first.disconnects.get(timeout=15) == 0x8E

@@ -111,3 +111,4 @@ def test_retain_handling() -> None:
     assert retained_wanted(session, topics, (0x00, 0x10, 0x00, 0x10, 0x20)) == [
         True, False, True, True, False]
     assert retained_wanted(session, topics, None) is None
+

@@ -44,12 +44,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+import trio
+
 from mqttring.broker.delayed import DelayedWills
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import (
+    SESSION_SWEEP_INTERVAL,
     LocalSessions,
     SessionManager,
     SessionUnavailable,
@@ -139,6 +142,16 @@ class BrokerCore:
         waker = self.wakers.get(client_id)
         if waker is not None:
             waker.kick("slow consumer (no room within slow_subscriber_hold)")
+
+    async def run_session_expiry(self, interval: float = SESSION_SWEEP_INTERVAL) -> None:
+        """End expired MQTT 5 sessions as their deadlines pass; a task of the node's
+        nursery until it is cancelled (``mqttring.broker.server``)."""
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.manager.expire_sessions(time.time())
+            except Exception:
+                log.exception("session expiry pass failed; trying again")
 
     async def restore_sessions(self) -> int:
         """Load persistent sessions from the store at start-up (all offline)."""

@@ -34,6 +34,9 @@ from mqttring.protocol.session5 import PublishProps
 
 #: The MQTT 5 Session Expiry Interval that means "never" (section 3.1.2.11.2).
 NEVER_EXPIRES = 0xFFFFFFFF
+#: Seconds between two scans for expired sessions (``expire_sessions``); a session also
+#: counts as gone at a CONNECT of its id past its deadline, whatever the scan.
+SESSION_SWEEP_INTERVAL = 2.0
 
 
 def fresh_start(packet: Connect | Connect5) -> bool:
@@ -104,6 +107,10 @@ class SessionManager(Protocol):
     def forward_unsubscribe(self, session: Session, packet_id: int,
                             topics: tuple[str, ...]) -> bool:
         """As ``forward_subscribe``, for UNSUBSCRIBE."""
+
+    async def expire_sessions(self, now: float) -> int:
+        """End the offline sessions of this node whose MQTT 5 Session Expiry Interval ran
+        out by ``now`` (wall clock); returns how many."""
 
 
 class LocalSessions:
@@ -201,6 +208,25 @@ class LocalSessions:
             session.ends_at = time.time() + expiry
             await core.session_store.save_subscriptions(session)
         return False
+
+    async def expire_sessions(self, now: float) -> int:
+        """See ``SessionManager.expire_sessions``.  A scan of this node's sessions (a cheap
+        attribute test each, every ``SESSION_SWEEP_INTERVAL``): expiry deadlines are
+        stored with the session, so whichever node holds the session next, after a
+        handoff or a restart, ends it on time without any other bookkeeping."""
+        core = self.core
+        due = [s for s in core.sessions.values() if 0 < s.ends_at <= now and s.output is None]
+        ended = 0
+        for session in due:
+            client_id = session.client_id
+            if core.sessions.get(client_id) is not session or not 0 < session.ends_at <= now:
+                continue  # it reconnected meanwhile
+            log.info("session of %r expired (session expiry interval)", client_id)
+            core.router.forget(session)
+            del core.sessions[client_id]
+            await core.session_store.delete(client_id)
+            ended += 1
+        return ended
 
     async def publish_will(self, handler: ClientHandler) -> None:
         will = handler.will

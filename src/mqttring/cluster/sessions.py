@@ -382,6 +382,7 @@ class ClusterSessions(LocalSessions):
             if handler.client_id is not None:
                 self.remote.pop((handler.client_id, token), None)
             handler.will = None  # the home publishes it
+            handler.goodbye(0x8E)  # MQTT 5: "session taken over" (if it was accepted)
             handler.kick("taken over by a new connection")  # also before its CONNACK
 
     # -- home side --------------------------------------------------------------------------
