@@ -129,3 +129,12 @@ def test_auth_packet_without_method_is_a_protocol_error(
     client.send(b"\xf0\x00")
     _disconnected_with(client, 0x82)
     _still_serving(broker)
+
+
+def test_keep_alive_timeout_says_0x8d(broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
+    client = raw5()
+    client.send(encode5(Connect5(unique("ka"), keepalive=1)))
+    assert isinstance(client.recv(), ConnAck5)
+    # Silent past 1.5 x the keep-alive: the broker says why, then closes.
+    assert client.recv(timeout=10) == Disconnect5(0x8D)
+    assert client.closed()

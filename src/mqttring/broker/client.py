@@ -266,6 +266,13 @@ class ClientHandler:
                 "keepalive timeout" if self.conn.state is ConnState.CONNECTED
                 else "no CONNECT within connect_timeout")
         with trio.CancelScope(shield=True):
+            if timed_out and self.conn.v5 is not None and self.conn.state is ConnState.CONNECTED:
+                # MQTT 5: say why (0x8D keep alive timeout), in at most a second.
+                self.conn.disconnect(0x8D)
+                with trio.move_on_after(1):
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
+                                             OSError):
+                        await self.transport.send(self.conn.data_to_send())
             try:
                 await core.connection_lost(self)
             finally:
