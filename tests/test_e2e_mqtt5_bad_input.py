@@ -138,3 +138,19 @@ def test_keep_alive_timeout_says_0x8d(broker: BrokerHandle, raw5: Callable[[], R
     # Silent past 1.5 x the keep-alive: the broker says why, then closes.
     assert client.recv(timeout=10) == Disconnect5(0x8D)
     assert client.closed()
+
+
+def test_malformed_v5_connect_is_closed(broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
+    """A CONNECT whose property set repeats a unique property: no session, closed (a
+    CONNACK with a reason code is optional before a connection is established)."""
+    client = raw5()
+    props = b"\x11\x00\x00\x00\x05\x11\x00\x00\x00\x06"  # session expiry interval twice
+    body = b"\x00\x04MQTT\x05\x02\x00\x3c" + bytes((len(props),)) + props + b"\x00\x01c"
+    client.send(bytes((0x10, len(body))) + body)
+    try:
+        packet = client.recv()
+        assert isinstance(packet, ConnAck5) and packet.reason_code >= 0x80
+    except ConnectionError:
+        pass  # closed without a CONNACK
+    assert client.closed()
+    _still_serving(broker)
