@@ -313,7 +313,8 @@ class ServerConnection:
         limits = self.limits5
         items: list[tuple[PropertyId, PropValue]] = [
             (PropertyId.RECEIVE_MAXIMUM, limits.receive_maximum),
-            (PropertyId.MAXIMUM_PACKET_SIZE, self._decoder._max),
+            # A whole packet within this limit has a remaining length below it too.
+            (PropertyId.MAXIMUM_PACKET_SIZE, self._decoder.max_packet_size),
             (PropertyId.TOPIC_ALIAS_MAXIMUM, limits.topic_alias_maximum),
             (PropertyId.RETAIN_AVAILABLE, 1),
             (PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE, 1),

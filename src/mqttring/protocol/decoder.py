@@ -311,6 +311,11 @@ class PacketDecoder:
         self._need = 0
 
     @property
+    def max_packet_size(self) -> int:
+        """The limit on a packet's remaining length (what a v5 CONNACK announces)."""
+        return self._max
+
+    @property
     def buffered(self) -> int:
         """Bytes received but not yet decoded (at most one partial packet after draining)."""
         return len(self._buf) - self._pos + self._parked
