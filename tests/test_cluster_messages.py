@@ -66,7 +66,8 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.none()
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return struct_strategy(tp)
-    return {str: _text, bytes: _bytes, int: _ints, bool: st.booleans()}[tp]
+    return {str: _text, bytes: _bytes, int: _ints, bool: st.booleans(),
+            float: st.floats(allow_nan=False)}[tp]
 
 
 def struct_strategy(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
@@ -109,7 +110,10 @@ def test_the_wire_form_is_a_tagged_array() -> None:
     """Compact as the lists it replaced: the tag first, then the fields in order."""
     raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, [m.DlvEntry("t", b"p", 1, [2],
                                                                             False)])]))
-    assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False, "", False, 0]]]]]
+    # The trailing fields: shares (none here), then the MQTT 5 properties a 3.1.1 message
+    # does not have.
+    assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False, "", False, 0,
+                                                       None]]]]]
 
 
 def _raw_frame(*messages: Any, version: int = m.FRAME_VERSION, incarnation: Any = 1) -> bytes:

@@ -41,6 +41,8 @@ from mqttring.protocol.packets import (
     Unsubscribe,
     Will,
 )
+from mqttring.protocol.packets5 import Connect5
+from mqttring.protocol.properties import Properties, PropertyId
 
 
 def h(text: str) -> bytes:
@@ -251,12 +253,13 @@ def connacks(draw: st.DrawFn) -> ConnAck:
 
 # Other revisions under the name "MQTT" decode to their level alone (plus the flags and
 # keep-alive that every revision places identically), so only that shape round-trips.
+# Level 5 is decoded in full, as a ``Connect5`` (tests/test_codec5.py).
 other_level_connects = st.builds(
     Connect,
     st.just(""),
     st.booleans(),
     st.integers(0, 0xFFFF),
-    protocol_level=st.integers(0, 255).filter(lambda level: level != 4),
+    protocol_level=st.integers(0, 255).filter(lambda level: level not in (4, 5)),
 )
 
 packets_by_type: dict[type, st.SearchStrategy[Packet]] = {
@@ -692,7 +695,8 @@ def test_malformed_cases_differ_from_a_valid_packet_only_where_intended() -> Non
     assert decode(_connect(0x02, _ID)) == Connect("c", keepalive=60)
     # Other revisions of "MQTT" decode only as far as the level: the session answers code 1.
     assert decode(_connect(0x02, _ID, level=3)) == Connect("", protocol_level=3)
-    assert decode(_connect(0x02, _ID, level=5)).protocol_level == 5
+    # Level 5 is MQTT 5.0, decoded in full: the property length 0 comes before the id.
+    assert decode(_connect(0x02, h("00") + _ID, level=5)) == Connect5("c", keepalive=60)
     mqisdp = _connect(0x02, _ID, head=h("00 06 4d 51 49 73 64 70"), level=3)
     assert decode(mqisdp) == Connect("c", keepalive=60, protocol_name="MQIsdp", protocol_level=3)
     assert decode(_connect(0xC2, _ID + h("00 01 75 00 00"))) == Connect(
@@ -817,6 +821,8 @@ def test_encode_either_refuses_or_round_trips(packet: Packet) -> None:
         and packet.protocol_name == "MQTT"
         and packet.protocol_level != 4
     ):
+        if packet.protocol_level == 5:
+            return  # a 3.1.1 Connect at level 5 is not a v5 CONNECT (no properties)
         # By design another revision decodes to its level only (the session refuses it).
         packet = Connect(
             "", packet.clean_session, packet.keepalive, protocol_level=packet.protocol_level
@@ -839,14 +845,15 @@ def test_large_publish_uses_four_byte_length() -> None:
     assert decoder.next_packet() == Publish("big", payload, qos=1, packet_id=3)
 
 
-def test_mqtt5_connect_with_properties_decodes_to_its_level() -> None:
+def test_mqtt5_connect_with_properties_decodes_as_v5() -> None:
     # An MQTT 5 CONNECT (paho with protocol=MQTTv5): properties length 5, session expiry
     # interval property (0x11) = 0, then client id "c".  The 3.1.1 layout would misparse it.
     data = h("10 13 00 04 4d 51 54 54 05 02 00 3c 05 11 00 00 00 00 00 01 63")
     packet = decode(data)
-    assert isinstance(packet, Connect)
+    assert isinstance(packet, Connect5)
     assert packet.protocol_level == 5
-    assert packet == Connect("", clean_session=True, keepalive=60, protocol_level=5)
+    assert packet == Connect5("c", clean_start=True, keepalive=60, properties=Properties(
+        [(PropertyId.SESSION_EXPIRY_INTERVAL, 0)]))
     # The protocol name is still checked first, and level 4 is still parsed in full.
     with pytest.raises(MalformedPacket) as info:
         decode(_connect(0x02, _ID, head=h("00 04 4d 51 54 58"), level=5))

@@ -125,20 +125,14 @@ def test_bad_first_packet_closes_without_connack(raw, paho, uid, bad):
 
 
 @pytest.mark.parametrize(
-    ("name", "level"), [("MQTT", 3), ("MQTT", 5), ("MQTT", 0)], ids=["level3", "level5", "level0"]
+    ("name", "level"), [("MQTT", 3), ("MQTT", 6), ("MQTT", 0)], ids=["level3", "level6", "level0"]
 )
 def test_unsupported_protocol_level_connack_1(raw, uid, name, level):
     """[MQTT-3.1.2-2]: unsupported Protocol Level -> CONNACK 0x01, then close [MQTT-3.2.2-5].
-    (Level 3 with name "MQTT" is not MQTT 3.1 either: 3.1 used the name "MQIsdp".)"""
+    (Level 3 with name "MQTT" is not MQTT 3.1 either: 3.1 used the name "MQIsdp".  Level 5,
+    MQTT 5.0, is supported: tests/test_e2e_mqtt5.py.)"""
     c = raw()
-    if level == 5:
-        # An MQTT 5 CONNECT has a properties length byte after keepalive; 3.1.1 servers must
-        # still answer rc 1 because they check the level first.
-        body = mqtt_string(name) + bytes([5, 0x02]) + struct.pack("!H", 30) + b"\x00"
-        body += mqtt_string(uid("v5"))
-        c.send(packet(0x10, body))
-    else:
-        c.send(connect(uid("lvl"), protocol_name=name, protocol_level=level))
+    c.send(connect(uid("lvl"), protocol_name=name, protocol_level=level))
     got, closed = c.packets_until_closed(5)
     assert [(p.type, p.return_code) for p in got] == [(CONNACK, 1)], got
     assert got[0].session_present is False, "[MQTT-3.2.2-4] SP=0 with a non-zero return code"

@@ -340,6 +340,21 @@ def test_decoders_on_literal_rows():
         decode_row("queued", "n", skey, ["t", b"", 0, False, None, 0, 0])  # no seq in key
 
 
+def test_decoders_on_mqtt5_rows():
+    """Rows of MQTT 5 messages carry their properties last; the export leaves them out."""
+    cid = b"c1"
+    qkey = shard_key(5, struct.pack(">H", len(cid)) + cid + struct.pack(">Q", 42))
+    props = [b"\x03\x00\x01a", 0.0, "pub"]
+    row = decode_row("queued", "n", qkey, ["t/x", b"pay", 1, False, 7, 1, 0.0, props])
+    assert row == ("n", 5, "c1", 42, "t/x", b"pay", 3, 1, False, 7, "await_puback", None)
+    assert decode_row("retained", "n", shard_key(1, b"a"), ["a", b"xy", 1, 3, 10, props]) == (
+        "n", 1, "a", b"xy", 2, 1)
+    skey = shard_key(1, struct.pack(">H", 2) + cid)
+    record = {"v": 1, "subs": [["a/#", 1]], "opts": {"a/#": 0x0504}, "ends": 1.5e9}
+    assert decode_row("sessions", "n", skey, record) == (
+        "n", 1, "c1", [{"filter": "a/#", "qos": 1}], 1)
+
+
 def _fake(node_id: str, shards: tuple[int, ...], shard_rows: dict[int, int]) -> NodeSnapshot:
     empty = DbFile("x.rows", 0, 0, "", {})
     dbs = {db: empty for db in ("retained", "sessions", "queues", "inflight", "meta")}

@@ -100,12 +100,13 @@ def _client_id(key: bytes) -> tuple[str, int]:
 def retained_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple | None:
     """A retained message, or None for a tombstone (a versioned clear: no message).
 
-    Rows are ``[topic, payload, qos, epoch, seq]`` (``mqttring.broker.retained``), or the
-    legacy ``[topic, payload, qos]``; the version orders writes inside the cluster and is
-    not exported.
+    Rows are ``[topic, payload, qos, epoch, seq]`` (``mqttring.broker.retained``), with a
+    sixth element for an MQTT 5 message's properties, or the legacy ``[topic, payload,
+    qos]``; the version orders writes inside the cluster and is not exported, nor are the
+    MQTT 5 properties.
     """
-    if len(value) not in (3, 5):
-        raise ValueError(f"{len(value)} fields, expected 3 or 5")
+    if len(value) not in (3, 5, 6):
+        raise ValueError(f"{len(value)} fields, expected 3, 5 or 6")
     topic, payload, qos = value[:3]
     if not payload:
         return None
@@ -125,7 +126,9 @@ def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
     if len(key) != end + _SEQ.size:
         raise ValueError("queue key is not client id + 8-byte sequence")
     (seq,) = _SEQ.unpack_from(key, end)
-    topic, payload, qos, retain, packet_id, state, expires_at = value
+    if len(value) not in (7, 8):  # 8: an MQTT 5 message's properties last (not exported)
+        raise ValueError(f"{len(value)} fields, expected 7 or 8")
+    topic, payload, qos, retain, packet_id, state, expires_at = value[:7]
     expires = None if not expires_at else int(float(expires_at) * 1_000_000)
     return (node_id, shard, client_id, seq, topic, bytes(payload), len(payload), int(qos),
             bool(retain), None if packet_id is None else int(packet_id),

@@ -180,6 +180,14 @@ class ClientHandler:
         elif self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    def goodbye(self, reason_code: int) -> None:
+        """MQTT 5: send DISCONNECT with ``reason_code`` now if the socket takes it (the
+        connection is closing either way); nothing for a 3.1.1 client."""
+        if self.conn.v5 is not None and not self.conn.closed:
+            self.conn.disconnect(reason_code)
+            if not self._parked:
+                self.wake()
+
     def _unpark(self) -> None:
         assert self._parking is not None
         self._parking.resume(self, self.transport.fileno())  # type: ignore[attr-defined]
@@ -258,6 +266,13 @@ class ClientHandler:
                 "keepalive timeout" if self.conn.state is ConnState.CONNECTED
                 else "no CONNECT within connect_timeout")
         with trio.CancelScope(shield=True):
+            if timed_out and self.conn.v5 is not None and self.conn.state is ConnState.CONNECTED:
+                # MQTT 5: say why (0x8D keep alive timeout), in at most a second.
+                self.conn.disconnect(0x8D)
+                with trio.move_on_after(1):
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
+                                             OSError):
+                        await self.transport.send(self.conn.data_to_send())
             try:
                 await core.connection_lost(self)
             finally:

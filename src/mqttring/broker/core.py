@@ -26,6 +26,10 @@ password check runs in a worker thread); ``acl`` (None without an ``acl_file``) 
 for a client's writes here at its edge, for its subscriptions where its session lives, and
 for each delivery by the session itself (``Session.access``, bound at connect).
 
+MQTT 5.0 (docs/design.md, "MQTT 5.0"): ``bind_protocol`` gives a session the v5 encoder and
+the client's limits at each CONNECT; SUBACK/UNSUBACK carry v5 reason codes for v5 sessions;
+subscription options go to the session's ``V5Session``; wills may wait (``DelayedWills``).
+
 Events of one connection are handled in order by that connection's acceptor task
 (``mqttring.broker.client``), so one client's packets are processed sequentially; different
 clients proceed concurrently.
@@ -40,11 +44,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+import trio
+
+from mqttring.broker.delayed import DelayedWills
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import PublishRefused, Router
 from mqttring.broker.session_store import SessionStore
-from mqttring.broker.sessions import LocalSessions, SessionManager, SessionUnavailable
+from mqttring.broker.sessions import (
+    SESSION_SWEEP_INTERVAL,
+    LocalSessions,
+    SessionManager,
+    SessionUnavailable,
+    effective_will,
+)
 from mqttring.broker.shared import is_shared, parse_shared
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.lsm import Durability
@@ -58,7 +71,9 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
+from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.protocol.session5 import V5Session, retained_wanted
 from mqttring.security.acl import AccessControl, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 
@@ -121,6 +136,9 @@ class BrokerCore:
         self.acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
+        #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the
+        #: node's nursery (``mqttring.broker.server``).
+        self.delayed_wills = DelayedWills(self.router.publish, self.clients.__contains__)
 
     def apply_settings(self, config: BrokerConfig) -> None:
         """A SIGHUP reload (``mqttring.reload``): swap in the new immutable settings.
@@ -153,6 +171,16 @@ class BrokerCore:
         waker = self.wakers.get(client_id)
         if waker is not None:
             waker.kick("slow consumer (no room within slow_subscriber_hold)")
+
+    async def run_session_expiry(self, interval: float = SESSION_SWEEP_INTERVAL) -> None:
+        """End expired MQTT 5 sessions as their deadlines pass; a task of the node's
+        nursery until it is cancelled (``mqttring.broker.server``)."""
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.manager.expire_sessions(time.time())
+            except Exception:
+                log.exception("session expiry pass failed; trying again")
 
     async def restore_sessions(self) -> int:
         """Load persistent sessions from the store at start-up (all offline)."""
@@ -216,7 +244,8 @@ class BrokerCore:
             elif kind is UnsubscribeRequested:
                 await self.on_unsubscribe(handler, event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
-                handler.clean_disconnect = True
+                # MQTT 5 reason 0x04: "disconnect with will message" keeps the will.
+                handler.clean_disconnect = event.reason_code != 0x04  # type: ignore[union-attr]
             if handler.conn.pending_output:
                 handler.wake()  # what this event answered leaves now, not after the batch
             if handler.conn.closed and not handler.conn.disconnected:
@@ -229,8 +258,8 @@ class BrokerCore:
                 # permitted redelivery, so it is written lazily.
                 await self.manager.persist([session], Durability.LAZY)
 
-    def _certificate_login(self, handler: ClientHandler, packet: Connect
-                           ) -> tuple[Connect, ConnectReturnCode]:
+    def _certificate_login(self, handler: ClientHandler, packet: Connect | Connect5
+                           ) -> tuple[Connect | Connect5, ConnectReturnCode]:
         """``use_identity_as_username`` on a TLS connection (mosquitto's rule): the verified
         client certificate is the credential and its CN the username, whatever CONNECT says;
         a certificate without a CN cannot log in."""
@@ -241,7 +270,8 @@ class BrokerCore:
                  handler.transport.peer, identity)
         return replace(packet, username=identity, password=None), ConnectReturnCode.ACCEPTED
 
-    async def on_connect(self, handler: ClientHandler, packet: Connect) -> list[Event]:
+    async def on_connect(self, handler: ClientHandler, packet: Connect | Connect5
+                         ) -> list[Event]:
         conn = handler.conn
         if self.config.use_identity_as_username and handler.transport.secure:
             packet, code = self._certificate_login(handler, packet)
@@ -281,11 +311,15 @@ class BrokerCore:
             log.info("refusing %r: %s", client_id, exc)
             conn.refuse(ConnectReturnCode.SERVER_UNAVAILABLE)
             return []
+        # A new connection within the will delay: the previous connection's will (also one
+        # just owed by the takeover inside ``open``) is not sent (section 3.1.3.2.2).
+        self.delayed_wills.cancel(client_id)
         if conn.closed:
             return []  # taken over while we were asking
         handler.session = session
         session.access = access  # before accept: what it sends from its queue is checked
-        handler.will = packet.will
+        self._bind_protocol(handler, session)
+        handler.will = effective_will(packet.will, conn.v5)
         handler.connected_at = time.time()
         self.clients[client_id] = handler
         self.wakers[client_id] = handler
@@ -300,6 +334,33 @@ class BrokerCore:
         events = conn.accept(session, present, time.time())
         self.metrics.messages_dropped += session.dropped - dropped  # expired while away
         return events
+
+    def _bind_protocol(self, handler: ClientHandler, session: Session) -> None:
+        link = handler.conn.v5
+        self.bind_protocol(session, None if link is None else
+                           (link.client_max_packet, link.client_receive_max))
+
+    def bind_protocol(self, session: Session, v5: tuple[int, int] | None) -> None:
+        """Give the session the delivery rules of the protocol its client speaks now.
+
+        ``v5``: (the client's Maximum Packet Size, its Receive Maximum) for an MQTT 5
+        client: the v5 encoder (properties, subscription options, packets too large for
+        the client dropped) and an inflight window no larger than the client's Receive
+        Maximum [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.
+        Also called by a cluster home for a session whose client is on another node.
+        """
+        if v5 is None:
+            session.v5 = None
+            session.limits = self.session_limits
+            return
+        max_packet, receive_max = v5
+        old = session.v5
+        session.v5 = V5Session(session.client_id, max_packet,
+                               old.options if old is not None else None)
+        limits = self.session_limits
+        if receive_max < limits.max_inflight:
+            limits = replace(limits, max_inflight=receive_max)
+        session.limits = limits
 
     async def on_publishes(self, handler: ClientHandler, events: list[PublishReceived]
                            ) -> None:
@@ -356,58 +417,78 @@ class BrokerCore:
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
         assert session is not None
-        if self.manager.forward_subscribe(session, event.packet_id, event.topics):
+        if self.manager.forward_subscribe(session, event.packet_id, event.topics,
+                                          event.options, event.subscription_id):
             return  # the session lives on another node, which answers
-        codes = await self.subscribe(session, event.topics)
+        replay = retained_wanted(session, event.topics, event.options)
+        codes = await self.subscribe(session, event.topics, event.options,
+                                     event.subscription_id)
         handler.conn.send_suback(event.packet_id, codes)
-        await self.deliver_retained(session, event.topics, codes)
+        await self.deliver_retained(session, event.topics, codes, replay)
 
-    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...]) -> list[int]:
-        """Register a session's filters (durably for a persistent one); the SUBACK codes."""
+    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...],
+                        options: tuple[int, ...] | None = None, subscription_id: int = 0
+                        ) -> list[int]:
+        """Register a session's filters (durably for a persistent one); the SUBACK codes.
+
+        ``options`` (MQTT 5: one subscription options byte per filter) and the
+        subscription identifier go to the session's ``V5Session``.  Failure codes are the
+        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x9E
+        shared subscriptions not supported) and 0x80 for a 3.1.1 one.
+        """
         codes: list[int] = []
         access = session.access
-        for topic_filter, qos in topics:
+        v5 = session.v5
+        for i, (topic_filter, qos) in enumerate(topics):
             checked = topic_filter
             if is_shared(topic_filter):
                 try:
                     checked = parse_shared(topic_filter).filter  # ACLs see the inner filter
                 except InvalidTopic as exc:
                     log.info("refused a subscription of %r: %s", session.client_id, exc)
-                    codes.append(SUBACK_FAILURE)
+                    codes.append(SUBACK_FAILURE if v5 is None else 0x8F)  # filter invalid
                     continue
             if access is not None and not access.may_subscribe(checked):
                 # mosquitto checks a subscription against read rules; SUBACK 0x80.
                 log.info("refused a subscription of %r to %r by the ACL", session.client_id,
                          topic_filter)
-                codes.append(SUBACK_FAILURE)
+                codes.append(SUBACK_FAILURE if v5 is None else 0x87)
                 continue
             if (
                 topic_filter not in session.subscriptions
                 and len(session.subscriptions) >= self.limits.max_subscriptions
             ):
-                codes.append(SUBACK_FAILURE)
+                codes.append(SUBACK_FAILURE if v5 is None else 0x97)
                 continue
             await self.router.subscribe(session, topic_filter, qos)
+            if v5 is not None:
+                v5.set_options(topic_filter, options[i] if options else 0, subscription_id)
             codes.append(qos)
         await self.session_store.save_subscriptions(session)
         return codes
 
     async def deliver_retained(
-        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int]
+        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],
+        replay: list[bool] | None = None,
     ) -> None:
         """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
-        several new filters match it, at the best QoS any of them grants."""
+        several new filters match it, at the best QoS any of them grants.  ``replay``
+        (MQTT 5 Retain Handling) says which filters get them; expired ones are not sent."""
         best: dict[str, tuple[Message, int]] = {}
+        if replay is None:
+            replay = [True] * len(topics)
         # Never on a shared subscription [MQTT-4.8.2]: which member would it be for?
-        granted = [(f, code) for (f, _), code in zip(topics, codes, strict=True)
-                   if code <= 2 and not is_shared(f)]
+        granted = [(f, code) for (f, _), code, wanted in zip(topics, codes, replay, strict=True)
+                   if code <= 2 and wanted and not is_shared(f)]
+        now = time.time()  # wall clock: message expiry deadlines are UNIX time
         for topic_filter, qos in granted:
             for message in await self.router.retained(topic_filter):
+                if message.props is not None and message.props.expired(now):
+                    continue  # MQTT 5 message expiry interval passed [MQTT-3.3.2-5]
                 q = min(message.qos, qos)
                 seen = best.get(message.topic)
                 if seen is None or seen[1] < q:
                     best[message.topic] = (message, q)
-        now = time.time()  # wall clock: stamps the queued-message expiry deadline
         for message, q in best.values():
             session.deliver(message, q, True, now)
         self.metrics.messages_sent += len(best)
@@ -419,10 +500,15 @@ class BrokerCore:
         assert session is not None
         if self.manager.forward_unsubscribe(session, event.packet_id, event.topics):
             return
+        # MQTT 5 reports per filter: 0x11 "no subscription existed" (section 3.11.3).
+        codes = [0 if f in session.subscriptions else 0x11 for f in event.topics]
+        v5 = session.v5
         for topic_filter in event.topics:
             self.router.unsubscribe(session, topic_filter)
+            if v5 is not None:
+                v5.set_options(topic_filter, 0, 0)
         await self.session_store.save_subscriptions(session)
-        handler.conn.send_unsuback(event.packet_id)
+        handler.conn.send_unsuback(event.packet_id, codes)
 
     # -- disconnects ------------------------------------------------------------------------
 

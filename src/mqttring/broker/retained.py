@@ -8,7 +8,8 @@ seconds and are meaningless after a restart.
 
 Versioned rows: retained state never goes back in time
 ------------------------------------------------------
-A stored row is ``[topic, payload, qos, epoch, seq]``.  ``(epoch, seq)`` is the row's
+A stored row is ``[topic, payload, qos, epoch, seq]``, plus ``props`` for a message with
+MQTT 5 properties (see ``make_row``).  ``(epoch, seq)`` is the row's
 *version*: the shard owner stamps it when it accepts the write, with the cluster view epoch
 the ownership decision was made in and a per-node sequence that strictly grows, across
 restarts too (``max(last + 1, time.time_ns())``, and past the version it already holds in
@@ -50,6 +51,7 @@ from typing import Any
 from mqttring.broker.shard_writes import LocalShardWriter, Op, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message
+from mqttring.protocol.session5 import PublishProps
 from mqttring.protocol.topics import TopicIndex
 from mqttring.ring.hashing import shard_of
 
@@ -69,8 +71,8 @@ def parse_row(row: Sequence[Any]) -> tuple[str, bytes | None, int, Version]:
     Accepts the current 5-element rows and the legacy 3-element ones (version ``(0, 0)``);
     anything else raises ValueError so that a corrupt row is reported, not half-applied.
     """
-    if len(row) == 5:
-        topic, payload, qos, epoch, seq = row
+    if len(row) in (5, 6):
+        topic, payload, qos, epoch, seq = row[:5]
         version = (int(epoch), int(seq))
     elif len(row) == 3:
         topic, payload, qos = row
@@ -82,10 +84,21 @@ def parse_row(row: Sequence[Any]) -> tuple[str, bytes | None, int, Version]:
     return topic, (bytes(payload) if payload else None), int(qos), version
 
 
-def make_row(topic: str, payload: bytes | None, qos: int, version: Version) -> list[Any]:
-    """The stored form of a retained message (``payload`` None or empty: a tombstone)."""
+def row_props(row: Sequence[Any]) -> PublishProps | None:
+    """The MQTT 5 properties of a stored row (its optional sixth element), if any."""
+    return PublishProps.from_wire(row[5]) if len(row) == 6 else None
+
+
+def make_row(topic: str, payload: bytes | None, qos: int, version: Version,
+             props: PublishProps | None = None) -> list[Any]:
+    """The stored form of a retained message (``payload`` None or empty: a tombstone).
+
+    A message with MQTT 5 properties gets a sixth element (``PublishProps.to_wire()``:
+    forwarded properties, expiry deadline, origin); 3.1.1 rows stay five elements."""
     if not payload:
         return [topic, None, 0, version[0], version[1]]
+    if props is not None:
+        return [topic, payload, qos, version[0], version[1], props.to_wire()]
     return [topic, payload, qos, version[0], version[1]]
 
 
@@ -132,14 +145,15 @@ class RetainedStore:
             self.apply_row(row)
         return len(rows)
 
-    def _apply(self, topic: str, payload: bytes | None, qos: int, version: Version) -> bool:
+    def _apply(self, topic: str, payload: bytes | None, qos: int, version: Version,
+               props: PublishProps | None = None) -> bool:
         """Install a row in memory unless the one held is as new; True if it was installed."""
         held = self._versions.get(topic)
         if held is not None and held >= version:
             return False
         self._versions[topic] = version
         if payload:
-            self._index.set(topic, Message(topic, payload, qos, True))
+            self._index.set(topic, Message(topic, payload, qos, True, props))
         else:
             self._index.discard(topic)
         return True
@@ -166,7 +180,7 @@ class RetainedStore:
                 self._versions.pop(topic, None)
                 self._index.discard(topic)
             return True
-        return self._apply(*parse_row(row))
+        return self._apply(*parse_row(row), row_props(row))
 
     def accept_ops(self, ops: list[Op]) -> list[Op]:
         """The ops of a replicated batch or copied chunk that may be written to the store.
@@ -230,7 +244,8 @@ class RetainedStore:
         """$SYS: node-local, never stored nor replicated, so not versioned."""
         topic = message.topic
         if message.payload:
-            self._index.set(topic, Message(topic, message.payload, message.qos, True))
+            self._index.set(topic, Message(topic, message.payload, message.qos, True,
+                                           message.props))
         else:
             self._index.discard(topic)
 
@@ -257,7 +272,7 @@ class RetainedStore:
                 log.warning("retained update of %r in epoch %d is older than the row held %s; "
                             "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
                 continue
-            self._apply(topic, message.payload or None, message.qos, version)
+            self._apply(topic, message.payload or None, message.qos, version, message.props)
             written[topic] = version
             durable = durable or message.qos > 0
         if self._writer is None:
@@ -285,7 +300,7 @@ class RetainedStore:
         message = self._index.get(topic)
         if message is None:
             return make_row(topic, None, 0, version)
-        return make_row(topic, message.payload, message.qos, version)
+        return make_row(topic, message.payload, message.qos, version, message.props)
 
     def count_user_topics(self) -> int:
         """Retained topics outside ``$SYS`` (the ``#`` filter skips ``$`` topics)."""

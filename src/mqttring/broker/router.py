@@ -350,12 +350,16 @@ class LocalRouter:
             if session.deliver_encoded(frames, count):
                 sent += count
                 wake(cid)
-            elif not session.clean_session:
+            elif not session.clean_session or session.v5 is not None:
+                # Offline and persistent (queued), or an MQTT 5 client (v5 encoding).
                 if pending is None:
                     pending = list(unpack(frames))
                 now = self._clock()
                 for message in pending:
                     session.deliver(message, 0, False, now)
+                if session.output is not None:  # an online MQTT 5 client: it has output
+                    sent += count
+                    wake(cid)
             dropped += session.dropped - before
         self._metrics.messages_sent += sent
         if dropped:

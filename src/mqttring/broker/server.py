@@ -179,6 +179,8 @@ class BrokerNode:
                                   router=local_router)
             self.core, self.retained = core, retained
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(core.delayed_wills.run)  # MQTT 5 will delay
+                nursery.start_soon(core.run_session_expiry)  # MQTT 5 session expiry
                 tcp_listeners: list[trio.SocketListener] | None = None
                 if plane is not None:
                     self.admin = plane.admin

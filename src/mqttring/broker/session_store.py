@@ -6,12 +6,17 @@ Only CleanSession=0 sessions are stored; a clean session lives and dies with its
 Three record kinds, all keyed by ``shard(client id)`` first so that one shard's sessions are
 a single range scan (what a shard handoff or an export reads):
 
-* ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``
+* ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``, plus for
+  an MQTT 5 session ``"opts": {filter: bits}`` (``session5.V5Session.options``: No Local,
+  Retain As Published, subscription identifier) and ``"ends": UNIX time`` (its Session
+  Expiry Interval runs out then), each only when there is something to say.
 * ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
   state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.  ``expires_at`` is
   a wall-clock UNIX timestamp (seconds, float; 0 = never), so it keeps its meaning on the
   node that loads the session next, after a restart, and in an export.  Rows from before
-  this rule hold a monotonic deadline; ``StoredSession.to_session`` re-bases them.
+  this rule hold a monotonic deadline; ``StoredSession.to_session`` re-bases them.  A
+  message with MQTT 5 properties has an eighth element, ``PublishProps.to_wire()``; 3.1.1
+  messages keep the seven-element row.
 * ``inflight``  ``shard | cid | pid(2)``  -> ``1``: an inbound QoS 2 id between PUBREC and
   PUBREL.
 
@@ -38,6 +43,7 @@ import trio
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message, Outbound, OutState, Session, SessionLimits
+from mqttring.protocol.session5 import PublishProps, V5Session
 from mqttring.ring.hashing import shard_of
 
 _SEQ = struct.Struct(">Q")
@@ -50,6 +56,10 @@ class StoredSession:
     subscriptions: dict[str, int]
     outbound: list[Outbound]
     inbound_qos2: dict[int, None]
+    #: MQTT 5 subscription options by filter (``V5Session.options``); None: a 3.1.1 session.
+    options: dict[str, int] | None = None
+    #: MQTT 5: when the (offline) session ends, wall-clock; 0: never.
+    ends_at: float = 0.0
 
     def to_session(self, limits: SessionLimits, now: float | None = None) -> Session:
         """The offline persistent session this record describes.
@@ -60,6 +70,9 @@ class StoredSession:
         """
         session = Session(self.client_id, False, limits)
         session.subscriptions = dict(self.subscriptions)
+        session.ends_at = self.ends_at
+        if self.options is not None:
+            session.v5 = V5Session(self.client_id, 0, dict(self.options))
         session.restore(
             self.outbound, self.inbound_qos2, time.time() if now is None else now
         )
@@ -106,7 +119,12 @@ class SessionStore:
         if self._store is None or not session.persistent:
             return
         assert self._writer is not None
-        record = {"v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
+        record: dict[str, object] = {
+            "v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
+        if session.v5 is not None and session.v5.options:
+            record["opts"] = session.v5.options
+        if session.ends_at:
+            record["ends"] = session.ends_at
         op = Put("sessions", self._prefix(session.client_id), record)
         await self._writer.write([(self.shard(session.client_id), [op])], Durability.DURABLE)
 
@@ -121,21 +139,18 @@ class SessionStore:
                 ops.append(Delete("queues", key))
             else:
                 msg = entry.message
-                ops.append(
-                    Put(
-                        "queues",
-                        key,
-                        [
-                            msg.topic,
-                            msg.payload,
-                            entry.qos,
-                            entry.retain,
-                            entry.packet_id,
-                            int(entry.state),
-                            entry.expires_at,
-                        ],
-                    )
-                )
+                row = [
+                    msg.topic,
+                    msg.payload,
+                    entry.qos,
+                    entry.retain,
+                    entry.packet_id,
+                    int(entry.state),
+                    entry.expires_at,
+                ]
+                if msg.props is not None:
+                    row.append(msg.props.to_wire())
+                ops.append(Put("queues", key, row))
         for pid, present in qos2.items():
             key = prefix + _PID.pack(pid)
             ops.append(Put("inflight", key, 1) if present else Delete("inflight", key))
@@ -215,16 +230,20 @@ class SessionStore:
         for key, record in await self._store.scan("sessions", prefix):
             cid = _client_id(key)
             subs = {f: int(q) for f, q in record["subs"]}
-            sessions[key] = StoredSession(cid, subs, [], {})
+            opts = record.get("opts")
+            sessions[key] = StoredSession(
+                cid, subs, [], {}, dict(opts) if opts is not None else None,
+                float(record.get("ends", 0.0)))
         for key, value in await self._store.scan("queues", prefix):
             owner = sessions.get(key[:-8])
             if owner is None:
                 continue  # orphan of a deleted session
-            topic, payload, qos, retain, pid, state, expires_at = value
+            topic, payload, qos, retain, pid, state, expires_at = value[:7]
+            props = PublishProps.from_wire(value[7]) if len(value) > 7 else None
             owner.outbound.append(
                 Outbound(
                     _SEQ.unpack(key[-8:])[0],
-                    Message(topic, payload, qos, False),
+                    Message(topic, payload, qos, False, props),
                     qos,
                     retain,
                     pid,

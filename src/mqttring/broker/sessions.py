@@ -19,12 +19,59 @@ Rules kept here (MQTT 3.1.1):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.lsm import Durability
-from mqttring.protocol.packets import Connect
+from mqttring.protocol.connection5 import V5Link
+from mqttring.protocol.packets import Connect, Will
+from mqttring.protocol.packets5 import Connect5, Will5
+from mqttring.protocol.properties import Properties, PropertyId
 from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import PublishProps
+
+#: The MQTT 5 Session Expiry Interval that means "never" (section 3.1.2.11.2).
+NEVER_EXPIRES = 0xFFFFFFFF
+#: Seconds between two scans for expired sessions (``expire_sessions``); a session also
+#: counts as gone at a CONNECT of its id past its deadline, whatever the scan.
+SESSION_SWEEP_INTERVAL = 2.0
+
+
+def fresh_start(packet: Connect | Connect5) -> bool:
+    """MQTT 5 Clean Start with a session to keep: discard the old one, keep the new."""
+    return type(packet) is Connect5 and packet.clean_start and packet.session_expiry > 0
+
+
+def will_message(will: Will | Will5, client_id: str) -> Message:
+    """The message a will becomes; an MQTT 5 will keeps its properties."""
+    props = None
+    if type(will) is Will5:
+        props = PublishProps.from_properties(will.properties, client_id, time.time())
+    return Message(will.topic, will.payload, will.qos, will.retain, props)
+
+
+def effective_will(will: Will | Will5 | None, link: V5Link | None) -> Will | Will5 | None:
+    """The will as it will be kept: an MQTT 5 will's Will Delay Interval bounded by the
+    Session Expiry Interval, since the will goes out when the session ends if that comes
+    first (section 3.1.3.2.2).  Kept in the will's own properties, so that whoever holds it
+    (this node, or a cluster home: ``WillSpec``) reads one number, ``Will5.delay``."""
+    if type(will) is not Will5:
+        return will
+    expiry = link.session_expiry if link is not None else 0
+    delay = min(will.delay, expiry)
+    if delay == will.delay:
+        return will
+    props = will.properties.without(PropertyId.WILL_DELAY_INTERVAL)
+    if delay:
+        props = Properties((*props.items, (PropertyId.WILL_DELAY_INTERVAL, delay)))
+    return replace(will, properties=props)
+
+
+def will_delay(will: Will | Will5) -> int:
+    """Seconds a will waits before it is published (0 for a 3.1.1 will)."""
+    return will.delay if type(will) is Will5 else 0
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
@@ -39,7 +86,7 @@ class SessionUnavailable(Exception):
 
 class SessionManager(Protocol):
     async def open(
-        self, handler: ClientHandler, client_id: str, packet: Connect
+        self, handler: ClientHandler, client_id: str, packet: Connect | Connect5
     ) -> tuple[Session, bool]:
         """Take the id (closing any other connection with it); return (session, present)."""
 
@@ -50,13 +97,20 @@ class SessionManager(Protocol):
         """Store what changed in these sessions."""
 
     def forward_subscribe(self, session: Session, packet_id: int,
-                          topics: tuple[tuple[str, int], ...]) -> bool:
+                          topics: tuple[tuple[str, int], ...],
+                          options: tuple[int, ...] | None = None,
+                          subscription_id: int = 0) -> bool:
         """True if the session lives on another node, which then answers the SUBSCRIBE
-        (in the session's own byte stream); False: the broker core handles it here."""
+        (in the session's own byte stream); False: the broker core handles it here.
+        ``options``/``subscription_id``: MQTT 5's, as in ``SubscribeRequested``."""
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
                             topics: tuple[str, ...]) -> bool:
         """As ``forward_subscribe``, for UNSUBSCRIBE."""
+
+    async def expire_sessions(self, now: float) -> int:
+        """End the offline sessions of this node whose MQTT 5 Session Expiry Interval ran
+        out by ``now`` (wall clock); returns how many."""
 
 
 class LocalSessions:
@@ -64,7 +118,9 @@ class LocalSessions:
         self.core = core
 
     def forward_subscribe(self, session: Session, packet_id: int,
-                          topics: tuple[tuple[str, int], ...]) -> bool:
+                          topics: tuple[tuple[str, int], ...],
+                          options: tuple[int, ...] | None = None,
+                          subscription_id: int = 0) -> bool:
         return False  # every session of a single node lives here
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
@@ -72,22 +128,32 @@ class LocalSessions:
         return False
 
     async def open(
-        self, handler: ClientHandler, client_id: str, packet: Connect
+        self, handler: ClientHandler, client_id: str, packet: Connect | Connect5
     ) -> tuple[Session, bool]:
         core = self.core
         old = core.clients.get(client_id)
         if old is not None:
             log.info("takeover of client %r", client_id)
             old.close_reason = old.close_reason or "taken over by a new connection"
+            old.goodbye(0x8E)  # MQTT 5: "session taken over", before the cleanup closes it
             await core.connection_lost(old)
             old.kick("taken over by a new connection")
-        return await self.bind(client_id, packet.clean_session)
+        return await self.bind(client_id, packet.clean_session, fresh_start(packet))
 
-    async def bind(self, client_id: str, clean_session: bool) -> tuple[Session, bool]:
-        """Resume or create the session for a client whose id this node now holds."""
+    async def bind(self, client_id: str, clean_session: bool, fresh: bool = False
+                   ) -> tuple[Session, bool]:
+        """Resume or create the session for a client whose id this node now holds.
+
+        ``fresh``: an MQTT 5 Clean Start with a non-zero Session Expiry Interval, which
+        discards the old session but keeps the new one (CleanSession=1 cannot say that).
+        A session whose expiry interval ran out while it was offline is gone.
+        """
         core = self.core
         existing = core.sessions.get(client_id)
-        if clean_session or existing is None or existing.clean_session:
+        if existing is not None and 0 < existing.ends_at <= time.time():
+            log.info("session of %r expired (session expiry interval)", client_id)
+            fresh = True
+        if clean_session or fresh or existing is None or existing.clean_session:
             if existing is not None:
                 core.router.forget(existing)
                 del core.sessions[client_id]
@@ -97,6 +163,9 @@ class LocalSessions:
             core.sessions[client_id] = session
             await core.session_store.save_subscriptions(session)
             return session, False
+        if existing.ends_at:
+            existing.ends_at = 0.0  # connected again: it no longer runs out
+            await core.session_store.save_subscriptions(existing)
         return existing, True
 
     async def close(self, handler: ClientHandler) -> None:
@@ -110,6 +179,10 @@ class LocalSessions:
         client_id = session.client_id
         if session.output is handler.conn.output:
             session.detach()
+        link = handler.conn.v5
+        if link is not None and await self.session_expiry_at_close(session,
+                                                                   link.session_expiry):
+            return
         if session.clean_session:
             if core.sessions.get(client_id) is session:
                 core.router.forget(session)
@@ -117,17 +190,65 @@ class LocalSessions:
         elif session.has_changes():
             await core.session_store.save_changes([session], Durability.LAZY)
 
+    async def session_expiry_at_close(self, session: Session, expiry: int) -> bool:
+        """MQTT 5: a persistent session's connection ended with this Session Expiry
+        Interval in force: keep the session that long (wall clock, so any node and a
+        restart agree: ``Session.ends_at``, stored), forever, or, for 0 (a DISCONNECT set
+        it), end it now.  True if the session ended."""
+        core = self.core
+        client_id = session.client_id
+        if not session.persistent or core.sessions.get(client_id) is not session:
+            return False
+        if expiry == 0:
+            core.router.forget(session)
+            del core.sessions[client_id]
+            await core.session_store.delete(client_id)
+            return True
+        if expiry != NEVER_EXPIRES:
+            session.ends_at = time.time() + expiry
+            await core.session_store.save_subscriptions(session)
+        return False
+
+    async def expire_sessions(self, now: float) -> int:
+        """See ``SessionManager.expire_sessions``.  A scan of this node's sessions (a cheap
+        attribute test each, every ``SESSION_SWEEP_INTERVAL``): expiry deadlines are
+        stored with the session, so whichever node holds the session next, after a
+        handoff or a restart, ends it on time without any other bookkeeping."""
+        core = self.core
+        due = [s for s in core.sessions.values() if 0 < s.ends_at <= now and s.output is None]
+        ended = 0
+        for session in due:
+            client_id = session.client_id
+            if core.sessions.get(client_id) is not session or not 0 < session.ends_at <= now:
+                continue  # it reconnected meanwhile
+            log.info("session of %r expired (session expiry interval)", client_id)
+            core.router.forget(session)
+            del core.sessions[client_id]
+            await core.session_store.delete(client_id)
+            ended += 1
+        return ended
+
     async def publish_will(self, handler: ClientHandler) -> None:
         will = handler.will
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
+            message = will_message(will, handler.client_id or "")
+            delay = will_delay(will)
+            current = self.core.clients.get(handler.client_id or "")
+            if delay > 0 and current is not None and current is not handler:
+                log.info("will of %r not published: it reconnected within the will delay",
+                         handler.client_id)
+                return
+            if delay > 0:
+                log.info("will of %r on %r delayed %d s: %s", handler.client_id, will.topic,
+                         delay, handler.close_reason or "closed without DISCONNECT")
+                self.core.delayed_wills.schedule(handler.client_id or "", message, delay)
+                return
             log.info("publishing the will of %r on %r: %s", handler.client_id, will.topic,
                      handler.close_reason or "closed without DISCONNECT",
                      extra={"client_id": handler.client_id, "event": "will"})
             self.core.metrics.messages_received += 1
-            await self.core.router.publish(
-                Message(will.topic, will.payload, will.qos, will.retain)
-            )
+            await self.core.router.publish(message)
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         await self.core.session_store.save_changes(sessions, durability)

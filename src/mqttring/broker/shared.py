@@ -177,7 +177,7 @@ class SharedMessage(Message):
     __slots__ = ("__weakref__", "share")
 
     def __init__(self, message: Message, share: str) -> None:
-        super().__init__(message.topic, message.payload, message.qos, False)
+        super().__init__(message.topic, message.payload, message.qos, False, message.props)
         self.share = share
 
 

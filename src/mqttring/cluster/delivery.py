@@ -52,6 +52,7 @@ from mqttring.cluster.links import Links
 from mqttring.cluster.messages import Delivered, Dlv, DlvEntry
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import PublishProps
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.delivery")
@@ -85,8 +86,10 @@ T = TypeVar("T")
 
 
 def message_size(message: Message) -> int:
-    """About what a message takes in a link frame (payload, topic, framing)."""
-    return len(message.payload) + len(message.topic) + 32
+    """About what a message takes in a link frame (payload, topic, framing, properties)."""
+    props = message.props
+    extra = 0 if props is None else len(props.raw) + len(props.origin) + 16
+    return len(message.payload) + len(message.topic) + 32 + extra
 
 
 def in_frames(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
@@ -198,7 +201,9 @@ class Deliveries:
         done = 0
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
             entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
-                                t.offline_ok, t.track) for m, t in run]
+                                t.offline_ok, t.track,
+                                props=None if m.props is None else m.props.to_wire())
+                       for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
                                                   expect=Delivered)
@@ -328,7 +333,8 @@ class Deliveries:
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
-        served = self._serve(((Message(e.topic, e.payload, e.qos, False), e.clean, e.shards,
+        served = self._serve(((Message(e.topic, e.payload, e.qos, False,
+                                       PublishProps.from_wire(e.props)), e.clean, e.shards,
                                e.share, e.offline_ok, e.track) for e in msg.entries), node)
         req = msg.req
         if req == 0:

@@ -42,6 +42,11 @@ FRAME_VERSION = 5
 QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
 #: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).
 RouteKey: TypeAlias = tuple[str, str]
+#: The MQTT 5 properties of a message (``session5.PublishProps.to_wire()``): forwarded
+#: property bytes, message expiry deadline (wall-clock UNIX seconds, 0: none), publisher's
+#: client id (No Local).  None for a 3.1.1 message (one msgpack nil on the wire: msgspec
+#: does not omit defaults of array-like structs).
+Props: TypeAlias = tuple[bytes, float, str]
 
 
 class WireMessage(msgspec.Struct, array_like=True, gc=False):
@@ -58,24 +63,33 @@ class _Frozen(WireMessage, frozen=True):
 
 
 class WillSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """A client's will as the will keepers hold it (``mqttring.protocol.packets.Will``)."""
+    """A client's will as the will keepers hold it (``mqttring.protocol.packets.Will``).
+
+    ``props`` and ``delay`` are MQTT 5's: the will properties as encoded in a CONNECT (the
+    Will Delay Interval in them already bounded by the session expiry), and that delay in
+    seconds (for logs and readers that do not decode the properties); None and 0 for a
+    3.1.1 will."""
 
     topic: str
     payload: bytes
     qos: QoS
     retain: bool
+    props: bytes | None = None
+    delay: int = 0
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
 
 
 class PubEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """One application message of a ``Pub``, as its publisher sent it."""
+    """One application message of a ``Pub``, as its publisher sent it (``props``: MQTT 5
+    properties, None for a 3.1.1 message)."""
 
     topic: str
     payload: bytes
     qos: QoS
     retain: bool
+    props: Props | None = None
 
 
 class Pub(_Frozen, tag="pub"):
@@ -121,6 +135,8 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: place it again if the receiver dies first; the receiver watches the copy it gives a
     #: clean member.
     track: int = 0
+    #: MQTT 5 properties; None for a 3.1.1 message.
+    props: Props | None = None
 
 
 class Dlv(_Frozen, tag="dlv"):
@@ -145,6 +161,8 @@ class Batch(WireMessage, tag="q0"):
 
     The receiver routes each ROUTE run as the owner (re-sending it as ``Pub`` if it no longer
     owns the shard) and appends each DELIVER run to its clean sessions.  Nothing is answered.
+    Only 3.1.1-encodable messages travel here: a message with MQTT 5 properties goes in a
+    ``Pub``/``Dlv`` (whose entries carry them), never packed.
     Mutable on purpose: ``wire.append`` grows the batch at the tail of a link queue.
     """
 
@@ -163,6 +181,7 @@ class SharedEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     payload: bytes
     qos: QoS
     share: str
+    props: Props | None = None
 
 
 class Redispatch(_Frozen, tag="shre"):
@@ -310,6 +329,17 @@ class CatchUp(_Frozen, tag="cu"):
 # -- sessions (``mqttring.cluster.sessions``) ------------------------------------------------
 
 
+class V5Client(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """What the home of an MQTT 5 client's persistent session needs from its CONNECT to
+    run the session: the client's Maximum Packet Size (0: none) and Receive Maximum (the
+    inflight window towards it), and whether it asked for a Clean Start (with a session
+    to keep: the old one is discarded, the new one kept)."""
+
+    max_packet_size: int
+    receive_maximum: int
+    clean_start: bool
+
+
 class SessionOpen(_Frozen, tag="sopen"):
     """Edge -> home of a client id, on CONNECT (and again with the same token when the home
     moves under a live clean session).
@@ -328,6 +358,9 @@ class SessionOpen(_Frozen, tag="sopen"):
     #: The CONNECT's username: the home applies the ACL (``acl_file``, the same on every
     #: node) to what it delivers to a persistent session.  Defaults for older senders.
     username: str | None = None
+    #: MQTT 5: the client speaks v5 (the home encodes its session's output as v5); None
+    #: for a 3.1.1 client.
+    v5: V5Client | None = None
 
 
 class SessionClose(_Frozen, tag="sclose"):
@@ -337,6 +370,9 @@ class SessionClose(_Frozen, tag="sclose"):
     client_id: str
     token: str
     publish_will: bool
+    #: MQTT 5: the Session Expiry Interval in force when the connection ended (CONNECT's,
+    #: or the one its DISCONNECT set); the home keeps the session that long.  None: 3.1.1.
+    session_expiry: int | None = None
 
 
 class SessionKick(_Frozen, tag="skick"):
@@ -405,6 +441,10 @@ class SessionSubscribe(_Frozen, tag="ssub"):
     token: str
     packet_id: int
     topics: list[tuple[str, int]]
+    #: MQTT 5: the subscription options byte of each filter, and the subscription
+    #: identifier (0: none); the home answers with a v5 SUBACK.  None for 3.1.1.
+    options: list[int] | None = None
+    subscription_id: int = 0
 
 
 class SessionUnsubscribe(_Frozen, tag="sunsub"):
@@ -423,6 +463,8 @@ class RetainedRow(msgspec.Struct, array_like=True, frozen=True, gc=False):
     topic: str
     payload: bytes
     qos: QoS
+    #: MQTT 5 properties; None for a 3.1.1 message.
+    props: Props | None = None
 
 
 class RetainedRows(_Frozen, tag="retained"):

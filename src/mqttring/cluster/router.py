@@ -97,6 +97,7 @@ from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView, MemberState
 
 log = logging.getLogger("mqttring.cluster.router")
@@ -228,7 +229,9 @@ class ClusterRouter:
             owner, targets, _ = self.route(message.topic, view)
             if owner is not None and owner != me:
                 self.metrics.forwarded_to_owner += 1
-            if message.qos or message.retain:
+            if message.qos or message.retain or message.props is not None:
+                # (MQTT 5 properties do not fit the packed QoS 0 frames: a ``Pub`` carries
+                # them, answered like QoS 1.)
                 acked.append(message)
             elif owner is None or owner == me:
                 self._accept_plain(message, targets)
@@ -238,8 +241,9 @@ class ClusterRouter:
             await self.forward(acked, 1)
 
     def _pub(self, messages: list[Message], req: int, hops: int, view: ClusterView) -> Pub:
-        return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain) for m in messages],
-                   self.node_id, view.epoch, hops)
+        return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain,
+                                  None if m.props is None else m.props.to_wire())
+                         for m in messages], self.node_id, view.epoch, hops)
 
     async def forward(self, messages: list[Message], hops: int) -> None:
         """Have the owners of ``messages`` accept them (this node for its own shards);
@@ -346,16 +350,17 @@ class ClusterRouter:
         publishes without a checkpoint lets each link writer send them as one frame.
         """
         self._fan_out_run(message.topic, message.encode_qos0(False), 1, by_node,
-                          lambda _frames: (message,))
+                          lambda _frames: (message,), message.props is not None)
 
     def _fan_out_run(self, topic: str, frames: bytes | memoryview, count: int,
-                     by_node: ByNode, unpack: Unpack) -> None:
+                     by_node: ByNode, unpack: Unpack, props: bool = False) -> None:
         """``count`` encoded QoS 0 PUBLISHes of one topic to every node with routes.
 
         A node with clean sessions only gets the bytes as they are, appended to its packed
         batch; sessions of a shard (persistent, or one still loading here) need each
-        ``Message`` (``unpack(frames)``) for its own path.  Shares choose their member in
-        a task (``mqttring.cluster.shared``).
+        ``Message`` (``unpack(frames)``) for its own path, and so do messages with MQTT 5
+        properties (``props``), which the 3.1.1 frames cannot carry.  Shares choose their
+        member in a task (``mqttring.cluster.shared``).
         """
         if self.routes.shared_routes and self.routes.shares_for(topic):
             self.spawn(self.shares.run, list(unpack(frames)))
@@ -370,16 +375,18 @@ class ClusterRouter:
                     self.local.deliver_frames(topic, frames, count, unpack)
                 continue
             self.metrics.deliveries_to_nodes += count
-            if not shards:
+            if not shards and not props:
                 self.links.send_frames(node, DELIVER, topic, frames, count)
                 continue
-            self.links.send(node, Dlv(0, [DlvEntry(m.topic, m.payload, 0, shards, targets.clean)
+            self.links.send(node, Dlv(0, [DlvEntry(m.topic, m.payload, 0, shards, targets.clean,
+                                                   props=props_to_wire(m.props))
                                           for m in unpack(frames)]))
 
     # -- inbound messages -------------------------------------------------------------------
 
     def on_pub(self, node: str, msg: Pub) -> None:
-        messages = [Message(e.topic, e.payload, e.qos, e.retain) for e in msg.messages]
+        messages = [Message(e.topic, e.payload, e.qos, e.retain, PublishProps.from_wire(e.props))
+                    for e in msg.messages]
         if msg.req == 0 and all(m.qos == 0 and not m.retain for m in messages):
             # QoS 0 re-sent by a node whose view was older: what we own is handled inline,
             # so that arrival order is kept (first hops come in packed batches: ``on_batch``).
@@ -502,7 +509,7 @@ class ClusterRouter:
         self.sync_to(node)
 
     async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
-        rows = [RetainedRow(m.topic, m.payload, m.qos)
+        rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props))
                 for m in self._owned_retained(msg.topic_filter)]
         self.links.reply(node, msg.req, True, RetainedRows(rows))
 
@@ -627,7 +634,8 @@ class ClusterRouter:
                 log.info("retained query %r at %s failed: %s", topic_filter, node, exc)
                 return
             for row in answer.rows:
-                found[row.topic] = Message(row.topic, row.payload, row.qos, True)
+                found[row.topic] = Message(row.topic, row.payload, row.qos, True,
+                                           PublishProps.from_wire(row.props))
 
         async with trio.open_nursery() as nursery:
             for node in targets:

@@ -40,13 +40,20 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mqttring.broker.router import PublishRefused
-from mqttring.broker.sessions import LocalSessions, SessionUnavailable
+from mqttring.broker.sessions import (
+    LocalSessions,
+    SessionUnavailable,
+    effective_will,
+    fresh_start,
+    will_delay,
+    will_message,
+)
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
@@ -59,14 +66,19 @@ from mqttring.cluster.messages import (
     SessionOpened,
     SessionSubscribe,
     SessionUnsubscribe,
+    V5Client,
     WillDelete,
     WillRegister,
     WillSpec,
 )
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
+from mqttring.protocol.codec5 import encode5
 from mqttring.protocol.packets import Connect, SubAck, UnsubAck, Will
+from mqttring.protocol.packets5 import Connect5, SubAck5, UnsubAck5, Will5
+from mqttring.protocol.properties import PropertyId, decode_properties, encode_properties
 from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import retained_wanted
 from mqttring.raft.view import ClusterView
 
 if TYPE_CHECKING:
@@ -80,16 +92,30 @@ log = logging.getLogger("mqttring.cluster.sessions")
 class Registration:
     node: str
     token: str
-    will: Will | None
+    will: Will | Will5 | None
     clean: bool
 
 
-def will_to_wire(will: Will | None) -> WillSpec | None:
-    return None if will is None else WillSpec(will.topic, will.payload, will.qos, will.retain)
+def will_to_wire(will: Will | Will5 | None) -> WillSpec | None:
+    """An MQTT 5 will travels with its encoded will properties (the Will Delay Interval in
+    them already bounded by the session expiry: ``effective_will``)."""
+    if will is None:
+        return None
+    if type(will) is Will5:
+        return WillSpec(will.topic, will.payload, will.qos, will.retain,
+                        encode_properties(will.properties, "WILL"), will.delay)
+    return WillSpec(will.topic, will.payload, will.qos, will.retain)
 
 
-def will_from_wire(spec: WillSpec | None) -> Will | None:
-    return None if spec is None else Will(spec.topic, spec.payload, spec.qos, spec.retain)
+def will_from_wire(spec: WillSpec | None) -> Will | Will5 | None:
+    """The inverse of ``will_to_wire``; malformed will properties from a peer raise the
+    codec's error, which the link treats as a peer protocol error."""
+    if spec is None:
+        return None
+    if spec.props is not None:
+        props, _ = decode_properties(spec.props, 0, len(spec.props), "WILL")
+        return Will5(spec.topic, spec.payload, spec.qos, spec.retain, props)
+    return Will(spec.topic, spec.payload, spec.qos, spec.retain)
 
 
 class RemoteSession(Session):
@@ -232,29 +258,34 @@ class ClusterSessions(LocalSessions):
     # -- edge side --------------------------------------------------------------------------
 
     async def open(self, handler: ClientHandler, client_id: str,
-                   packet: Connect) -> tuple[Session, bool]:
+                   packet: Connect | Connect5) -> tuple[Session, bool]:
         if self.fenced():
             raise SessionUnavailable("this node is cut off from the cluster majority")
         token = f"{self._token_prefix}:{next(self._tokens)}"
         handler.token = token
         self.by_token[token] = handler
         home = self.home(client_id)
+        will = effective_will(packet.will, handler.conn.v5)
+        clean = packet.clean_session
         if home is None or home == self.node_id:
             try:
                 await self._await_loaded(client_id)
             except SessionUnavailable:
                 self.by_token.pop(token, None)
                 raise
-            await self.register(client_id, self.node_id, token, packet.will, packet.clean_session)
-            return await self.bind(client_id, packet.clean_session)
+            await self.register(client_id, self.node_id, token, will, clean)
+            return await self.bind(client_id, clean, fresh_start(packet))
+        link = handler.conn.v5
+        v5 = None if link is None else V5Client(
+            link.client_max_packet, link.client_receive_max, fresh_start(packet))
         stand_in = None
-        if not packet.clean_session:
+        if not clean:
             stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
             self.remote[(client_id, token)] = stand_in
         try:
             answer = await self.links.request(
-                home, SessionOpen(0, client_id, self.node_id, token, packet.clean_session,
-                                  will_to_wire(packet.will), packet.username),
+                home, SessionOpen(0, client_id, self.node_id, token, clean,
+                                  will_to_wire(will), packet.username, v5),
                 # The home may wait for its shard to load and for a previous connection to
                 # be closed, each up to ``patience``: never give up before it answers.
                 timeout=2 * self.patience + 5.0, expect=SessionOpened)
@@ -280,14 +311,18 @@ class ClusterSessions(LocalSessions):
         else:
             await self.unbind(handler, session)
         handler.will = None  # the home holds the will and publishes it if owed
-        await self._end_registration(session.client_id, handler.token, owed_will)
+        link = handler.conn.v5
+        await self._end_registration(session.client_id, handler.token, owed_will,
+                                     None if link is None else link.session_expiry)
 
-    async def _end_registration(self, client_id: str, token: str, publish_will: bool) -> None:
+    async def _end_registration(self, client_id: str, token: str, publish_will: bool,
+                                session_expiry: int | None = None) -> None:
         home = self.home(client_id)
         if home is None or home == self.node_id:
             await self.unregister(client_id, token, publish_will, "connection closed")
         else:
-            self.links.send(home, SessionClose(client_id, token, publish_will))
+            self.links.send(home, SessionClose(client_id, token, publish_will,
+                                               session_expiry))
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         local = []
@@ -313,11 +348,14 @@ class ClusterSessions(LocalSessions):
                                                  packet_id))
 
     def forward_subscribe(self, session: Session, packet_id: int,
-                          topics: tuple[tuple[str, int], ...]) -> bool:
+                          topics: tuple[tuple[str, int], ...],
+                          options: tuple[int, ...] | None = None,
+                          subscription_id: int = 0) -> bool:
         if not isinstance(session, RemoteSession):
             return False
-        self.links.send(session.home, SessionSubscribe(session.client_id, session.token,
-                                                       packet_id, list(topics)))
+        self.links.send(session.home, SessionSubscribe(
+            session.client_id, session.token, packet_id, list(topics),
+            None if options is None else list(options), subscription_id))
         return True
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
@@ -344,6 +382,7 @@ class ClusterSessions(LocalSessions):
             if handler.client_id is not None:
                 self.remote.pop((handler.client_id, token), None)
             handler.will = None  # the home publishes it
+            handler.goodbye(0x8E)  # MQTT 5: "session taken over" (if it was accepted)
             handler.kick("taken over by a new connection")  # also before its CONNACK
 
     # -- home side --------------------------------------------------------------------------
@@ -430,15 +469,17 @@ class ClusterSessions(LocalSessions):
                 await self.wait_for_view_change(0.5)
 
     async def unregister(self, client_id: str, token: str, publish_will: bool,
-                         reason: str) -> None:
+                         reason: str) -> bool:
+        """End connection ``token``'s registration; False if it was no longer current."""
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
-            return  # a connection that was already replaced
+            return False  # a connection that was already replaced
         del self.registrations[client_id]
         self._replicate(client_id, WillDelete(client_id, token))
         self._detach_proxy(client_id, token)
         if publish_will:
             await self._publish_will(client_id, current.will, reason)
+        return True
 
     def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
         view = self.view()
@@ -456,8 +497,14 @@ class ClusterSessions(LocalSessions):
         if current is not None and current.token == message.token:
             del self.replica_registrations[message.client_id]
 
-    async def _publish_will(self, client_id: str, will: Will | None, reason: str) -> None:
+    async def _publish_will(self, client_id: str, will: Will | Will5 | None, reason: str
+                            ) -> None:
         if will is None:
+            return
+        delay = will_delay(will)
+        if delay and not self.core.shutting_down:
+            log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, delay, reason)
+            self.spawn(self._publish_will_later, client_id, will, delay, reason)
             return
         if self.fenced():
             log.info("will of %r owed (%s); held while fenced", client_id, reason)
@@ -473,8 +520,20 @@ class ClusterSessions(LocalSessions):
             # failover, say), and neither the lock held here nor a view change may wait.
             self.spawn(self._publish_will_now, will)
 
-    async def _publish_will_now(self, will: Will) -> None:
-        message = Message(will.topic, will.payload, will.qos, will.retain)
+    async def _publish_will_later(self, client_id: str, will: Will5, delay: int,
+                                  reason: str) -> None:
+        """MQTT 5 Will Delay Interval at the will keeper: published unless the client id
+        registered a new connection meanwhile (section 3.1.3.2.2).  The home is the lock of
+        the id, so every reconnect, on any node, registers here first."""
+        await trio.sleep(delay)
+        if client_id in self.registrations:
+            log.info("delayed will of %r not published: it reconnected", client_id)
+            return
+        await self._publish_will(client_id, replace(will, properties=will.properties.without(
+            PropertyId.WILL_DELAY_INTERVAL)), f"{reason}, after its will delay")
+
+    async def _publish_will_now(self, will: Will | Will5) -> None:
+        message = will_message(will, "")
         for attempt in range(3):
             try:
                 await self.core.router.publish(message)
@@ -514,7 +573,9 @@ class ClusterSessions(LocalSessions):
         try:
             await self._await_loaded(client_id)
             await self.register(client_id, edge, token, will_from_wire(message.will), clean)
-            session, present = await self.bind(client_id, clean)
+            v5 = message.v5
+            session, present = await self.bind(client_id, clean,
+                                               v5 is not None and v5.clean_start)
             if clean:
                 # The clean session itself lives at the edge: nothing stays here but the
                 # registration (the bind above discarded any stored session).
@@ -524,6 +585,9 @@ class ClusterSessions(LocalSessions):
                 return
             # The ACL's view of the client, before attach: queued messages are checked too.
             session.access = self.core.access_for(message.username, client_id)
+            # Its protocol: an MQTT 5 client's session output is encoded as v5 here.
+            self.core.bind_protocol(session, None if v5 is None else
+                                    (v5.max_packet_size, v5.receive_maximum))
             proxy = SessionProxy(self.links, edge, client_id, token)
             self.proxies[client_id] = proxy
             self.core.wakers[client_id] = proxy
@@ -542,8 +606,13 @@ class ClusterSessions(LocalSessions):
             raise
 
     async def on_sclose(self, message: SessionClose) -> None:
-        await self.unregister(message.client_id, message.token, message.publish_will,
-                              "connection closed without DISCONNECT at its edge")
+        current = await self.unregister(message.client_id, message.token,
+                                        message.publish_will,
+                                        "connection closed without DISCONNECT at its edge")
+        session = self.core.sessions.get(message.client_id)
+        if current and message.session_expiry is not None and session is not None:
+            # MQTT 5: the session's expiry runs here, at its home, by wall clock.
+            await self.session_expiry_at_close(session, message.session_expiry)
 
     def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
         proxy = self.proxies.get(client_id)
@@ -586,20 +655,31 @@ class ClusterSessions(LocalSessions):
             return
         session, proxy = found
         pairs = tuple(message.topics)
-        codes = await self.core.subscribe(session, pairs)
-        proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
+        options = None if message.options is None else tuple(message.options)
+        replay = retained_wanted(session, pairs, options)
+        codes = await self.core.subscribe(session, pairs, options, message.subscription_id)
+        if session.v5 is not None:
+            proxy.output += encode5(SubAck5(message.packet_id, tuple(codes)))
+        else:
+            proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
         proxy.wake()
-        await self.core.deliver_retained(session, pairs, codes)
+        await self.core.deliver_retained(session, pairs, codes, replay)
 
     async def on_sunsub(self, message: SessionUnsubscribe) -> None:
         found = self._proxied(message.client_id, message.token)
         if found is None:
             return
         session, proxy = found
+        codes = [0 if f in session.subscriptions else 0x11 for f in message.topics]
         for topic_filter in message.topics:
             self.core.router.unsubscribe(session, topic_filter)
+            if session.v5 is not None:
+                session.v5.set_options(topic_filter, 0, 0)
         await self.core.session_store.save_subscriptions(session)
-        proxy.output += encode(UnsubAck(message.packet_id))
+        if session.v5 is not None:
+            proxy.output += encode5(UnsubAck5(message.packet_id, tuple(codes)))
+        else:
+            proxy.output += encode(UnsubAck(message.packet_id))
         proxy.wake()
 
     # -- membership changes -----------------------------------------------------------------

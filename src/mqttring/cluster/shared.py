@@ -63,6 +63,7 @@ from mqttring.cluster.links import Links
 from mqttring.cluster.messages import Redispatch, SharedDone, SharedEntry
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message
+from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.shared")
@@ -313,7 +314,8 @@ class ShareDispatch:
                 if owner is None or owner == self.node_id:
                     await self.run(owned)
                     continue
-                entries = [SharedEntry(m.topic, m.payload, m.qos, m.share) for m in owned]
+                entries = [SharedEntry(m.topic, m.payload, m.qos, m.share, props_to_wire(m.props))
+                           for m in owned]
                 try:
                     await self.links.request(owner, Redispatch(0, entries),
                                              self.request_timeout)
@@ -332,7 +334,8 @@ class ShareDispatch:
     async def on_redispatch(self, node: str, msg: Redispatch) -> None:
         """A peer's member ended: its copies to other members of their shares; answered
         once placed (what we no longer own goes on to the owner by our view)."""
-        copies = [SharedMessage(Message(e.topic, e.payload, e.qos), e.share)
+        copies = [SharedMessage(Message(e.topic, e.payload, e.qos, False,
+                                        PublishProps.from_wire(e.props)), e.share)
                   for e in msg.entries]
         await self._place_again(copies)  # counted where the member ended
         self.links.reply(node, msg.req, True)

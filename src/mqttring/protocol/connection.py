@@ -1,4 +1,9 @@
-"""The server side of one MQTT 3.1.1 network connection, without I/O.
+"""The server side of one MQTT 3.1.1 or 5.0 network connection, without I/O.
+
+A level-5 CONNECT turns on the connection's MQTT 5.0 half (``connection5.V5Link``: the v5
+decoder, topic aliases, flow control, CONNACK properties, DISCONNECT with a reason code);
+the 3.1.1 paths below never consult it except where the answer differs (CONNACK, SUBACK,
+UNSUBACK, refusals, the DISCONNECT sent before closing on a protocol error).
 
 Theory of operation
 -------------------
@@ -24,14 +29,23 @@ The session (``Session``) is separate: it survives this connection when CleanSes
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum, auto
-from typing import NamedTuple
 
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.codec import encode as encode_packet
-from mqttring.protocol.errors import ProtocolViolation
+from mqttring.protocol.codec5 import PacketDecoder5, encode5
+from mqttring.protocol.connection5 import DEFAULT_LIMITS5, ServerLimits5, V5Link
+from mqttring.protocol.errors import MQTTError, ProtocolViolation
+from mqttring.protocol.events import (
+    ConnectRequested,
+    DisconnectRequested,
+    Event,
+    PublishReceived,
+    SubscribeRequested,
+    UnsubscribeRequested,
+)
 from mqttring.protocol.packets import (
+    SUBACK_FAILURE,
     ConnAck,
     Connect,
     ConnectReturnCode,
@@ -48,6 +62,14 @@ from mqttring.protocol.packets import (
     UnsubAck,
     Unsubscribe,
 )
+from mqttring.protocol.packets5 import ConnAck5, Connect5, Disconnect5, SubAck5, UnsubAck5
+from mqttring.protocol.properties import (
+    VALID_REASONS,
+    Properties,
+    PropertyId,
+    PropValue,
+    ReasonCode,
+)
 from mqttring.protocol.session import Message, Session
 
 
@@ -58,50 +80,16 @@ class ConnState(Enum):
     CLOSED = auto()
 
 
-# -- events handed to the broker ------------------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class ConnectRequested:
-    packet: Connect
-
-
-class PublishReceived(NamedTuple):
-    """A message to route; QoS 1/2 need ``ack_publish(packet_id, qos)`` once accepted.
-
-    A named tuple, not a frozen dataclass like the other events: one is built per PUBLISH,
-    and a frozen dataclass's ``__init__`` costs several times a tuple's."""
-
-    message: Message
-    packet_id: int | None
-
-
-@dataclass(slots=True, frozen=True)
-class SubscribeRequested:
-    packet_id: int
-    topics: tuple[tuple[str, int], ...]
-
-
-@dataclass(slots=True, frozen=True)
-class UnsubscribeRequested:
-    packet_id: int
-    topics: tuple[str, ...]
-
-
-@dataclass(slots=True, frozen=True)
-class DisconnectRequested:
-    """A clean DISCONNECT: the will must be discarded [MQTT-3.14.4-3]."""
-
-
-Event = (
-    ConnectRequested
-    | PublishReceived
-    | SubscribeRequested
-    | UnsubscribeRequested
-    | DisconnectRequested
-)
-
 _PROTOCOLS = {("MQTT", 4), ("MQIsdp", 3)}
+
+#: The v5 reason code for each 3.1.1 CONNACK refusal the broker core decides on.
+_V5_REFUSALS = {
+    ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION: ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+    ConnectReturnCode.IDENTIFIER_REJECTED: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+    ConnectReturnCode.SERVER_UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
+    ConnectReturnCode.BAD_USERNAME_OR_PASSWORD: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+    ConnectReturnCode.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+}
 
 
 class ServerConnection:
@@ -111,22 +99,28 @@ class ServerConnection:
         "_decoder",
         "_freed",
         "_out",
+        "_v5",
         "client_id",
         "connect",
         "disconnected",
+        "limits5",
         "packets_received",
         "publishes_received",
         "session",
         "state",
     )
 
-    def __init__(self, max_packet_size: int = 268_435_455) -> None:
-        self._decoder = PacketDecoder(max_packet_size)
+    def __init__(self, max_packet_size: int = 268_435_455,
+                 limits5: ServerLimits5 = DEFAULT_LIMITS5) -> None:
+        self._decoder: PacketDecoder = PacketDecoder(max_packet_size)
+        #: The MQTT 5.0 side of the connection once a v5 CONNECT arrived; None: 3.1.1.
+        self._v5: V5Link | None = None
+        self.limits5 = limits5
         #: An acknowledgement in the current read freed a window slot (``_drain`` refills).
         self._freed = False
         self._out = bytearray()
         self.state = ConnState.AWAIT_CONNECT
-        self.connect: Connect | None = None
+        self.connect: Connect | Connect5 | None = None
         self.client_id: str | None = None
         self.session: Session | None = None
         #: The client sent DISCONNECT: closed for input, but what it sent before is still
@@ -142,7 +136,44 @@ class ServerConnection:
         if self.state is ConnState.CLOSED:
             return []
         self._decoder.feed(data)
-        return self._drain()
+        try:
+            return self._drain()
+        except MQTTError as exc:
+            if self._v5 is not None and self.state is ConnState.CONNECTED:
+                # MQTT 5: say why before closing [MQTT-4.13.1-1].
+                self.disconnect(exc.reason_code)
+            raise
+
+    @property
+    def v5(self) -> V5Link | None:
+        """The MQTT 5.0 state of this connection; None while it speaks 3.1.1."""
+        return self._v5
+
+    @property
+    def protocol_level(self) -> int:
+        return 5 if self._v5 is not None else 4
+
+    def freed(self) -> None:
+        """An acknowledgement freed an inflight slot (refilled once per read)."""
+        self._freed = True
+
+    def count_publish(self, event: PublishReceived | None) -> PublishReceived | None:
+        self.publishes_received += 1
+        return event
+
+    def closed_by_client(self) -> None:
+        """The client sent DISCONNECT: closed for input; what it sent before still counts."""
+        self.state = ConnState.CLOSED
+        self.disconnected = True
+
+    def disconnect(self, reason_code: int) -> None:
+        """MQTT 5: send DISCONNECT with a reason and stop (server-initiated disconnect).
+        On a 3.1.1 connection (which has no server DISCONNECT) it only closes."""
+        if self._v5 is not None and self.state is not ConnState.CLOSED:
+            if reason_code not in VALID_REASONS["DISCONNECT"]:
+                reason_code = 0x80  # a reason a DISCONNECT may carry
+            self._out += encode5(Disconnect5(reason_code))
+        self.state = ConnState.CLOSED
 
     def _drain(self) -> list[Event]:
         events: list[Event] = []
@@ -188,6 +219,8 @@ class ServerConnection:
 
     def _on_packet(self, packet: object) -> Event | None:
         if self.state is ConnState.AWAIT_CONNECT:
+            if type(packet) is Connect5:
+                return self._on_connect5(packet)
             if not isinstance(packet, Connect):
                 raise ProtocolViolation(
                     "MQTT-3.1.0-1", f"first packet must be CONNECT, got {type(packet).__name__}"
@@ -218,6 +251,8 @@ class ServerConnection:
             return DisconnectRequested()
         elif isinstance(packet, Connect):
             raise ProtocolViolation("MQTT-3.1.0-2", "a second CONNECT on one connection")
+        elif self._v5 is not None:
+            return self._v5.on_packet(self, packet)
         else:
             raise ProtocolViolation(
                 "MQTT-4.8.0-1", f"{type(packet).__name__} is only sent by servers"
@@ -233,6 +268,18 @@ class ServerConnection:
         if not packet.client_id and not packet.clean_session:
             # [MQTT-3.1.3-8]
             self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
+            return None
+        self.state = ConnState.CONNECTING
+        return ConnectRequested(packet)
+
+    def _on_connect5(self, packet: Connect5) -> ConnectRequested | None:
+        self.connect = packet
+        self._v5 = V5Link(packet, self.limits5)
+        # What follows the CONNECT is MQTT 5: continue on the v5 decoder.
+        self._decoder = PacketDecoder5.take_over(self._decoder)
+        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            # Enhanced authentication (section 4.12): no method is supported here.
+            self.refuse_v5(ReasonCode.BAD_AUTHENTICATION_METHOD)
             return None
         self.state = ConnState.CONNECTING
         return ConnectRequested(packet)
@@ -254,29 +301,75 @@ class ServerConnection:
         self.client_id = session.client_id
         # [MQTT-3.2.2-1]: session present is 0 for a clean session.
         present = session_present and not session.clean_session
-        self._out += encode_packet(ConnAck(present, ConnectReturnCode.ACCEPTED))
+        if self._v5 is None:
+            self._out += encode_packet(ConnAck(present, ConnectReturnCode.ACCEPTED))
+        else:
+            self._out += encode5(ConnAck5(present, 0, self._connack_properties(session)))
         session.attach(self._out, now)
         return self._drain()
 
+    def _connack_properties(self, session: Session) -> Properties:
+        """What a v5 CONNACK tells the client about this server (section 3.2.2.3)."""
+        limits = self.limits5
+        items: list[tuple[PropertyId, PropValue]] = [
+            (PropertyId.RECEIVE_MAXIMUM, limits.receive_maximum),
+            # A whole packet within this limit has a remaining length below it too.
+            (PropertyId.MAXIMUM_PACKET_SIZE, self._decoder.max_packet_size),
+            (PropertyId.TOPIC_ALIAS_MAXIMUM, limits.topic_alias_maximum),
+            (PropertyId.RETAIN_AVAILABLE, 1),
+            (PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE, 1),
+            (PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE, int(limits.subscription_identifiers)),
+            (PropertyId.SHARED_SUBSCRIPTION_AVAILABLE, int(limits.shared_subscriptions)),
+        ]
+        assert self.connect is not None and self._v5 is not None
+        if self._v5.session_expiry != self.connect.session_expiry:  # type: ignore[union-attr]
+            # The server overrode the client's Session Expiry Interval [MQTT-3.2.2-21].
+            items.append((PropertyId.SESSION_EXPIRY_INTERVAL, self._v5.session_expiry))
+        if not self.connect.client_id:
+            items.append((PropertyId.ASSIGNED_CLIENT_IDENTIFIER, session.client_id))
+        return Properties(items)
+
     def refuse(self, code: ConnectReturnCode) -> None:
         """Send CONNACK with a non-zero code [MQTT-3.2.2-4] and close [MQTT-3.2.2-5]."""
+        if self._v5 is not None:
+            self.refuse_v5(_V5_REFUSALS[code])
+            return
         self._out += encode_packet(ConnAck(False, code))
+        self.state = ConnState.CLOSED
+
+    def refuse_v5(self, reason_code: int) -> None:
+        """MQTT 5: CONNACK with a failure reason code, then close [MQTT-3.2.2-7]."""
+        self._out += encode5(ConnAck5(False, reason_code))
         self.state = ConnState.CLOSED
 
     def ack_publish(self, packet_id: int | None, qos: int) -> None:
         """Acknowledge a routed PUBLISH: PUBACK for QoS 1, PUBREC for QoS 2."""
         if self.state is ConnState.CLOSED or packet_id is None or not qos:
             return
+        if self._v5 is not None and qos == 1:
+            self._v5.acked()
         # PUBACK 0x40 / PUBREC 0x50, remaining length 2, the id (one per publish: no
         # packet object on this path).
         self._out += bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
 
     def send_suback(self, packet_id: int, return_codes: list[int]) -> None:
-        if self.state is not ConnState.CLOSED:
-            self._out += encode_packet(SubAck(packet_id, tuple(return_codes)))
+        """SUBACK; a v5 connection may get any SUBACK reason code (0x8F, 0x9E, 0xA1...),
+        which a 3.1.1 one sees as 0x80 failure."""
+        if self.state is ConnState.CLOSED:
+            return
+        if self._v5 is not None:
+            self._out += encode5(SubAck5(packet_id, tuple(return_codes)))
+        else:
+            codes = tuple(c if c <= 2 else SUBACK_FAILURE for c in return_codes)
+            self._out += encode_packet(SubAck(packet_id, codes))
 
-    def send_unsuback(self, packet_id: int) -> None:
-        if self.state is not ConnState.CLOSED:
+    def send_unsuback(self, packet_id: int, reason_codes: list[int] | None = None) -> None:
+        """UNSUBACK; a v5 one carries a reason code per filter (0x11: there was none)."""
+        if self.state is ConnState.CLOSED:
+            return
+        if self._v5 is not None:
+            self._out += encode5(UnsubAck5(packet_id, tuple(reason_codes or (0,))))
+        else:
             self._out += encode_packet(UnsubAck(packet_id))
 
     def close(self) -> None:
@@ -312,6 +405,7 @@ class ServerConnection:
 
     @property
     def keepalive(self) -> int:
+        """The client's keep-alive (the same field in 3.1.1 and 5.0)."""
         return self.connect.keepalive if self.connect is not None else 0
 
     @property

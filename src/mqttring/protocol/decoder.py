@@ -1,5 +1,8 @@
 """Sans-IO MQTT 3.1.1 decoder: bytes, in arbitrary chunks, to packets.
 
+A level-5 CONNECT is handed to ``decoder5.decode_connect5``; the connection then continues
+on ``decoder5.PacketDecoder5`` (MQTT 5.0), so nothing below pays for the other version.
+
 Decoder invariants:
 
 * One immutable ``bytes`` buffer holds unconsumed input and ``_pos`` marks where the next
@@ -113,6 +116,12 @@ def _decode_connect(flags: int, buf: bytes, start: int, stop: int) -> Packet:
     # CONNACK code 1 [MQTT-3.1.2-2]; "MQIsdp" is the name MQTT 3.1 clients use.
     if not (name == "MQTT" or (name == "MQIsdp" and level == 3)):
         raise MalformedPacket("MQTT-3.1.2-1", f"unsupported protocol {name!r} level {level}")
+    if name == "MQTT" and level == 5:
+        # MQTT 5.0: its own module (imported here, once per connection, so that the 3.1.1
+        # decoder does not depend on the v5 one at import time).
+        from mqttring.protocol.decoder5 import decode_connect5
+
+        return decode_connect5(connect_flags, keepalive, buf, offset, stop)  # type: ignore[return-value]
     if name == "MQTT" and level != 4:
         # Another revision (MQTT 5 puts properties here): its payload is not ours to parse.
         # The session only needs the level to refuse it with CONNACK 1 [MQTT-3.1.2-2]; flags
@@ -300,6 +309,11 @@ class PacketDecoder:
         self._chunks: list[bytes] = []
         self._parked = 0
         self._need = 0
+
+    @property
+    def max_packet_size(self) -> int:
+        """The limit on a packet's remaining length (what a v5 CONNACK announces)."""
+        return self._max
 
     @property
     def buffered(self) -> int:

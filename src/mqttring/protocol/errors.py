@@ -15,24 +15,39 @@ from __future__ import annotations
 
 
 class MQTTError(Exception):
-    """A peer violated MQTT 3.1.1; ``rule`` names the normative statement."""
+    """A peer violated MQTT; ``rule`` names the normative statement.
 
-    def __init__(self, rule: str, message: str) -> None:
+    ``reason_code`` is the MQTT 5.0 reason code the specification assigns to this kind of
+    fault (section 2.4): a v5 connection sends it in a DISCONNECT before closing (a 3.1.1
+    connection just closes).  Each subclass has its default; a raise site that knows a
+    more precise one (0x94 topic alias invalid, 0x93 receive maximum exceeded) passes it.
+    """
+
+    default_reason_code = 0x80  # unspecified error
+
+    def __init__(self, rule: str, message: str, reason_code: int | None = None) -> None:
         super().__init__(f"[{rule}] {message}")
         self.rule = rule
         self.detail = message
+        self.reason_code = self.default_reason_code if reason_code is None else reason_code
 
 
 class MalformedPacket(MQTTError):
     """The bytes do not form a valid packet (codec level)."""
 
+    default_reason_code = 0x81
+
 
 class PacketTooLarge(MalformedPacket):
     """Remaining length exceeds the configured maximum packet size."""
 
+    default_reason_code = 0x95
+
 
 class ProtocolViolation(MQTTError):
     """A well-formed packet arrived where the session state forbids it."""
+
+    default_reason_code = 0x82
 
 
 class InvalidTopic(MalformedPacket):

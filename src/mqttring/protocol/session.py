@@ -23,6 +23,11 @@ knows nothing of trio, sockets or LMDB:
 * Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
   until PUBREL, so a redelivered PUBLISH with the same id is acknowledged but not routed again.
 
+MQTT 5.0: ``v5`` (``session5.V5Session``) is set while the client speaks v5 and changes
+only how messages are encoded and which are skipped (No Local, expired, too large for the
+client); ``ends_at`` is its Session Expiry deadline while offline.  Both are None/0 for a
+3.1.1 client, whose deliveries take one extra attribute test.
+
 Access control: ``access`` (None unless the node has an ACL file) answers whether a topic
 may reach this client.  It is asked where a message enters the session (``deliver``) and
 again where a queued one leaves for the connection (``_pump``), so a message queued before
@@ -60,6 +65,7 @@ from typing import Protocol
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
 from mqttring.protocol.packets import PubRel
+from mqttring.protocol.session5 import PublishProps, V5Session
 
 #: ``expires_at`` values in (0, this) are taken for monotonic deadlines written before expiry
 #: moved to wall-clock time: no UNIX timestamp this small (2001-09-09) is ever written now,
@@ -76,13 +82,18 @@ class Message:
     a dict per message was a measurable share of a cluster hop.
     """
 
-    __slots__ = ("_qos0", "_qos0_retained", "_topic_bytes", "payload", "qos", "retain", "topic")
+    __slots__ = ("_qos0", "_qos0_retained", "_topic_bytes", "payload", "props", "qos", "retain",
+                 "topic")
 
-    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                 props: PublishProps | None = None) -> None:
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
+        #: MQTT 5.0 properties carried end to end (``session5.PublishProps``); None for a
+        #: 3.1.1 message, and ignored by the 3.1.1 encoders (properties stripped).
+        self.props = props
         self._topic_bytes: bytes | None = None
         self._qos0: bytes | None = None
         self._qos0_retained: bytes | None = None
@@ -116,18 +127,19 @@ class Message:
         return encode_publish(self.topic_bytes, self.payload, qos, retain, dup, packet_id)
 
     def __repr__(self) -> str:
-        return (
-            f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain})"
-        )
+        extra = "" if self.props is None else f", props={self.props!r}"
+        return (f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, "
+                f"retain={self.retain}{extra})")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
             return NotImplemented
-        return (self.topic, self.payload, self.qos, self.retain) == (
+        return (self.topic, self.payload, self.qos, self.retain, self.props) == (
             other.topic,
             other.payload,
             other.qos,
             other.retain,
+            other.props,
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -204,6 +216,11 @@ class Session:
     #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
     #: Set by whoever binds the client's connection; it is not stored.
     access: ReadAccess | None = None
+    #: The MQTT 5.0 side (``session5.V5Session``) while the client speaks v5; None: 3.1.1.
+    v5: V5Session | None = None
+    #: MQTT 5 Session Expiry Interval: the wall-clock time (UNIX seconds) at which this
+    #: session, now offline, ends; 0 while connected or when it never expires.
+    ends_at: float = 0.0
 
     @property
     def persistent(self) -> bool:
@@ -234,19 +251,32 @@ class Session:
         access = self.access
         if access is not None and not access.may_read(message.topic):
             return
+        v5 = self.v5
+        if v5 is not None:
+            flag = v5.retain_flag(message, retain, self.subscriptions)
+            if flag is None:
+                return  # No Local: the client's own message
+            retain = flag
         out = self.output
         if qos == 0:
             if out is not None:  # deliver_encoded inlined: this runs once per subscriber
                 if len(out) > self.limits.max_output:
                     self.dropped += 1
                     return
-                out += message.encode_qos0(retain)
+                if v5 is None:
+                    out += message.encode_qos0(retain)
+                else:
+                    v5.send(out, message, 0, retain, False, None)
                 return
             if self.clean_session:
                 return
         entry = Outbound(self.next_seq, message, qos, retain)
         if self.limits.message_ttl > 0:
             entry.expires_at = now + self.limits.message_ttl
+        props = message.props
+        if props is not None and props.expires_at and (
+                not entry.expires_at or props.expires_at < entry.expires_at):
+            entry.expires_at = props.expires_at  # MQTT 5 message expiry interval
         self.next_seq += 1
         if out is None or not self.limits.hold_when_online:
             self._make_room()
@@ -260,14 +290,15 @@ class Session:
     def deliver_encoded(self, frames: bytes | bytearray | memoryview, count: int) -> bool:
         """Hand over ``count`` QoS 0 PUBLISHes already encoded back to back.
 
-        Only an online session can take them as bytes; False means it is offline and the
-        caller must ``deliver`` them one ``Message`` at a time (queued or discarded as the
-        session's rules say).  The output limit is checked once for the whole run, so it
-        may be exceeded by at most one run, as it may by one large PUBLISH.
+        Only an online 3.1.1 session can take them as bytes; False means it is offline (or
+        speaks MQTT 5) and the caller must ``deliver`` them one ``Message`` at a time
+        (queued or discarded as the session's rules say).  The output limit is checked
+        once for the whole run, so it may be exceeded by at most one run, as it may by one
+        large PUBLISH.
         """
         out = self.output
-        if out is None:
-            return False
+        if out is None or self.v5 is not None:
+            return False  # (an MQTT 5 client needs v5 PUBLISHes: one ``deliver`` each)
         if len(out) > self.limits.max_output:
             self.dropped += count
         else:
@@ -279,7 +310,7 @@ class Session:
 
         ``now`` is wall-clock UNIX seconds, the clock ``deliver`` stamped deadlines with.
         """
-        if self.limits.message_ttl <= 0 or not self.queue:
+        if not self.queue:
             return 0
         kept: list[Outbound] = []
         expired = 0
@@ -318,6 +349,7 @@ class Session:
         inflight = self.inflight
         window = self.limits.max_inflight
         access = self.access
+        v5 = self.v5
         taken = 0
         for entry in queue:
             if entry.qos and len(inflight) >= window:
@@ -327,15 +359,23 @@ class Session:
                 self._forget(entry)  # queued before an ACL change, or before we knew who
                 continue
             if entry.qos == 0:
-                out += entry.message.encode_qos0(entry.retain)
+                if v5 is None:
+                    out += entry.message.encode_qos0(entry.retain)
+                else:
+                    v5.send(out, entry.message, 0, entry.retain, False, None)
                 continue
             pid = self._allocate_packet_id()
+            if v5 is not None and not v5.send(out, entry.message, entry.qos, entry.retain,
+                                              False, pid):
+                self._forget(entry)  # expired, or too large for the client: as if sent
+                continue
             entry.packet_id = pid
             entry.state = OutState.AWAIT_PUBACK if entry.qos == 1 else OutState.AWAIT_PUBREC
             inflight[pid] = entry
             if self.persistent:
                 self._dirty[entry.seq] = entry
-            out += entry.message.encode(entry.qos, entry.retain, False, pid)
+            if v5 is None:
+                out += entry.message.encode(entry.qos, entry.retain, False, pid)
         if taken:
             del queue[:taken]
 
@@ -357,6 +397,10 @@ class Session:
                 output += encode_packet(PubRel(entry.packet_id))  # type: ignore[arg-type]
             elif access is not None and not access.may_read(entry.message.topic):
                 denied.append(pid)  # sent before an ACL change, or to another identity
+            elif self.v5 is not None:
+                # An inflight copy is resent even past its expiry: it was already sent.
+                self.v5.send(output, entry.message, entry.qos, entry.retain, True,
+                             entry.packet_id)
             else:
                 output += entry.message.encode(entry.qos, entry.retain, True, entry.packet_id)
         for pid in denied:

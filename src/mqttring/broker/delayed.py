@@ -1,0 +1,70 @@
+"""Wills that wait: the MQTT 5.0 Will Delay Interval (section 3.1.3.2.2).
+
+A v5 client may ask for its will to be published only after a delay, so that a brief
+network blip followed by a reconnect does not tell the world it died.  ``DelayedWills``
+holds such wills by client id with a wall-clock deadline; ``cancel`` (called for every
+CONNECT of that id, on the node that decides the id) drops one [MQTT-3.1.3-9], and ``run``
+(one task of the node's nursery) publishes those whose deadline passed through the
+``publish`` callable it was built with (the router, like any will).
+
+The effective delay is the smaller of the will delay and the session expiry interval: a
+will is published when the session ends if that comes first.  The broker core decides that
+and schedules with the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from mqttring.protocol.session import Message
+
+log = logging.getLogger("mqttring.broker")
+
+
+class DelayedWills:
+    def __init__(self, publish: Callable[[Message], Awaitable[None]],
+                 connected: Callable[[str], bool]) -> None:
+        self._publish = publish
+        #: Whether a client id has a live connection now: a will falling due then is
+        #: dropped (it reconnected; the cancel may have come before the old connection's
+        #: cleanup scheduled the will).
+        self._connected = connected
+        #: client id -> (trio deadline, will message).
+        self._pending: dict[str, tuple[float, Message]] = {}
+        self._changed = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def schedule(self, client_id: str, message: Message, delay: float) -> None:
+        self._pending[client_id] = (trio.current_time() + delay, message)
+        self._changed.set()
+
+    def cancel(self, client_id: str) -> bool:
+        """The client reconnected within the delay: its will is not published."""
+        return self._pending.pop(client_id, None) is not None
+
+    async def run(self) -> None:
+        """Publish wills as they fall due; runs until cancelled (node shutdown)."""
+        while True:
+            self._changed = trio.Event()
+            now = trio.current_time()
+            due = [cid for cid, (deadline, _) in self._pending.items() if deadline <= now]
+            for cid in due:
+                _, message = self._pending.pop(cid)
+                if self._connected(cid):
+                    log.info("delayed will of %r not published: it reconnected", cid)
+                    continue
+                log.info("publishing the delayed will of %r on %r", cid, message.topic)
+                try:
+                    await self._publish(message)
+                except Exception:
+                    log.exception("delayed will of %r on %r not published", cid,
+                                  message.topic)
+            nearest = min((d for d, _ in self._pending.values()), default=math.inf)
+            with trio.move_on_at(nearest):
+                await self._changed.wait()

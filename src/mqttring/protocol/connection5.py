@@ -1,0 +1,194 @@
+"""The MQTT 5.0 half of ``ServerConnection``: what a v5 connection adds, without I/O.
+
+Theory of operation
+-------------------
+``ServerConnection`` stays the one protocol machine per connection.  When a CONNECT says
+level 5 it builds a ``V5Link`` (this module), swaps in the v5 decoder, and from then on
+hands every packet type the 3.1.1 path does not know (``Publish5``, ``PubAck5``,
+``Subscribe5``, ``Disconnect5``, ``Auth5``...) to ``V5Link.on_packet``.  A 3.1.1
+connection never reaches this module, so its per-packet cost is unchanged.
+
+What the link keeps (all per network connection, never part of the session):
+
+* Topic aliases the client set up (section 3.3.2.3.4): alias -> topic.  An alias of 0 or
+  above the Topic Alias Maximum we announced is a protocol error with reason 0x94
+  [MQTT-3.2.2-17/18]; an unknown alias with an empty topic is 0x82.
+* Inbound flow control: QoS 1/2 PUBLISHes received and not yet fully acknowledged (PUBACK
+  sent, or PUBCOMP sent for QoS 2).  More than our Receive Maximum is 0x93
+  [MQTT-3.3.4-9].
+* What the client announced: its Receive Maximum (bounds our inflight window to it, applied
+  by the broker core to the session), its Maximum Packet Size (``V5Session``), its Topic
+  Alias Maximum (we never send aliases, which is always allowed).
+
+Errors raise the ``MQTTError`` family with the reason code; ``ServerConnection`` turns that
+into a DISCONNECT with that reason before closing [MQTT-4.13.1-1].
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mqttring.protocol.errors import ProtocolViolation
+from mqttring.protocol.events import (
+    DisconnectRequested,
+    Event,
+    PublishReceived,
+    SubscribeRequested,
+    UnsubscribeRequested,
+)
+from mqttring.protocol.packets5 import (
+    Auth5,
+    Connect5,
+    Disconnect5,
+    PubAck5,
+    PubComp5,
+    Publish5,
+    PubRec5,
+    PubRel5,
+    Subscribe5,
+    Unsubscribe5,
+)
+from mqttring.protocol.properties import PropertyId
+from mqttring.protocol.session import Message
+from mqttring.protocol.session5 import PublishProps
+
+if TYPE_CHECKING:
+    from mqttring.protocol.connection import ServerConnection
+
+
+@dataclass(slots=True, frozen=True)
+class ServerLimits5:
+    """What this server announces in a v5 CONNACK (section 3.2.2.3)."""
+
+    #: QoS 1/2 PUBLISHes a client may have unacknowledged towards us.
+    receive_maximum: int = 64
+    #: Topic aliases a client may set up on one connection (0: none).
+    topic_alias_maximum: int = 16
+    #: Subscription identifiers are supported (``session5.V5Session``).
+    subscription_identifiers: bool = True
+    #: Shared subscriptions (``$share/{group}/{filter}``, ``mqttring.broker.shared``).
+    shared_subscriptions: bool = True
+
+
+DEFAULT_LIMITS5 = ServerLimits5()
+
+
+class V5Link:
+    """See the module docstring."""
+
+    __slots__ = ("aliases", "client_max_packet", "client_receive_max", "clock", "inbound",
+                 "limits", "session_expiry")
+
+    def __init__(self, connect: Connect5, limits: ServerLimits5,
+                 clock: Callable[[], float] = time.time) -> None:
+        props = connect.properties
+        self.limits = limits
+        self.aliases: dict[int, str] = {}
+        self.inbound = 0
+        self.client_receive_max = int(props.get(PropertyId.RECEIVE_MAXIMUM, 65535))  # type: ignore[arg-type]
+        self.client_max_packet = int(props.get(PropertyId.MAXIMUM_PACKET_SIZE, 0))  # type: ignore[arg-type]
+        #: The session expiry interval in force (CONNECT, possibly changed by DISCONNECT).
+        self.session_expiry = connect.session_expiry
+        self.clock = clock
+
+    def on_publish(self, conn: ServerConnection, packet: Publish5) -> PublishReceived | None:
+        props = packet.properties
+        topic = packet.topic
+        if props:
+            alias = props.get(PropertyId.TOPIC_ALIAS)
+            if alias is not None:
+                if not 0 < alias <= self.limits.topic_alias_maximum:  # type: ignore[operator]
+                    raise ProtocolViolation(
+                        "MQTT-3.3.2-8", f"topic alias {alias} is 0 or above the maximum "
+                        f"{self.limits.topic_alias_maximum}", 0x94)
+                if topic:
+                    self.aliases[alias] = topic  # type: ignore[index]
+                else:
+                    found = self.aliases.get(alias)  # type: ignore[arg-type]
+                    if found is None:
+                        raise ProtocolViolation("MQTT-3.3.4", f"unknown topic alias {alias}")
+                    topic = found
+            if PropertyId.SUBSCRIPTION_IDENTIFIER in props:
+                raise ProtocolViolation(
+                    "MQTT-3.3.4-6", "a client's PUBLISH must not carry a subscription identifier")
+        if not topic:
+            raise ProtocolViolation("MQTT-3.3.2-1", "empty topic name without a topic alias",
+                                    0x82)
+        qos = packet.qos
+        if qos:
+            session = conn.session
+            assert session is not None
+            if qos == 2 and not session.begin_inbound_qos2(packet.packet_id):  # type: ignore[arg-type]
+                conn.output.extend(bytes((0x50, 2, packet.packet_id >> 8,  # type: ignore[operator]
+                                          packet.packet_id & 0xFF)))  # type: ignore[operator]
+                return None
+            self.inbound += 1
+            if self.inbound > self.limits.receive_maximum:
+                raise ProtocolViolation(
+                    "MQTT-3.3.4-9", f"more than {self.limits.receive_maximum} QoS 1/2 "
+                    "publishes unacknowledged", 0x93)
+        message_props = PublishProps.from_properties(props, conn.client_id or "", self.clock())
+        return PublishReceived(
+            Message(topic, packet.payload, qos, packet.retain, message_props), packet.packet_id)
+
+    def on_packet(self, conn: ServerConnection, packet: object) -> Event | None:
+        session = conn.session
+        assert session is not None
+        kind = type(packet)
+        if kind is Publish5:
+            return conn.count_publish(self.on_publish(conn, packet))  # type: ignore[arg-type]
+        if kind is PubAck5:
+            if session.on_puback(packet.packet_id, pump=False):  # type: ignore[attr-defined]
+                conn.freed()
+        elif kind is PubRec5:
+            session.on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+        elif kind is PubComp5:
+            if session.on_pubcomp(packet.packet_id, pump=False):  # type: ignore[attr-defined]
+                conn.freed()
+        elif kind is PubRel5:
+            pid = packet.packet_id  # type: ignore[attr-defined]
+            if pid in session.inbound_qos2:
+                self.inbound = max(0, self.inbound - 1)
+                session.release_inbound_qos2(pid)
+                conn.output.extend(bytes((0x70, 2, pid >> 8, pid & 0xFF)))
+            else:
+                conn.output.extend(bytes((0x70, 3, pid >> 8, pid & 0xFF, 0x92)))
+        elif kind is Subscribe5:
+            sub: Subscribe5 = packet  # type: ignore[assignment]
+            sid = sub.subscription_id or 0
+            if sid and not self.limits.subscription_identifiers:
+                raise ProtocolViolation("MQTT-3.8.2.1.2", "subscription identifiers are not "
+                                        "supported", 0xA1)
+            return SubscribeRequested(
+                sub.packet_id, tuple((f, o.qos) for f, o in sub.topics),
+                tuple(o.to_byte() for _, o in sub.topics), sid)
+        elif kind is Unsubscribe5:
+            return UnsubscribeRequested(packet.packet_id, packet.topics)  # type: ignore[attr-defined]
+        elif kind is Disconnect5:
+            disc: Disconnect5 = packet  # type: ignore[assignment]
+            expiry = disc.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+            if expiry is not None:
+                if self.session_expiry == 0 and expiry:
+                    # [MQTT-3.14.2-2]: a session that was to end cannot be revived here.
+                    raise ProtocolViolation("MQTT-3.14.2-2", "DISCONNECT may not set a "
+                                            "session expiry when CONNECT had 0")
+                self.session_expiry = int(expiry)  # type: ignore[arg-type]
+            conn.closed_by_client()
+            return DisconnectRequested(disc.reason_code, None if expiry is None
+                                       else int(expiry))  # type: ignore[arg-type]
+        elif kind is Auth5:
+            raise ProtocolViolation("MQTT-4.12.0-1", "AUTH without an authentication method "
+                                    "in use")
+        elif kind is Connect5:
+            raise ProtocolViolation("MQTT-3.1.0-2", "a second CONNECT on one connection")
+        else:
+            raise ProtocolViolation("MQTT-4.8.0-1",
+                                    f"{kind.__name__} is not a client-to-server v5 packet")
+        return None
+
+    def acked(self) -> None:
+        """A QoS 1 PUBACK or QoS 2 PUBREC went out: for QoS 1 the slot is free."""
+        self.inbound = max(0, self.inbound - 1)

@@ -1,0 +1,187 @@
+"""What an MQTT 5.0 session adds to delivery: message properties and subscription options.
+
+Theory of operation
+-------------------
+``PublishProps`` is what a v5 PUBLISH carries end to end, attached to a ``Message`` as its
+optional ``props`` (None for every 3.1.1 message, which therefore pays nothing):
+
+* ``raw``: the property bytes forwarded verbatim, already encoded in wire order (payload
+  format indicator, content type, response topic, correlation data, user properties).  The
+  topic alias and subscription identifiers are per connection and never forwarded
+  [MQTT-3.3.2-7, MQTT-3.3.4-6]; the message expiry interval is rewritten per delivery.
+* ``expires_at``: the message expiry deadline as wall-clock UNIX seconds (0: none), so that
+  any node, and a restarted one, forwards the *remaining* interval [MQTT-3.3.2-6] and drops
+  an expired copy instead of sending it.
+* ``origin``: the publishing client's id, for No Local [MQTT-3.8.3-3].
+
+A 3.1.1 subscriber gets ``Message.encode*``, which ignores ``props`` (properties stripped);
+a v5 subscriber's session has a ``V5Session`` and encodes through ``V5Session.send``.
+
+``V5Session`` is the v5 side of one ``Session``: the client's Maximum Packet Size (a PUBLISH
+larger than it is dropped as if sent [MQTT-3.1.2-24/25]) and the options of its
+subscriptions (No Local, Retain As Published, Subscription Identifier), keyed by filter.
+Options are checked against the session's filters at delivery, because the router hands a
+session one copy per message (``LocalRouter._targets``) without saying which filter matched;
+only sessions that have options pay for the loop, and only v5 sessions have any.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from struct import Struct
+
+from mqttring.protocol.codec5 import encode_publish5
+from mqttring.protocol.properties import (
+    Properties,
+    PropertyId,
+    encode_property_body,
+    encode_vbi,
+)
+from mqttring.protocol.topics import topic_matches
+
+_U32 = Struct(">I")
+
+#: Inbound properties that stay with the connection they arrived on.
+_NOT_FORWARDED = (PropertyId.TOPIC_ALIAS, PropertyId.SUBSCRIPTION_IDENTIFIER,
+                  PropertyId.MESSAGE_EXPIRY_INTERVAL, PropertyId.WILL_DELAY_INTERVAL)
+
+#: Subscription option bits as kept in ``V5Session.options`` (the SUBSCRIBE byte's layout,
+#: with the subscription identifier above bit 8).
+NO_LOCAL = 0x04
+RETAIN_AS_PUBLISHED = 0x08
+
+
+class PublishProps:
+    """See the module docstring.  Immutable by convention (shared by every copy)."""
+
+    __slots__ = ("expires_at", "origin", "raw")
+
+    def __init__(self, raw: bytes = b"", expires_at: float = 0.0, origin: str = "") -> None:
+        self.raw = raw
+        self.expires_at = expires_at
+        self.origin = origin
+
+    @classmethod
+    def from_properties(cls, props: Properties, origin: str, now: float) -> PublishProps:
+        """From an inbound v5 PUBLISH (or will) of client ``origin``, received at ``now``."""
+        expiry = props.get(PropertyId.MESSAGE_EXPIRY_INTERVAL)
+        forwarded = props.without(*_NOT_FORWARDED)
+        raw = encode_property_body(forwarded, "PUBLISH") if forwarded else b""
+        deadline = now + int(expiry) if expiry is not None else 0.0  # type: ignore[arg-type]
+        return cls(raw, deadline, origin)
+
+    def expired(self, now: float) -> bool:
+        return 0 < self.expires_at <= now
+
+    def to_wire(self) -> tuple[bytes, float, str]:
+        """For the session store and cluster messages: ``(raw, expires_at, origin)``."""
+        return (self.raw, self.expires_at, self.origin)
+
+    @classmethod
+    def from_wire(cls, value: Sequence[object] | None) -> PublishProps | None:
+        if value is None:
+            return None
+        raw, expires_at, origin = value
+        return cls(bytes(raw), float(expires_at), str(origin))  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PublishProps):
+            return NotImplemented
+        return (self.raw, self.expires_at, self.origin) == (
+            other.raw, other.expires_at, other.origin)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PublishProps({self.raw!r}, {self.expires_at}, {self.origin!r})"
+
+
+class V5Session:
+    """The v5 delivery state of one session (see the module docstring)."""
+
+    __slots__ = ("client_id", "clock", "max_packet_size", "options")
+
+    def __init__(self, client_id: str, max_packet_size: int = 0,
+                 options: dict[str, int] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.client_id = client_id
+        #: The client's Maximum Packet Size (whole packet, bytes); 0: no limit.
+        self.max_packet_size = max_packet_size
+        #: filter -> option bits | subscription identifier << 8, for filters that have any.
+        self.options: dict[str, int] = options if options is not None else {}
+        #: Wall clock for the remaining message expiry interval (injectable for tests).
+        self.clock = clock
+
+    def set_options(self, topic_filter: str, options_byte: int, subscription_id: int) -> None:
+        bits = (options_byte & (NO_LOCAL | RETAIN_AS_PUBLISHED)) | (subscription_id << 8)
+        if bits:
+            self.options[topic_filter] = bits
+        else:
+            self.options.pop(topic_filter, None)
+
+    def retain_flag(self, message: object, retain: bool,
+                    subscriptions: dict[str, int]) -> bool | None:
+        """The RETAIN flag this session sends ``message`` with, or None: not at all (it is
+        the client's own message and every matching subscription says No Local)."""
+        options = self.options
+        if not options:
+            return retain
+        props = message.props  # type: ignore[attr-defined]
+        topic: str = message.topic  # type: ignore[attr-defined]
+        if props is not None and props.origin == self.client_id and all(
+                options.get(f, 0) & NO_LOCAL for f in subscriptions if topic_matches(f, topic)):
+            return None
+        if not retain and message.retain:  # type: ignore[attr-defined]
+            for f, bits in options.items():
+                if bits & RETAIN_AS_PUBLISHED and topic_matches(f, topic):
+                    return True
+        return retain
+
+    def _subscription_ids(self, topic: str) -> bytes:
+        out = b""
+        for f, bits in self.options.items():
+            sid = bits >> 8
+            if sid and topic_matches(f, topic):
+                out += b"\x0b" + encode_vbi(sid)
+        return out
+
+    def send(self, out: bytearray, message: object, qos: int, retain: bool, dup: bool,
+             packet_id: int | None) -> bool:
+        """Append the v5 PUBLISH to ``out``; False if it was not sent (expired, or larger
+        than the client accepts: dropped as if delivered [MQTT-3.1.2-25])."""
+        props: PublishProps | None = message.props  # type: ignore[attr-defined]
+        body = b""
+        if props is not None:
+            body = props.raw
+            if props.expires_at:
+                remaining = math.ceil(props.expires_at - self.clock())
+                if remaining <= 0:
+                    return False
+                body += b"\x02" + _U32.pack(remaining)
+        if self.options:
+            body += self._subscription_ids(message.topic)  # type: ignore[attr-defined]
+        data = encode_publish5(message.topic_bytes, message.payload,  # type: ignore[attr-defined]
+                               qos, retain, dup, packet_id, body)
+        if self.max_packet_size and len(data) > self.max_packet_size:
+            return False
+        out += data
+        return True
+
+
+def props_to_wire(props: PublishProps | None) -> tuple[bytes, float, str] | None:
+    """``message.props`` as a cluster message or store row field (None stays None)."""
+    return None if props is None else props.to_wire()
+
+
+def retained_wanted(session: object, topics: Sequence[tuple[str, int]],
+                    options: Sequence[int] | None) -> list[bool] | None:
+    """MQTT 5 Retain Handling (3.8.3.1) per filter of a SUBSCRIBE: 0 send retained
+    messages, 1 only for a subscription that does not exist yet, 2 never.  Asked before
+    the subscriptions are (re)registered.  None (3.1.1, no options): always."""
+    if options is None:
+        return None
+    existing: dict[str, int] = session.subscriptions  # type: ignore[attr-defined]
+    return [o >> 4 & 3 == 0 or (o >> 4 & 3 == 1 and f not in existing)
+            for (f, _), o in zip(topics, options, strict=True)]

@@ -1,0 +1,207 @@
+"""MQTT 5.0 across a real 3-node cluster (``python -m mqttring.node`` processes).
+
+A v5 publisher on one node, v5 and 3.1.1 subscribers on the others: properties and
+subscription identifiers arrive whichever node owns the topic, at QoS 0 (which would
+otherwise travel in packed 3.1.1 frames) and QoS 1; retained properties come back from the
+owner; wills keep their properties and their delay at the client id's home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster_support import HOST, Clients, NodeCluster, ViewInfo, start_cluster, unique
+from mqtt5_support import Paho5, props
+
+pytestmark = pytest.mark.timeout(180)
+
+NODES = ("a", "b", "c")
+PUBLISH, SUBSCRIBE, CONNECT, WILL = 3, 8, 1, 99
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    c = start_cluster(Path(tmp_path_factory.mktemp("mqtt5")), NODES)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def view(cluster: NodeCluster) -> ViewInfo:
+    return cluster.settle(NODES, timeout=30)
+
+
+@pytest.fixture
+def v5(cluster: NodeCluster) -> Iterator[Callable[..., Paho5]]:
+    made: list[Paho5] = []
+
+    def make(node: str, client_id: str = "") -> Paho5:
+        client = Paho5(HOST, cluster.port(node), client_id)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.client.loop_stop()
+        with contextlib.suppress(Exception):
+            client.client.disconnect()
+
+
+def one_topic_per_owner(view: ViewInfo, prefix: str) -> dict[str, str]:
+    out = {}
+    for node in NODES:
+        for n in range(10_000):
+            topic = f"{prefix}/{n}"
+            if view.owner_of_topic(topic) == node:
+                out[node] = topic
+                break
+    return out
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_properties_and_subscription_ids_across_nodes(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients,
+        qos: int) -> None:
+    prefix = unique("c5")
+    topics = one_topic_per_owner(view, prefix)
+    sub_b = v5("b")
+    sub_b.connect()
+    assert sub_b.subscribe(f"{prefix}/#", 1, props(SUBSCRIBE, SubscriptionIdentifier=7)) == [1]
+    sub_c = v5("c")
+    sub_c.connect()
+    assert sub_c.subscribe(f"{prefix}/+", 1, props(SUBSCRIBE, SubscriptionIdentifier=9)) == [1]
+    old_c = clients.connected(cluster.port("c"), name="v311@c")
+    assert old_c.subscribe(f"{prefix}/#", 1) == [1]
+    pub = v5("a")
+    pub.connect()
+    for owner, topic in topics.items():
+        pub.publish(topic, owner.encode(), qos, properties=props(
+            PUBLISH, UserProperty=[("owner", owner)], ContentType="c/t",
+            CorrelationData=b"id-" + owner.encode(), ResponseTopic=f"{prefix}/reply",
+            MessageExpiryInterval=600))
+    for sub, sid in ((sub_b, 7), (sub_c, 9)):
+        got = {m.payload.decode(): m for m in (sub.get() for _ in topics)}
+        assert set(got) == set(NODES)
+        for owner, m in got.items():
+            p = m.properties
+            assert p.UserProperty == [("owner", owner)] and p.ContentType == "c/t"
+            assert p.CorrelationData == b"id-" + owner.encode()
+            assert p.ResponseTopic == f"{prefix}/reply"
+            assert 0 < p.MessageExpiryInterval <= 600
+            assert p.SubscriptionIdentifier == [sid]
+    plain = old_c.collect(len(topics))
+    assert sorted(d.payload for d in plain) == sorted(n.encode() for n in NODES)
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_311_publishes_reach_v5_subscribers_on_other_nodes(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients,
+        qos: int) -> None:
+    """A 3.1.1 QoS 0 publish crosses in packed 3.1.1 frames; a v5 subscriber's node
+    re-encodes it as v5 (no properties but the subscription identifier)."""
+    prefix = unique("c3")
+    topics = one_topic_per_owner(view, prefix)
+    subs = []
+    for node, sid in (("b", 3), ("c", 4)):
+        sub = v5(node)
+        sub.connect()
+        sub.subscribe(f"{prefix}/#", 1, props(SUBSCRIBE, SubscriptionIdentifier=sid))
+        subs.append((sub, sid))
+    pub = clients.connected(cluster.port("a"), name="v311@a")
+    for owner, topic in topics.items():
+        pub.publish(topic, owner, qos)
+    for sub, sid in subs:
+        got = [sub.get() for _ in topics]
+        assert sorted(m.payload for m in got) == sorted(n.encode() for n in NODES)
+        assert all(m.properties.SubscriptionIdentifier == [sid] for m in got)
+        assert not any(hasattr(m.properties, "UserProperty") for m in got)
+
+
+def test_retained_properties_from_the_owner(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
+    prefix = unique("r5")
+    topic = one_topic_per_owner(view, prefix)["b"]
+    pub = v5("a")
+    pub.connect()
+    pub.publish(topic, b"kept", 1, retain=True,
+                properties=props(PUBLISH, UserProperty=[("k", "v")]))
+    sub = v5("c")
+    sub.connect()
+    sub.subscribe(topic, 1)
+    got = sub.get()
+    assert (got.payload, got.retain) == (b"kept", True)
+    assert got.properties.UserProperty == [("k", "v")]
+
+
+def test_will_delay_at_a_remote_home(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
+    """The will of a client connected to A whose home is B waits at B for its delay and
+    is cancelled by a reconnect on C; without one it goes out with its properties."""
+    topic = unique("w5")
+    watcher = v5("c")
+    watcher.connect()
+    watcher.subscribe(f"{topic}/#", 1)
+    cid = view.client_homed_at("b", unique("wd"))
+    session = props(CONNECT, SessionExpiryInterval=60)
+    client = v5("a", cid)
+    client.connect(properties=session, will=(f"{topic}/cancelled", b"x", 1, False,
+                                             props(WILL, WillDelayInterval=2)))
+    client.drop()
+    again = v5("c", cid)
+    again.connect(clean_start=False, properties=session)
+    time.sleep(3)  # past the delay: the will would be out by now
+    again.publish(f"{topic}/sentinel", b"s", 1)
+    watcher.nothing_before(f"{topic}/sentinel")
+
+    other = v5("a", view.client_homed_at("b", unique("wd")))
+    other.connect(properties=session, will=(f"{topic}/sent", b"gone", 1, False,
+                                            props(WILL, WillDelayInterval=1,
+                                                  ContentType="x/y")))
+    dropped = time.monotonic()
+    other.drop()
+    got = watcher.get(timeout=15)
+    assert (got.topic, got.payload) == (f"{topic}/sent", b"gone")
+    assert got.properties.ContentType == "x/y"
+    assert time.monotonic() - dropped >= 0.9
+
+
+@pytest.mark.parametrize("home", ["a", "b"], ids=["home-at-edge", "home-elsewhere"])
+def test_persistent_v5_session_wherever_it_lives(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], home: str) -> None:
+    """A v5 session with a Session Expiry Interval, connected through A, homed at A or at
+    B: v5 SUBACK/UNSUBACK from its home, queued QoS 1 with properties and subscription
+    identifier on reconnect, and its expiry (by wall clock, at its home)."""
+    cid, topic = view.client_homed_at(home, unique("ps")), unique("ps")
+    client = v5("a", cid)
+    client.connect(properties=props(CONNECT, SessionExpiryInterval=300))
+    assert client.subscribe(topic, 1, props(SUBSCRIBE, SubscriptionIdentifier=5)) == [1]
+    assert client.unsubscribe(unique("none")) == [0x11]
+    client.disconnect()
+    pub = v5("c")
+    pub.connect()
+    pub.publish(topic, b"queued", 1, properties=props(PUBLISH, UserProperty=[("q", "1")]))
+    again = v5("a", cid)
+    present, _ = again.connect(clean_start=False,
+                               properties=props(CONNECT, SessionExpiryInterval=1))
+    assert present
+    got = again.get()
+    assert got.payload == b"queued" and got.properties.UserProperty == [("q", "1")]
+    assert got.properties.SubscriptionIdentifier == [5]
+    again.disconnect()
+    time.sleep(1.5)  # the wall clock is what expires it
+    present, _ = v5("a", cid).connect(clean_start=False)
+    assert not present
+
+
+def test_takeover_through_another_node_says_0x8e(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
+    cid = view.client_homed_at("b", unique("to"))
+    first = v5("a", cid)
+    first.connect()
+    v5("c", cid).connect()
+    assert first.disconnects.get(timeout=15) == 0x8E

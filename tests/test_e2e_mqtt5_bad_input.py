@@ -1,0 +1,156 @@
+"""Bad MQTT 5.0 input from a raw socket: the reason code the specification assigns, the
+connection closed, nothing routed, and the node still serving everyone else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from conftest import BrokerHandle, unique
+from mqtt5_support import Paho5, Raw5
+from mqttring.protocol.codec5 import encode5
+from mqttring.protocol.packets5 import ConnAck5, Connect5, Disconnect5, PubAck5, Publish5
+from mqttring.protocol.properties import Properties, PropertyId
+
+
+@pytest.fixture
+def raw5(broker: BrokerHandle) -> Iterator[Callable[[], Raw5]]:
+    made: list[Raw5] = []
+
+    def make() -> Raw5:
+        client = Raw5(broker.host, broker.port)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def _publish(topic: bytes, raw_props: bytes, payload: bytes = b"x", qos: int = 0) -> bytes:
+    body = len(topic).to_bytes(2, "big") + topic
+    if qos:
+        body += b"\x00\x01"
+    body += bytes((len(raw_props),)) + raw_props + payload
+    return bytes((0x30 | qos << 1, len(body))) + body
+
+
+def _still_serving(broker: BrokerHandle) -> None:
+    topic = unique("alive")
+    client = Paho5(broker.host, broker.port)
+    try:
+        client.connect()
+        client.subscribe(topic, 1)
+        client.publish(topic, b"ok", 1)
+        assert client.get().payload == b"ok"
+    finally:
+        client.disconnect()
+
+
+def _disconnected_with(client: Raw5, code: int) -> None:
+    packet = client.recv()
+    assert packet == Disconnect5(code), packet
+    assert client.closed(), "the broker must close after its DISCONNECT"
+
+
+@pytest.mark.parametrize(("raw_props", "topic", "code"), [
+    (b"\x23\x00\x00", b"t", 0x94),  # topic alias 0
+    (b"\x23\x00\x11", b"t", 0x94),  # topic alias 17, above the maximum of 16
+    (b"\x23\x00\x05", b"", 0x82),  # alias never set, empty topic
+    (b"", b"", 0x82),  # empty topic, no alias
+    (b"\x03\x00\x01a\x03\x00\x01b", b"t", 0x82),  # content type twice
+    (b"\x26\x00\x01k\x00\x02\xc3\x28", b"t", 0x81),  # user property value not UTF-8
+    (b"\x0b\x05", b"t", 0x82),  # a client may not send a subscription identifier
+    (b"\x11\x00\x00\x00\x01", b"t", 0x82),  # session expiry is not a PUBLISH property
+], ids=["alias0", "alias-above-max", "alias-unknown", "empty-topic", "duplicate",
+        "bad-utf8", "subscription-id", "wrong-packet"])
+def test_bad_publish_properties(broker: BrokerHandle, raw5: Callable[[], Raw5],
+                                raw_props: bytes, topic: bytes, code: int) -> None:
+    watcher = Paho5(broker.host, broker.port)
+    watcher.connect()
+    watcher.subscribe("#", 0)
+    client = raw5()
+    assert client.connect(unique("bad")).reason_code == 0  # type: ignore[union-attr]
+    client.send(_publish(topic, raw_props))
+    _disconnected_with(client, code)
+    sentinel = unique("sentinel")
+    watcher.publish(sentinel, b"s")
+    watcher.nothing_before(sentinel)  # nothing of the bad client was routed
+    watcher.disconnect()
+    _still_serving(broker)
+
+
+def test_oversized_packet(broker_factory: Callable[..., BrokerHandle]) -> None:
+    broker = broker_factory(max_packet_size=1024)
+    client = Raw5(broker.host, broker.port)
+    try:
+        connack = client.connect(unique("big"))
+        assert isinstance(connack, ConnAck5)
+        assert connack.properties.get(PropertyId.MAXIMUM_PACKET_SIZE) == 1024
+        client.send(encode5(Publish5("t", b"x" * 2000)))
+        _disconnected_with(client, 0x95)
+    finally:
+        client.close()
+    _still_serving(broker)
+
+
+def test_receive_maximum_exceeded(broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
+    client = raw5()
+    connack = client.connect(unique("flood"))
+    maximum = connack.properties.get(PropertyId.RECEIVE_MAXIMUM)  # type: ignore[union-attr]
+    assert isinstance(maximum, int)
+    flood = b"".join(encode5(Publish5("t/flood", b"x", 1, packet_id=i + 1))
+                     for i in range(maximum + 1))
+    client.send(flood)
+    while True:  # acknowledgements may come first; then the DISCONNECT
+        packet = client.recv()
+        if not isinstance(packet, PubAck5):
+            break
+    assert packet == Disconnect5(0x93)
+    assert client.closed()
+    _still_serving(broker)
+
+
+def test_unsupported_authentication_method(broker: BrokerHandle, raw5: Callable[[], Raw5]
+                                           ) -> None:
+    client = raw5()
+    client.send(encode5(Connect5(unique("auth"), properties=Properties(
+        [(PropertyId.AUTHENTICATION_METHOD, "SCRAM-SHA-1")]))))
+    assert client.recv() == ConnAck5(False, 0x8C)
+    assert client.closed()
+    _still_serving(broker)
+
+
+def test_auth_packet_without_method_is_a_protocol_error(
+        broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
+    client = raw5()
+    client.connect(unique("auth"))
+    client.send(b"\xf0\x00")
+    _disconnected_with(client, 0x82)
+    _still_serving(broker)
+
+
+def test_keep_alive_timeout_says_0x8d(broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
+    client = raw5()
+    client.send(encode5(Connect5(unique("ka"), keepalive=1)))
+    assert isinstance(client.recv(), ConnAck5)
+    # Silent past 1.5 x the keep-alive: the broker says why, then closes.
+    assert client.recv(timeout=10) == Disconnect5(0x8D)
+    assert client.closed()
+
+
+def test_malformed_v5_connect_is_closed(broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
+    """A CONNECT whose property set repeats a unique property: no session, closed (a
+    CONNACK with a reason code is optional before a connection is established)."""
+    client = raw5()
+    props = b"\x11\x00\x00\x00\x05\x11\x00\x00\x00\x06"  # session expiry interval twice
+    body = b"\x00\x04MQTT\x05\x02\x00\x3c" + bytes((len(props),)) + props + b"\x00\x01c"
+    client.send(bytes((0x10, len(body))) + body)
+    try:
+        packet = client.recv()
+        assert isinstance(packet, ConnAck5) and packet.reason_code >= 0x80
+    except ConnectionError:
+        pass  # closed without a CONNACK
+    assert client.closed()
+    _still_serving(broker)

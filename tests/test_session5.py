@@ -1,0 +1,114 @@
+"""``Session`` with its MQTT 5 side (``session5``): v5 encoding, properties stripped for
+3.1.1, message expiry, subscription options and identifiers, the client's maximum packet
+size.  Pure objects, no I/O."""
+
+from __future__ import annotations
+
+from mqttring.protocol.codec import decode
+from mqttring.protocol.codec5 import PacketDecoder5
+from mqttring.protocol.packets import Publish
+from mqttring.protocol.packets5 import Publish5
+from mqttring.protocol.properties import Properties, PropertyId
+from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import PublishProps, V5Session, retained_wanted
+
+P = PropertyId
+NOW = 1_800_000_000.0
+
+
+def v5_session(max_packet: int = 0) -> tuple[Session, bytearray]:
+    session = Session("me", True)
+    session.v5 = V5Session("me", max_packet, clock=lambda: NOW)
+    out = bytearray()
+    session.attach(out)
+    return session, out
+
+
+def packets(out: bytearray) -> list[object]:
+    decoder = PacketDecoder5()
+    decoder.feed(bytes(out))
+    return list(decoder)
+
+
+def message(topic: str = "a/b", expiry: int | None = None, origin: str = "other",
+            retain: bool = False) -> Message:
+    items: list = [(P.USER_PROPERTY, ("k", "v"))]
+    if expiry is not None:
+        items.append((P.MESSAGE_EXPIRY_INTERVAL, expiry))
+    props = PublishProps.from_properties(Properties(items), origin, NOW)
+    return Message(topic, b"x", 1, retain, props)
+
+
+def test_v5_delivery_carries_properties_and_remaining_expiry() -> None:
+    session, out = v5_session()
+    session.v5.clock = lambda: NOW + 25  # type: ignore[union-attr]
+    session.deliver(message(expiry=60), 0)
+    assert packets(out) == [Publish5("a/b", b"x", properties=Properties(
+        [(P.USER_PROPERTY, ("k", "v")), (P.MESSAGE_EXPIRY_INTERVAL, 35)]))]
+
+
+def test_311_delivery_strips_properties() -> None:
+    session = Session("old", True)
+    out = bytearray()
+    session.attach(out)
+    session.deliver(message(), 0)
+    assert decode(bytes(out)) == Publish("a/b", b"x")
+
+
+def test_expired_message_is_not_sent() -> None:
+    session, out = v5_session()
+    session.v5.clock = lambda: NOW + 61  # type: ignore[union-attr]
+    session.deliver(message(expiry=60), 1)
+    assert out == b"" and not session.inflight
+
+
+def test_queued_message_expires_while_offline() -> None:
+    session = Session("me", False)
+    session.deliver(message(expiry=10), 1, now=NOW)
+    assert session.queue[0].expires_at == NOW + 10
+    out = bytearray()
+    session.attach(out, NOW + 11)
+    assert out == b"" and not session.queue
+
+
+def test_too_large_for_the_client_is_dropped_as_if_sent() -> None:
+    session, out = v5_session(max_packet=20)
+    session.deliver(Message("a/b", b"y" * 40, 1), 1)
+    session.deliver(Message("a/b", b"ok", 1), 1)
+    assert packets(out) == [Publish5("a/b", b"ok", 1, packet_id=2)]
+    assert list(session.inflight) == [2]
+
+
+def test_subscription_identifiers_of_matching_filters() -> None:
+    session, out = v5_session()
+    session.subscriptions = {"a/#": 1, "a/+": 1, "b/#": 1}
+    assert session.v5 is not None
+    session.v5.set_options("a/#", 0, 3)
+    session.v5.set_options("b/#", 0, 4)
+    session.v5.set_options("a/+", 0, 200)
+    session.deliver(Message("a/b", b"x"), 0)
+    [publish] = packets(out)
+    assert publish.properties.get_all(P.SUBSCRIPTION_IDENTIFIER) == [3, 200]  # type: ignore[attr-defined]
+
+
+def test_no_local_and_retain_as_published() -> None:
+    session, out = v5_session()
+    session.subscriptions = {"a/#": 1, "r/#": 1}
+    assert session.v5 is not None
+    session.v5.set_options("a/#", 0x04, 0)  # No Local
+    session.v5.set_options("r/#", 0x08, 0)  # Retain As Published
+    session.deliver(message("a/b", origin="me"), 0)  # its own: not sent
+    session.deliver(message("a/b", origin="other"), 0)
+    session.deliver(message("r/x", retain=True), 0)
+    assert [(p.topic, p.retain) for p in packets(out)] == [  # type: ignore[attr-defined]
+        ("a/b", False), ("r/x", True)]
+
+
+def test_retain_handling() -> None:
+    session = Session("s", True)
+    session.subscriptions = {"old": 0}
+    topics = (("old", 0), ("old", 0), ("new", 0), ("new", 0), ("new", 0))
+    assert retained_wanted(session, topics, (0x00, 0x10, 0x00, 0x10, 0x20)) == [
+        True, False, True, True, False]
+    assert retained_wanted(session, topics, None) is None
+
