@@ -22,7 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin", "mqttrin
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mqttring", description="mqttring: a distributed MQTT 3.1.1 broker."
+        prog="mqttring", description="mqttring: a distributed MQTT 3.1.1 and 5.0 broker."
     )
     parser.add_argument("--version", action="version", version=f"mqttring {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
