@@ -433,8 +433,8 @@ class BrokerCore:
 
         ``options`` (MQTT 5: one subscription options byte per filter) and the
         subscription identifier go to the session's ``V5Session``.  Failure codes are the
-        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x9E
-        shared subscriptions not supported) and 0x80 for a 3.1.1 one.
+        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x8F
+        a malformed ``$share/...`` filter) and 0x80 for a 3.1.1 one.
         """
         codes: list[int] = []
         access = session.access
