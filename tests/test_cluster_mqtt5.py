@@ -198,6 +198,39 @@ def test_persistent_v5_session_wherever_it_lives(
     assert not present
 
 
+@pytest.mark.parametrize("home", ["a", "b"], ids=["home-at-edge", "home-elsewhere"])
+def test_clean_start_0_with_expiry_0_resumes_the_kept_session(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], home: str) -> None:
+    """[MQTT-3.1.2-4] in a cluster: the session left at its home by a connection with a
+    Session Expiry Interval is resumed by Clean Start 0 without one (through another edge),
+    and ends when that connection closes [MQTT-3.1.2-23]."""
+    cid, topic = view.client_homed_at(home, unique("rs")), unique("rs")
+    client = v5("c", cid)
+    client.connect(properties=props(CONNECT, SessionExpiryInterval=60))
+    assert client.subscribe(topic, 1, props(SUBSCRIBE, SubscriptionIdentifier=3)) == [1]
+    client.disconnect()
+    pub = v5("c")
+    pub.connect()
+    for payload in (b"one", b"two"):
+        pub.publish(topic, payload, 1)
+    again = v5("a", cid)
+    present, _ = again.connect(clean_start=False)  # no Session Expiry Interval: 0
+    assert present
+    got = [again.get() for _ in range(2)]
+    assert [m.payload for m in got] == [b"one", b"two"]
+    assert all(m.properties.SubscriptionIdentifier == [3] for m in got)
+    pub.publish(topic, b"live", 1)
+    assert again.get().payload == b"live"
+    again.disconnect()
+    pub.publish(topic, b"after", 1)
+    last = v5("b", cid)
+    present, _ = last.connect(clean_start=False)
+    assert not present
+    last.subscribe(f"{topic}/sentinel", 1)
+    pub.publish(f"{topic}/sentinel", b"s", 1)
+    last.nothing_before(f"{topic}/sentinel")
+
+
 def test_takeover_through_another_node_says_0x8e(
         cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
     cid = view.client_homed_at("b", unique("to"))

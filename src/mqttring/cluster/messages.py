@@ -338,6 +338,11 @@ class V5Client(msgspec.Struct, array_like=True, frozen=True, gc=False):
     max_packet_size: int
     receive_maximum: int
     clean_start: bool
+    #: Clean Start 0 with a Session Expiry Interval of 0 (``resume_until_close``): resume
+    #: the kept session if there is one, else start a persistent one; either ends when this
+    #: connection closes (the edge's ``SessionClose`` says expiry 0).  False from older
+    #: senders, which asked for a clean session instead.
+    until_close: bool = False
 
 
 class SessionOpen(_Frozen, tag="sopen"):

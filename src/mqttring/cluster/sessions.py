@@ -51,6 +51,7 @@ from mqttring.broker.sessions import (
     SessionUnavailable,
     effective_will,
     fresh_start,
+    resume_until_close,
     will_delay,
     will_message,
 )
@@ -266,7 +267,9 @@ class ClusterSessions(LocalSessions):
         self.by_token[token] = handler
         home = self.home(client_id)
         will = effective_will(packet.will, handler.conn.v5)
-        clean = packet.clean_session
+        until_close = resume_until_close(packet)
+        # A session to resume lives at the home (persistent), so ask it as for one.
+        clean = packet.clean_session and not until_close
         if home is None or home == self.node_id:
             try:
                 await self._await_loaded(client_id)
@@ -274,10 +277,10 @@ class ClusterSessions(LocalSessions):
                 self.by_token.pop(token, None)
                 raise
             await self.register(client_id, self.node_id, token, will, clean)
-            return await self.bind(client_id, clean, fresh_start(packet))
+            return await self.bind(client_id, clean, fresh_start(packet), until_close)
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
-            link.client_max_packet, link.client_receive_max, fresh_start(packet))
+            link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close)
         stand_in = None
         if not clean:
             stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
@@ -575,7 +578,8 @@ class ClusterSessions(LocalSessions):
             await self.register(client_id, edge, token, will_from_wire(message.will), clean)
             v5 = message.v5
             session, present = await self.bind(client_id, clean,
-                                               v5 is not None and v5.clean_start)
+                                               v5 is not None and v5.clean_start,
+                                               v5 is not None and v5.until_close)
             if clean:
                 # The clean session itself lives at the edge: nothing stays here but the
                 # registration (the bind above discarded any stored session).
