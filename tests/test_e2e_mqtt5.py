@@ -239,6 +239,40 @@ def test_a_session_resumed_until_close_does_not_outlive_a_crash(node_factory) ->
                 c.client.disconnect()
 
 
+def test_node_stopping_says_0x8b_server_shutting_down(node_factory, paho) -> None:
+    """SIGTERM: every v5 client is told DISCONNECT 0x8B before its connection closes:
+    one idle long enough to be parked (TCP), one over WebSocket (never parked), one busy
+    receiving; a 3.1.1 client, which has no server DISCONNECT, just sees the close."""
+    node = node_factory(ws=True)
+    handle = node.start()
+    made = [Paho5(handle.host, handle.port, unique("idle")),
+            Paho5(handle.host, handle.ws_port, unique("ws"), transport="websockets"),
+            Paho5(handle.host, handle.port, unique("busy"))]
+    try:
+        for client in made:
+            client.connect()
+        busy = made[2]
+        topic = unique("stop")
+        busy.subscribe(topic, 1)
+        old = paho(unique("v311"), target=handle)
+        old.connect()
+        old.subscribe("$SYS/broker/clients/parked", 0)
+        busy.publish(topic, b"x", 1)
+        assert busy.get().payload == b"x"
+        # The idle and the busy one, quiet since, are in the parking lot (the 3.1.1
+        # watcher is woken by every $SYS round; WebSocket connections never park).
+        deadline = time.monotonic() + 10
+        while int(old.get(max(deadline - time.monotonic(), 0.1)).payload) < 2:
+            pass
+        assert node.terminate() == 0
+        for client in made:
+            assert client.disconnects.get(timeout=WAIT) == 0x8B, client.client._client_id
+        assert old.disconnected.wait(WAIT)
+    finally:
+        for client in made:
+            client.client.loop_stop()
+
+
 def test_disconnect_may_shorten_session_expiry(v5: Callable[..., Paho5]) -> None:
     cid = unique("sd")
     client = v5(cid)

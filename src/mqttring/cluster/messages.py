@@ -381,14 +381,18 @@ class SessionClose(_Frozen, tag="sclose"):
 
 
 class SessionKick(_Frozen, tag="skick"):
-    """Home -> the edge of a connection that was taken over: close connection ``token``
-    (its will is the home's to publish), then answer.  The home lets the new connection
+    """Home -> the edge of a connection that was taken over (or whose session's home shed
+    it as a slow consumer): close connection ``token`` (its will is the home's to publish),
+    then answer.  The home lets the new connection
     in only after that answer, or once the view declares the edge down (a cut-off edge
     has fenced itself by then): never two live connections for one client id."""
 
     req: int
     client_id: str
     token: str
+    #: MQTT 5: the DISCONNECT reason the edge tells the client: 0x8E "session taken over"
+    #: (also what older senders meant), 0x97 a slow consumer shed by its home.
+    reason_code: int = 0x8E
 
 
 class WillRegister(_Frozen, tag="wreg"):

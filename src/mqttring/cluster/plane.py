@@ -218,7 +218,9 @@ class DataPlane:
                     "and refusing CONNECT until it is back in the view", self.node_id,
                     self.config.fence_seconds, len(handlers))
         for handler in handlers:
-            handler.kick("node cut off from the cluster majority (fenced)")
+            # MQTT 5: 0x9C "use another server" (no Server Reference: any node of the
+            # majority will do, and the client knows them better than a fenced node)
+            handler.kick("node cut off from the cluster majority (fenced)", 0x9C)
 
     def _unfence(self) -> None:
         self.fenced = False
@@ -419,7 +421,7 @@ class DataPlane:
             handler = self.core.clients.get(client_id)
             if handler is not None:
                 # It reconnects and finds the session at its new home.
-                handler.kick("its session moved to another node")
+                handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
             self.router.forget(session, moving=True)
             del self.core.sessions[client_id]
             self.sessions.proxies.pop(client_id, None)

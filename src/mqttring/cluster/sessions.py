@@ -211,10 +211,12 @@ class SessionProxy:
                                                     bytes(self.output)))
             self.output.clear()
 
-    def kick(self, reason: str = "closed by the broker") -> None:
+    def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
         """Close the connection at the edge (its will is published as for any unclean
-        close: the edge reports the close, and this registration is still current)."""
-        self.links.send(self.node, SessionKick(0, self.client_id, self.token))
+        close: the edge reports the close, and this registration is still current), which
+        tells an MQTT 5 client ``code`` (a slow consumer's 0x97)."""
+        self.links.send(self.node, SessionKick(0, self.client_id, self.token,
+                                               0x8E if code is None else code))
 
 
 class ClusterSessions(LocalSessions):
@@ -376,17 +378,19 @@ class ClusterSessions(LocalSessions):
             self.core.wake(message.client_id)
 
     def on_skick(self, node: str, message: SessionKick) -> None:
-        self._kick_token(message.token)
+        self._kick_token(message.token, message.reason_code)
         self.links.reply(node, message.req, True)
 
-    def _kick_token(self, token: str) -> None:
+    def _kick_token(self, token: str, reason_code: int = 0x8E) -> None:
         handler = self.by_token.pop(token, None)
         if handler is not None:
             if handler.client_id is not None:
                 self.remote.pop((handler.client_id, token), None)
             handler.will = None  # the home publishes it
-            handler.goodbye(0x8E)  # MQTT 5: "session taken over" (if it was accepted)
-            handler.kick("taken over by a new connection")  # also before its CONNACK
+            # MQTT 5: "session taken over" (if it was accepted), or the home's reason
+            handler.goodbye(reason_code)
+            handler.kick("taken over by a new connection" if reason_code == 0x8E
+                         else f"closed by its session's home (reason {reason_code:#x})")
 
     # -- home side --------------------------------------------------------------------------
 
@@ -728,7 +732,7 @@ class ClusterSessions(LocalSessions):
                 self.spawn(self._reregister, handler, after)
             else:
                 # Its session moved; the client reconnects to the new home.
-                handler.kick("its session moved to another node")
+                handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
 
     async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
         """Register a clean session's connection (and will) at its new home.
