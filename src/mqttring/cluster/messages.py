@@ -137,6 +137,9 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     track: int = 0
     #: MQTT 5 properties; None for a 3.1.1 message.
     props: Props | None = None
+    #: The RETAIN flag it was published with: a v5 subscription with Retain As Published
+    #: forwards it (single-node brokers see the publish itself).  Older senders: False.
+    retain: bool = False
 
 
 class Dlv(_Frozen, tag="dlv"):
