@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster_support import HOST, Clients, NodeCluster, ViewInfo, start_cluster, unique
-from mqtt5_support import Paho5, props
+from mqtt5_support import WAIT, Paho5, props
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -238,3 +238,22 @@ def test_takeover_through_another_node_says_0x8e(
     first.connect()
     v5("c", cid).connect()
     assert first.disconnects.get(timeout=15) == 0x8E
+
+
+def test_a_node_leaving_on_sigterm_says_0x8b(fresh_cluster: Callable[..., NodeCluster]
+                                             ) -> None:
+    """SIGTERM makes a node leave the cluster, then stop: its v5 clients (clean sessions,
+    homed anywhere) are told 0x8B "server shutting down" as their connections close."""
+    cluster = fresh_cluster(NODES)
+    view = cluster.settle(NODES)
+    clients = [Paho5(HOST, cluster.port("c"), view.client_homed_at(home, unique("bye")))
+               for home in NODES]
+    try:
+        for client in clients:
+            client.connect()
+        assert cluster.sigterm("c") == 0
+        for client in clients:
+            assert client.disconnects.get(timeout=WAIT) == 0x8B
+    finally:
+        for client in clients:
+            client.client.loop_stop()
