@@ -257,3 +257,38 @@ def test_a_node_leaving_on_sigterm_says_0x8b(fresh_cluster: Callable[..., NodeCl
     finally:
         for client in clients:
             client.client.loop_stop()
+
+
+def test_a_slow_consumer_shed_by_its_remote_home_is_told_0x97(
+        tmp_path: Path, clients: Clients) -> None:
+    """A v5 subscriber on A whose persistent session lives at B reads nothing; B sheds it
+    after ``slow_subscriber_hold``, and A tells the client 0x97 (quota exceeded), not the
+    0x8E of a takeover that a ``SessionKick`` meant before it carried a reason."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import Disconnect5, SubAck5, SubOptions, Subscribe5
+
+    cluster = NodeCluster(tmp_path / "slow")
+    cluster.extra_toml = "[limits]\nmax_inflight = 2\nmax_queued = 5\nslow_subscriber_hold = 1.0\n"
+    try:
+        cluster.form_sync(*NODES)
+        view = cluster.settle(NODES)
+        topic = unique("slow5")
+        sub = Raw5(HOST, cluster.port("a"))
+        try:
+            cid = view.client_homed_at("b", unique("sub5"))
+            assert sub.connect(cid, session_expiry_interval=300).reason_code == 0
+            sub.send(encode5(Subscribe5(1, ((topic, SubOptions(1)),))))
+            assert sub.recv() == SubAck5(1, (1,))
+            pub = clients.connected(cluster.port("c"), unique("pub"))
+            infos = [pub.publish_nowait(topic, f"m{i}", 1) for i in range(20)]
+            assert all(pub.ack_within(info, 15) for info in infos)
+            received = []
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    received.append(sub.recv(timeout=15))
+            assert received and received[-1] == Disconnect5(0x97), received[-3:]
+        finally:
+            sub.close()
+    finally:
+        cluster.close()
