@@ -119,6 +119,9 @@ class DataPlane:
         #: True while this node cannot prove it is in the majority's view (module docstring).
         self.fenced = False
         self.fence_count = 0
+        #: Set once this node asked to leave: it stops next, so what closes its clients
+        #: from then on (a fence, once it is out of the view) tells them so (0x8B).
+        self.leaving = False
         self.replicator = ShardReplicator(self.node_id, store, self.links, self.current_view,
                                           self._on_replicated, self.view_changes.wait,
                                           accept_ops=self._accept_replicated,
@@ -219,8 +222,10 @@ class DataPlane:
                     self.config.fence_seconds, len(handlers))
         for handler in handlers:
             # MQTT 5: 0x9C "use another server" (no Server Reference: any node of the
-            # majority will do, and the client knows them better than a fenced node)
-            handler.kick("node cut off from the cluster majority (fenced)", 0x9C)
+            # majority will do, and the client knows them better than a fenced node), or
+            # 0x8B when this node is leaving (out of the view, it fences, then stops).
+            handler.kick("node cut off from the cluster majority (fenced)",
+                         0x8B if self.leaving else 0x9C)
 
     def _unfence(self) -> None:
         self.fenced = False
@@ -307,6 +312,7 @@ class DataPlane:
                 await self._install(view)
 
     async def leave(self) -> bool:
+        self.leaving = True
         return await self.metadata.leave()
 
     # -- views ------------------------------------------------------------------------------
