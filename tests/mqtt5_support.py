@@ -19,12 +19,14 @@ WAIT = 10.0
 class Paho5:
     """A paho-mqtt client speaking MQTT 5.0; everything it receives lands in queues."""
 
-    def __init__(self, host: str, port: int, client_id: str = "") -> None:
+    def __init__(self, host: str, port: int, client_id: str = "", transport: str = "tcp"
+                 ) -> None:
         import paho.mqtt.client as mqtt
 
         self.host, self.port = host, port
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  protocol=mqtt.MQTTv5, reconnect_on_failure=False)
+                                  protocol=mqtt.MQTTv5, reconnect_on_failure=False,
+                                  transport=transport)  # type: ignore[arg-type]
         self.messages: queue.Queue[Any] = queue.Queue()
         self.connacks: queue.Queue[tuple[bool, int, Any]] = queue.Queue()
         self.subacks: queue.Queue[tuple[int, list[int]]] = queue.Queue()

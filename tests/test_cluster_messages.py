@@ -111,9 +111,9 @@ def test_the_wire_form_is_a_tagged_array() -> None:
     raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, [m.DlvEntry("t", b"p", 1, [2],
                                                                             False)])]))
     # The trailing fields: shares (none here), then the MQTT 5 properties a 3.1.1 message
-    # does not have.
+    # does not have, and the RETAIN flag it was published with.
     assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False, "", False, 0,
-                                                       None]]]]]
+                                                       None, False]]]]]
 
 
 def _raw_frame(*messages: Any, version: int = m.FRAME_VERSION, incarnation: Any = 1) -> bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster_support import HOST, Clients, NodeCluster, ViewInfo, start_cluster, unique
-from mqtt5_support import Paho5, props
+from mqtt5_support import WAIT, Paho5, props
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -198,6 +198,39 @@ def test_persistent_v5_session_wherever_it_lives(
     assert not present
 
 
+@pytest.mark.parametrize("home", ["a", "b"], ids=["home-at-edge", "home-elsewhere"])
+def test_clean_start_0_with_expiry_0_resumes_the_kept_session(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], home: str) -> None:
+    """[MQTT-3.1.2-4] in a cluster: the session left at its home by a connection with a
+    Session Expiry Interval is resumed by Clean Start 0 without one (through another edge),
+    and ends when that connection closes [MQTT-3.1.2-23]."""
+    cid, topic = view.client_homed_at(home, unique("rs")), unique("rs")
+    client = v5("c", cid)
+    client.connect(properties=props(CONNECT, SessionExpiryInterval=60))
+    assert client.subscribe(topic, 1, props(SUBSCRIBE, SubscriptionIdentifier=3)) == [1]
+    client.disconnect()
+    pub = v5("c")
+    pub.connect()
+    for payload in (b"one", b"two"):
+        pub.publish(topic, payload, 1)
+    again = v5("a", cid)
+    present, _ = again.connect(clean_start=False)  # no Session Expiry Interval: 0
+    assert present
+    got = [again.get() for _ in range(2)]
+    assert [m.payload for m in got] == [b"one", b"two"]
+    assert all(m.properties.SubscriptionIdentifier == [3] for m in got)
+    pub.publish(topic, b"live", 1)
+    assert again.get().payload == b"live"
+    again.disconnect()
+    pub.publish(topic, b"after", 1)
+    last = v5("b", cid)
+    present, _ = last.connect(clean_start=False)
+    assert not present
+    last.subscribe(f"{topic}/sentinel", 1)
+    pub.publish(f"{topic}/sentinel", b"s", 1)
+    last.nothing_before(f"{topic}/sentinel")
+
+
 def test_takeover_through_another_node_says_0x8e(
         cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
     cid = view.client_homed_at("b", unique("to"))
@@ -205,3 +238,57 @@ def test_takeover_through_another_node_says_0x8e(
     first.connect()
     v5("c", cid).connect()
     assert first.disconnects.get(timeout=15) == 0x8E
+
+
+def test_a_node_leaving_on_sigterm_says_0x8b(fresh_cluster: Callable[..., NodeCluster]
+                                             ) -> None:
+    """SIGTERM makes a node leave the cluster, then stop: its v5 clients (clean sessions,
+    homed anywhere) are told 0x8B "server shutting down" as their connections close."""
+    cluster = fresh_cluster(NODES)
+    view = cluster.settle(NODES)
+    clients = [Paho5(HOST, cluster.port("c"), view.client_homed_at(home, unique("bye")))
+               for home in NODES]
+    try:
+        for client in clients:
+            client.connect()
+        assert cluster.sigterm("c") == 0
+        for client in clients:
+            assert client.disconnects.get(timeout=WAIT) == 0x8B
+    finally:
+        for client in clients:
+            client.client.loop_stop()
+
+
+def test_a_slow_consumer_shed_by_its_remote_home_is_told_0x97(
+        tmp_path: Path, clients: Clients) -> None:
+    """A v5 subscriber on A whose persistent session lives at B reads nothing; B sheds it
+    after ``slow_subscriber_hold``, and A tells the client 0x97 (quota exceeded), not the
+    0x8E of a takeover that a ``SessionKick`` meant before it carried a reason."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import Disconnect5, SubAck5, SubOptions, Subscribe5
+
+    cluster = NodeCluster(tmp_path / "slow")
+    cluster.extra_toml = "[limits]\nmax_inflight = 2\nmax_queued = 5\nslow_subscriber_hold = 1.0\n"
+    try:
+        cluster.form_sync(*NODES)
+        view = cluster.settle(NODES)
+        topic = unique("slow5")
+        sub = Raw5(HOST, cluster.port("a"))
+        try:
+            cid = view.client_homed_at("b", unique("sub5"))
+            assert sub.connect(cid, session_expiry_interval=300).reason_code == 0
+            sub.send(encode5(Subscribe5(1, ((topic, SubOptions(1)),))))
+            assert sub.recv() == SubAck5(1, (1,))
+            pub = clients.connected(cluster.port("c"), unique("pub"))
+            infos = [pub.publish_nowait(topic, f"m{i}", 1) for i in range(20)]
+            assert all(pub.ack_within(info, 15) for info in infos)
+            received = []
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    received.append(sub.recv(timeout=15))
+            assert received and received[-1] == Disconnect5(0x97), received[-3:]
+        finally:
+            sub.close()
+    finally:
+        cluster.close()

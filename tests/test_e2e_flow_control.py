@@ -8,6 +8,7 @@ small (``max_inflight`` 2, ``max_queued`` 5): the subscriber is congested after 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -147,6 +148,34 @@ def test_a_subscriber_that_makes_no_room_is_disconnected_after_the_hold(
     assert [p.packet_id for p in acks[PUBACK]] == list(range(1, 21))
     assert time.monotonic() - started >= 0.9, "the publisher was not held back"
     assert sub.wait_closed(5), "the slow subscriber was not disconnected"
+
+
+def test_an_mqtt5_subscriber_that_makes_no_room_is_told_quota_exceeded(
+        broker_factory, raw, uid) -> None:
+    """The same for an MQTT 5 subscriber: its last packet is DISCONNECT 0x97."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import Disconnect5, SubAck5, SubOptions, Subscribe5
+
+    b = broker_factory(slow_subscriber_hold=1.0, **LIMITS)
+    topic = uid("flow5")
+    sub = Raw5(b.host, b.port)
+    try:
+        assert sub.connect(uid("sub5")).reason_code == 0
+        sub.send(encode5(Subscribe5(1, ((topic, SubOptions(1)),))))
+        assert sub.recv() == SubAck5(1, (1,))
+        pub = raw(b)
+        assert pub.connect(uid("pub")).return_code == 0
+        pub.send(b"".join(publish(topic, f"m{i}".encode(), qos=1, packet_id=i)
+                          for i in range(1, 21)))
+        read_packets(pub, {PUBACK: 20}, ack=False)
+        received = []
+        with contextlib.suppress(ConnectionError):
+            while True:
+                received.append(sub.recv())
+        assert received and received[-1] == Disconnect5(0x97), received[-3:]
+    finally:
+        sub.close()
 
 
 def test_hold_zero_drops_the_oldest_as_for_an_offline_client(broker_factory, raw, uid) -> None:

@@ -179,6 +179,100 @@ def test_session_expiry_zero_ends_with_the_connection(v5: Callable[..., Paho5]) 
     assert not present
 
 
+def test_clean_start_0_with_expiry_0_resumes_the_kept_session(
+        v5: Callable[..., Paho5]) -> None:
+    """[MQTT-3.1.2-4]: Clean Start 0 resumes the session an earlier connection left (with
+    a Session Expiry Interval of 60), whatever this connection's own interval; this one's
+    (0, absent) then applies: the session ends when it closes [MQTT-3.1.2-23]."""
+    cid, topic = unique("rs"), unique("rs")
+    client = v5(cid)
+    client.connect(clean_start=True, properties=props(CONNECT, SessionExpiryInterval=60))
+    assert client.subscribe(topic, 1) == [1]
+    client.disconnect()
+    pub = v5()
+    pub.connect()
+    for payload in (b"one", b"two"):
+        pub.publish(topic, payload, 1)
+    again = v5(cid)
+    present, _ = again.connect(clean_start=False)  # no Session Expiry Interval: 0
+    assert present
+    assert [again.get().payload for _ in range(2)] == [b"one", b"two"]
+    pub.publish(topic, b"live", 1)  # its subscription goes on while connected
+    assert again.get().payload == b"live"
+    again.disconnect()
+    pub.publish(topic, b"after", 1)
+    last = v5(cid)
+    present, _ = last.connect(clean_start=False)
+    assert not present
+    last.subscribe(f"{topic}/sentinel", 1)
+    pub.publish(f"{topic}/sentinel", b"s", 1)  # nothing of the ended session's arrives
+    last.nothing_before(f"{topic}/sentinel")
+
+
+def test_a_session_resumed_until_close_does_not_outlive_a_crash(node_factory) -> None:
+    """The session resumed with expiry 0 ends with its connection, also when the node dies
+    under it: its stored deadline says so, and the restarted node does not resume it."""
+    node = node_factory()
+    handle = node.start()
+    cid, topic = unique("rc"), unique("rc")
+    made: list[Paho5] = []
+
+    def client(port: int) -> Paho5:
+        made.append(Paho5(handle.host, port, cid))
+        return made[-1]
+
+    try:
+        first = client(handle.port)
+        first.connect(properties=props(CONNECT, SessionExpiryInterval=60))
+        first.subscribe(topic, 1)
+        first.disconnect()
+        present, _ = client(handle.port).connect(clean_start=False)
+        assert present
+        node.kill9()
+        handle = node.start()
+        present, _ = client(handle.port).connect(clean_start=False)
+        assert not present
+    finally:
+        for c in made:
+            c.client.loop_stop()
+            with contextlib.suppress(Exception):
+                c.client.disconnect()
+
+
+def test_node_stopping_says_0x8b_server_shutting_down(node_factory, paho) -> None:
+    """SIGTERM: every v5 client is told DISCONNECT 0x8B before its connection closes:
+    one idle long enough to be parked (TCP), one over WebSocket (never parked), one busy
+    receiving; a 3.1.1 client, which has no server DISCONNECT, just sees the close."""
+    node = node_factory(ws=True)
+    handle = node.start()
+    made = [Paho5(handle.host, handle.port, unique("idle")),
+            Paho5(handle.host, handle.ws_port, unique("ws"), transport="websockets"),
+            Paho5(handle.host, handle.port, unique("busy"))]
+    try:
+        for client in made:
+            client.connect()
+        busy = made[2]
+        topic = unique("stop")
+        busy.subscribe(topic, 1)
+        old = paho(unique("v311"), target=handle)
+        old.connect()
+        old.subscribe("$SYS/broker/clients/parked", 0)
+        busy.publish(topic, b"x", 1)
+        assert busy.get().payload == b"x"
+        # The idle and the busy one, quiet since, are in the parking lot (the 3.1.1
+        # watcher is woken by every $SYS round; WebSocket connections never park).
+        deadline = time.monotonic() + 10
+        while int(old.get(max(deadline - time.monotonic(), 0.1)).payload) < 2:
+            pass
+        assert node.terminate() == 0
+        for client in made:
+            assert client.disconnects.get(timeout=WAIT) == 0x8B, client.client._client_id
+        assert old.disconnected.wait(WAIT)
+    finally:
+        for client in made:
+            client.client.loop_stop()
+
+
 def test_disconnect_may_shorten_session_expiry(v5: Callable[..., Paho5]) -> None:
     cid = unique("sd")
     client = v5(cid)

@@ -260,3 +260,17 @@ def test_metrics_move_with_traffic(node: HttpNode, paho_any) -> None:
     assert ("mqttring_store_commits_total", ()) in after  # lazily written: may still be 0
     assert after[("mqttring_store_used_bytes", ())] > 0
     assert ("process_resident_memory_bytes", ()) in after
+
+
+def test_a_kicked_mqtt5_client_is_told_administrative_action(node: HttpNode) -> None:
+    """MQTT 5: a kick is DISCONNECT 0x98 "administrative action" before the close."""
+    from mqtt5_support import Paho5
+
+    client = Paho5(node.host, node.port, "v5-kicked")
+    try:
+        client.connect()
+        with node.http() as http:
+            assert http.delete("/api/v1/clients/v5-kicked").json()["kicked"] == "v5-kicked"
+        assert client.disconnects.get(timeout=10) == 0x98
+    finally:
+        client.client.loop_stop()

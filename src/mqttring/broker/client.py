@@ -63,6 +63,7 @@ class ClientHandler:
         "_busy_bytes",
         "_closing",
         "_connect_deadline",
+        "_farewell",
         "_nursery",
         "_parked",
         "_parking",
@@ -117,6 +118,9 @@ class ClientHandler:
         #: without DISCONNECT, and not because the broker is shutting down).
         self.owed_will = False
         self._writing = False
+        #: MQTT 5: a DISCONNECT saying why we close is queued (``goodbye``); ``_close``
+        #: makes sure it is written, whatever cancelled the tasks that would have.
+        self._farewell = False
         #: Events read and not yet handled (the acceptor's backlog, at most the window),
         #: and the payload bytes of those that are publishes.
         self._busy = 0
@@ -171,8 +175,11 @@ class ClientHandler:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    def kick(self, reason: str = "closed by the broker") -> None:
-        """Close this connection now (takeover, slow consumer, shutdown)."""
+    def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
+        """Close this connection now (takeover, slow consumer, shutdown); ``code``: the
+        MQTT 5 reason its client is told in a DISCONNECT (``goodbye``; none: just closed)."""
+        if code is not None:
+            self.goodbye(code)
         self.close_reason = self.close_reason or reason
         self.conn.close()
         if self._parked:
@@ -185,6 +192,7 @@ class ClientHandler:
         connection is closing either way); nothing for a 3.1.1 client."""
         if self.conn.v5 is not None and not self.conn.closed:
             self.conn.disconnect(reason_code)
+            self._farewell = True
             if not self._parked:
                 self.wake()
 
@@ -212,6 +220,12 @@ class ClientHandler:
             # and keep the node serving everyone else.
             core.metrics.internal_errors += 1
             log.exception("internal error on connection %s; closing it", self.transport.peer)
+        except trio.Cancelled:
+            # Only the node's own nursery cancels this task from outside (our own cancels
+            # stay inside ``_serve``): the node is stopping.  Also the path of a parked
+            # connection, which the lot hands a task back at shutdown.
+            self.kick("node shutting down", 0x8B)  # MQTT 5: "server shutting down"
+            raise
         finally:
             self._nursery = None
             if not parked:
@@ -267,8 +281,9 @@ class ClientHandler:
                 else "no CONNECT within connect_timeout")
         with trio.CancelScope(shield=True):
             if timed_out and self.conn.v5 is not None and self.conn.state is ConnState.CONNECTED:
-                # MQTT 5: say why (0x8D keep alive timeout), in at most a second.
-                self.conn.disconnect(0x8D)
+                self.goodbye(0x8D)  # MQTT 5: keep alive timeout
+            if self._farewell and self.conn.pending_output:
+                # MQTT 5: say why (the DISCONNECT queued last), in at most a second.
                 with trio.move_on_after(1):
                     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
                                              OSError):

@@ -170,7 +170,8 @@ class BrokerCore:
         """Disconnect a client, wherever its connection is (a slow consumer)."""
         waker = self.wakers.get(client_id)
         if waker is not None:
-            waker.kick("slow consumer (no room within slow_subscriber_hold)")
+            # MQTT 5: 0x97 quota exceeded (its max_queued, for slow_subscriber_hold)
+            waker.kick("slow consumer (no room within slow_subscriber_hold)", 0x97)
 
     async def run_session_expiry(self, interval: float = SESSION_SWEEP_INTERVAL) -> None:
         """End expired MQTT 5 sessions as their deadlines pass; a task of the node's
@@ -386,7 +387,7 @@ class BrokerCore:
                 log.warning("%d publishes to %r and on from %r not accepted (%s); closing the "
                             "connection without acknowledging them", len(messages),
                             messages[0].topic, handler.client_id, exc)
-                handler.kick(f"publishes not accepted: {exc}")
+                handler.kick(f"publishes not accepted: {exc}", 0x89)  # MQTT 5: server busy
                 return
         if session is not None and session.persistent and any(
                 e.message.qos == 2 for e in events):
@@ -433,8 +434,8 @@ class BrokerCore:
 
         ``options`` (MQTT 5: one subscription options byte per filter) and the
         subscription identifier go to the session's ``V5Session``.  Failure codes are the
-        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x9E
-        shared subscriptions not supported) and 0x80 for a 3.1.1 one.
+        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x8F
+        a malformed ``$share/...`` filter) and 0x80 for a 3.1.1 one.
         """
         codes: list[int] = []
         access = session.access
@@ -545,4 +546,4 @@ _CONNACK_FOR = {
 class Waker(Protocol):
     def wake(self) -> None: ...
 
-    def kick(self, reason: str = ...) -> None: ...
+    def kick(self, reason: str = ..., code: int | None = ...) -> None: ...

@@ -56,7 +56,7 @@ def kick_client(core: BrokerCore, client_id: str) -> bool:
     handler = core.clients.get(client_id)
     if handler is None:
         return False
-    handler.kick("kicked by an operator (HTTP API)")
+    handler.kick("kicked by an operator (HTTP API)", 0x98)  # administrative action
     return True
 
 

@@ -250,7 +250,7 @@ class BrokerNode:
                 finally:
                     core.shutting_down = True
                     for handler in list(core.clients.values()):
-                        handler.kick("node shutting down")
+                        handler.kick("node shutting down", 0x8B)  # MQTT 5: server shutting down
         finally:
             with trio.CancelScope(shield=True):
                 await self._close_store()

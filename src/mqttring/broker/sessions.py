@@ -44,6 +44,15 @@ def fresh_start(packet: Connect | Connect5) -> bool:
     return type(packet) is Connect5 and packet.clean_start and packet.session_expiry > 0
 
 
+def resume_until_close(packet: Connect | Connect5) -> bool:
+    """MQTT 5 Clean Start 0 with a Session Expiry Interval of 0: resume the session kept for
+    this client id, if there is one (left by an earlier connection with a non-zero expiry)
+    [MQTT-3.1.2-4]; it then ends when this connection closes, the new interval applying from
+    now on (3.1.2.11.2) [MQTT-3.1.2-23].  The session layer sees such a CONNECT as "clean"
+    (``Connect5.clean_session``: nothing to keep), so this is what tells it to look first."""
+    return type(packet) is Connect5 and not packet.clean_start and packet.session_expiry == 0
+
+
 def will_message(will: Will | Will5, client_id: str) -> Message:
     """The message a will becomes; an MQTT 5 will keeps its properties."""
     props = None
@@ -138,21 +147,28 @@ class LocalSessions:
             old.goodbye(0x8E)  # MQTT 5: "session taken over", before the cleanup closes it
             await core.connection_lost(old)
             old.kick("taken over by a new connection")
-        return await self.bind(client_id, packet.clean_session, fresh_start(packet))
+        return await self.bind(client_id, packet.clean_session, fresh_start(packet),
+                               resume_until_close(packet))
 
-    async def bind(self, client_id: str, clean_session: bool, fresh: bool = False
-                   ) -> tuple[Session, bool]:
+    async def bind(self, client_id: str, clean_session: bool, fresh: bool = False,
+                   until_close: bool = False) -> tuple[Session, bool]:
         """Resume or create the session for a client whose id this node now holds.
 
         ``fresh``: an MQTT 5 Clean Start with a non-zero Session Expiry Interval, which
         discards the old session but keeps the new one (CleanSession=1 cannot say that).
-        A session whose expiry interval ran out while it was offline is gone.
+        ``until_close`` (``resume_until_close``): resume a kept session whatever
+        ``clean_session`` says; a session so resumed, or created persistent (a cluster home
+        does: the edge cannot know beforehand whether one is kept), ends with this
+        connection.  A session whose expiry interval ran out while it was offline is gone.
         """
         core = self.core
         existing = core.sessions.get(client_id)
         if existing is not None and 0 < existing.ends_at <= time.time():
             log.info("session of %r expired (session expiry interval)", client_id)
             fresh = True
+        if until_close and not fresh and existing is not None and existing.persistent:
+            await self._end_with_connection(existing)
+            return existing, True
         if clean_session or fresh or existing is None or existing.clean_session:
             if existing is not None:
                 core.router.forget(existing)
@@ -161,12 +177,25 @@ class LocalSessions:
                     await core.session_store.delete(client_id)
             session = Session(client_id, clean_session, core.session_limits)
             core.sessions[client_id] = session
-            await core.session_store.save_subscriptions(session)
+            if until_close and session.persistent:
+                await self._end_with_connection(session)
+            else:
+                await core.session_store.save_subscriptions(session)
             return session, False
         if existing.ends_at:
             existing.ends_at = 0.0  # connected again: it no longer runs out
             await core.session_store.save_subscriptions(existing)
         return existing, True
+
+    async def _end_with_connection(self, session: Session) -> None:
+        """A persistent session whose connection's Session Expiry Interval is 0.  The close
+        of the connection ends it (``session_expiry_at_close``); its deadline is also set to
+        now, stored, so that if this node dies first the session, read back, is ended by
+        the sweep instead of kept forever.  No sweep touches it while it is connected
+        (``expire_sessions`` skips attached sessions) and a takeover ends it anyway, as
+        its connection closes."""
+        session.ends_at = time.time()
+        await self.core.session_store.save_subscriptions(session)
 
     async def close(self, handler: ClientHandler) -> None:
         session = handler.session

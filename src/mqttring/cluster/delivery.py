@@ -202,7 +202,8 @@ class Deliveries:
         for run in in_frames(items, lambda item: message_size(item[0]), self.frame_budget):
             entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
                                 t.offline_ok, t.track,
-                                props=None if m.props is None else m.props.to_wire())
+                                props=None if m.props is None else m.props.to_wire(),
+                                retain=m.retain)
                        for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
@@ -333,7 +334,7 @@ class Deliveries:
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
-        served = self._serve(((Message(e.topic, e.payload, e.qos, False,
+        served = self._serve(((Message(e.topic, e.payload, e.qos, e.retain,
                                        PublishProps.from_wire(e.props)), e.clean, e.shards,
                                e.share, e.offline_ok, e.track) for e in msg.entries), node)
         req = msg.req

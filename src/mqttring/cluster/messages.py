@@ -137,6 +137,9 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     track: int = 0
     #: MQTT 5 properties; None for a 3.1.1 message.
     props: Props | None = None
+    #: The RETAIN flag it was published with: a v5 subscription with Retain As Published
+    #: forwards it (single-node brokers see the publish itself).  Older senders: False.
+    retain: bool = False
 
 
 class Dlv(_Frozen, tag="dlv"):
@@ -338,6 +341,11 @@ class V5Client(msgspec.Struct, array_like=True, frozen=True, gc=False):
     max_packet_size: int
     receive_maximum: int
     clean_start: bool
+    #: Clean Start 0 with a Session Expiry Interval of 0 (``resume_until_close``): resume
+    #: the kept session if there is one, else start a persistent one; either ends when this
+    #: connection closes (the edge's ``SessionClose`` says expiry 0).  False from older
+    #: senders, which asked for a clean session instead.
+    until_close: bool = False
 
 
 class SessionOpen(_Frozen, tag="sopen"):
@@ -376,14 +384,18 @@ class SessionClose(_Frozen, tag="sclose"):
 
 
 class SessionKick(_Frozen, tag="skick"):
-    """Home -> the edge of a connection that was taken over: close connection ``token``
-    (its will is the home's to publish), then answer.  The home lets the new connection
+    """Home -> the edge of a connection that was taken over (or whose session's home shed
+    it as a slow consumer): close connection ``token`` (its will is the home's to publish),
+    then answer.  The home lets the new connection
     in only after that answer, or once the view declares the edge down (a cut-off edge
     has fenced itself by then): never two live connections for one client id."""
 
     req: int
     client_id: str
     token: str
+    #: MQTT 5: the DISCONNECT reason the edge tells the client: 0x8E "session taken over"
+    #: (also what older senders meant), 0x97 a slow consumer shed by its home.
+    reason_code: int = 0x8E
 
 
 class WillRegister(_Frozen, tag="wreg"):

@@ -119,6 +119,9 @@ class DataPlane:
         #: True while this node cannot prove it is in the majority's view (module docstring).
         self.fenced = False
         self.fence_count = 0
+        #: Set once this node asked to leave: it stops next, so what closes its clients
+        #: from then on (a fence, once it is out of the view) tells them so (0x8B).
+        self.leaving = False
         self.replicator = ShardReplicator(self.node_id, store, self.links, self.current_view,
                                           self._on_replicated, self.view_changes.wait,
                                           accept_ops=self._accept_replicated,
@@ -218,7 +221,11 @@ class DataPlane:
                     "and refusing CONNECT until it is back in the view", self.node_id,
                     self.config.fence_seconds, len(handlers))
         for handler in handlers:
-            handler.kick("node cut off from the cluster majority (fenced)")
+            # MQTT 5: 0x9C "use another server" (no Server Reference: any node of the
+            # majority will do, and the client knows them better than a fenced node), or
+            # 0x8B when this node is leaving (out of the view, it fences, then stops).
+            handler.kick("node cut off from the cluster majority (fenced)",
+                         0x8B if self.leaving else 0x9C)
 
     def _unfence(self) -> None:
         self.fenced = False
@@ -305,6 +312,7 @@ class DataPlane:
                 await self._install(view)
 
     async def leave(self) -> bool:
+        self.leaving = True
         return await self.metadata.leave()
 
     # -- views ------------------------------------------------------------------------------
@@ -419,7 +427,7 @@ class DataPlane:
             handler = self.core.clients.get(client_id)
             if handler is not None:
                 # It reconnects and finds the session at its new home.
-                handler.kick("its session moved to another node")
+                handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
             self.router.forget(session, moving=True)
             del self.core.sessions[client_id]
             self.sessions.proxies.pop(client_id, None)

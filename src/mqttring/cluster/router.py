@@ -379,7 +379,8 @@ class ClusterRouter:
                 self.links.send_frames(node, DELIVER, topic, frames, count)
                 continue
             self.links.send(node, Dlv(0, [DlvEntry(m.topic, m.payload, 0, shards, targets.clean,
-                                                   props=props_to_wire(m.props))
+                                                   props=props_to_wire(m.props),
+                                                   retain=m.retain)
                                           for m in unpack(frames)]))
 
     # -- inbound messages -------------------------------------------------------------------

@@ -51,6 +51,7 @@ from mqttring.broker.sessions import (
     SessionUnavailable,
     effective_will,
     fresh_start,
+    resume_until_close,
     will_delay,
     will_message,
 )
@@ -210,10 +211,12 @@ class SessionProxy:
                                                     bytes(self.output)))
             self.output.clear()
 
-    def kick(self, reason: str = "closed by the broker") -> None:
+    def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
         """Close the connection at the edge (its will is published as for any unclean
-        close: the edge reports the close, and this registration is still current)."""
-        self.links.send(self.node, SessionKick(0, self.client_id, self.token))
+        close: the edge reports the close, and this registration is still current), which
+        tells an MQTT 5 client ``code`` (a slow consumer's 0x97)."""
+        self.links.send(self.node, SessionKick(0, self.client_id, self.token,
+                                               0x8E if code is None else code))
 
 
 class ClusterSessions(LocalSessions):
@@ -266,7 +269,9 @@ class ClusterSessions(LocalSessions):
         self.by_token[token] = handler
         home = self.home(client_id)
         will = effective_will(packet.will, handler.conn.v5)
-        clean = packet.clean_session
+        until_close = resume_until_close(packet)
+        # A session to resume lives at the home (persistent), so ask it as for one.
+        clean = packet.clean_session and not until_close
         if home is None or home == self.node_id:
             try:
                 await self._await_loaded(client_id)
@@ -274,10 +279,10 @@ class ClusterSessions(LocalSessions):
                 self.by_token.pop(token, None)
                 raise
             await self.register(client_id, self.node_id, token, will, clean)
-            return await self.bind(client_id, clean, fresh_start(packet))
+            return await self.bind(client_id, clean, fresh_start(packet), until_close)
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
-            link.client_max_packet, link.client_receive_max, fresh_start(packet))
+            link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close)
         stand_in = None
         if not clean:
             stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
@@ -373,17 +378,19 @@ class ClusterSessions(LocalSessions):
             self.core.wake(message.client_id)
 
     def on_skick(self, node: str, message: SessionKick) -> None:
-        self._kick_token(message.token)
+        self._kick_token(message.token, message.reason_code)
         self.links.reply(node, message.req, True)
 
-    def _kick_token(self, token: str) -> None:
+    def _kick_token(self, token: str, reason_code: int = 0x8E) -> None:
         handler = self.by_token.pop(token, None)
         if handler is not None:
             if handler.client_id is not None:
                 self.remote.pop((handler.client_id, token), None)
             handler.will = None  # the home publishes it
-            handler.goodbye(0x8E)  # MQTT 5: "session taken over" (if it was accepted)
-            handler.kick("taken over by a new connection")  # also before its CONNACK
+            # MQTT 5: "session taken over" (if it was accepted), or the home's reason
+            handler.goodbye(reason_code)
+            handler.kick("taken over by a new connection" if reason_code == 0x8E
+                         else f"closed by its session's home (reason {reason_code:#x})")
 
     # -- home side --------------------------------------------------------------------------
 
@@ -575,7 +582,8 @@ class ClusterSessions(LocalSessions):
             await self.register(client_id, edge, token, will_from_wire(message.will), clean)
             v5 = message.v5
             session, present = await self.bind(client_id, clean,
-                                               v5 is not None and v5.clean_start)
+                                               v5 is not None and v5.clean_start,
+                                               v5 is not None and v5.until_close)
             if clean:
                 # The clean session itself lives at the edge: nothing stays here but the
                 # registration (the bind above discarded any stored session).
@@ -724,7 +732,7 @@ class ClusterSessions(LocalSessions):
                 self.spawn(self._reregister, handler, after)
             else:
                 # Its session moved; the client reconnects to the new home.
-                handler.kick("its session moved to another node")
+                handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
 
     async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
         """Register a clean session's connection (and will) at its new home.
