@@ -454,6 +454,9 @@ def test_cluster_delivers_like_one_broker_mqtt5(cluster: NodeCluster, reference:
             f"{describe(program, len(program), ids)}")
     finally:
         for client in made:
-            client.client.loop_stop()
+            # DISCONNECT first: paho's loop_stop waits (without a bound) until every QoS 1/2
+            # message it sent is acknowledged, which after a failed step may never happen
+            # and would hide the failure behind a hang.
             with contextlib.suppress(Exception):
                 client.client.disconnect()
+            client.client.loop_stop()

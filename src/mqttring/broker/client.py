@@ -188,13 +188,15 @@ class ClientHandler:
             self._nursery.cancel_scope.cancel()
 
     def goodbye(self, reason_code: int) -> None:
-        """MQTT 5: send DISCONNECT with ``reason_code`` now if the socket takes it (the
-        connection is closing either way); nothing for a 3.1.1 client."""
+        """MQTT 5: queue DISCONNECT with ``reason_code``; nothing for a 3.1.1 client.
+
+        Always followed by a close, so ``_close`` writes it once the connection's task has
+        stopped.  Not woken here: a writer task started now would take the bytes and then be
+        cancelled by the close before sending them (a WebSocket client then saw no
+        DISCONNECT at all)."""
         if self.conn.v5 is not None and not self.conn.closed:
             self.conn.disconnect(reason_code)
             self._farewell = True
-            if not self._parked:
-                self.wake()
 
     def _unpark(self) -> None:
         assert self._parking is not None
@@ -250,7 +252,10 @@ class ClientHandler:
                     # The writer gets a bounded time to flush the last packets (a CONNACK
                     # refusal, a PUBACK) to a peer that may have stopped reading.
                     nursery.cancel_scope.deadline = trio.current_time() + FINAL_FLUSH_SECONDS
-                    if self.conn.pending_output:
+                    # A closing v5 connection's DISCONNECT is left to ``_close``: a writer
+                    # started in this cancelled nursery would take it and never send it.
+                    if self.conn.pending_output and not (
+                            self._farewell and nursery.cancel_scope.cancel_called):
                         self.wake()
         self._nursery = None
         return park, nursery.cancel_scope.cancelled_caught and not self.conn.closed
