@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -352,7 +351,6 @@ def test_message_expiry_of_queued_and_retained(v5: Callable[..., Paho5]) -> None
     fresh.nothing_before(f"{topic}/sentinel")
 
 
-@pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto clients missing")
 def test_mosquitto_clients_v5(broker: BrokerHandle, paho: Callable[..., PahoClient]) -> None:
     topic = unique("mq5")
     sub = subprocess.Popen(
