@@ -1,11 +1,13 @@
 """``MetadataService``: one node's membership in the cluster metadata, for trio code.
 
-It owns the pysyncobj node (its own thread), the cluster RPC server on ``config.cluster``,
-and three small loops: heartbeats to the leader, the leader's failure detector, and a
-watcher that notices leader changes (which are not log entries).  Readers get immutable
-``ClusterView`` snapshots: ``view()`` returns the latest, ``subscribe()`` pushes each new
-one.  Nothing here blocks the trio loop: commands go to pysyncobj's queue with a callback,
-and every callback from the Raft thread comes back through ``TrioToken.run_sync_soon``.
+It owns the pysyncobj node (through ``RaftBridge``, ``bridge.py``), the cluster RPC server
+on ``config.cluster``, and three small loops: heartbeats to the leader, the leader's failure
+detector, and a watcher that notices leader changes (which are not log entries).  Readers
+get immutable ``ClusterView`` snapshots: ``view()`` returns the latest, ``subscribe()``
+pushes each new one.  Nothing here blocks the trio loop: the bridge awaits pysyncobj's
+callbacks, and each view applied on the Raft thread comes back through
+``TrioToken.run_sync_soon``.  This module decides what to commit and whom to admit; the
+bridge only gets pysyncobj to do it.
 
 Joining (``config.join`` or, after a restart, the members remembered in
 ``<data_dir>/raft/peers.json``)::
@@ -50,20 +52,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from pysyncobj import FAIL_REASON, SyncObj
 
 from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error
 from mqttring.raft import state as sm
-from mqttring.raft.replicated import (
-    DEFAULT_TIMEOUTS,
-    RAFT_PASSWORD_PURPOSE,
-    RaftHost,
-    RaftTimeouts,
-    ReplicatedMetadata,
-    make_syncobj,
-)
+from mqttring.raft.bridge import CommitError, RaftBridge
+from mqttring.raft.replicated import DEFAULT_TIMEOUTS, RAFT_PASSWORD_PURPOSE, RaftTimeouts
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
@@ -90,10 +85,6 @@ QUORUM_LOG_POLL = 0.25
 class CatchUp(enum.Enum):
     DATA_PLANE = "data-plane"  # the data plane calls mark_caught_up after copying a shard
     NOTHING_TO_COPY = "nothing-to-copy"  # metadata-only node: it holds no shard data
-
-
-class CommitError(Exception):
-    """Raft did not commit a command (no leader, leader changed) or the state refused it."""
 
 
 def default_raft_address(cluster: str) -> str:
@@ -129,16 +120,14 @@ class MetadataService:
         self.tls = cluster_tls(config)
         #: The context for connections this node makes to members (None: plain TCP).
         self.client_tls = None if self.tls is None else self.tls.client
-        self._raft_password = derive_key(secret, RAFT_PASSWORD_PURPOSE).hex()
+        self._raft = RaftBridge(config.raft or "", derive_key(secret, RAFT_PASSWORD_PURPOSE).hex(),
+                                config.data_dir, self.timeouts)
         self._cluster_address = config.cluster
         #: MQTT address announced to other members (node.py may set the bound one).
         self.advertised_mqtt = config.mqtt
         self._view = EMPTY_VIEW
         self._subscribers: list[trio.MemorySendChannel[ClusterView]] = []
         self._view_changed = trio.Event()
-        self._syncobj: SyncObj | None = None
-        self._raft_host: RaftHost | None = None
-        self._consumer: ReplicatedMetadata | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._membership_lock = trio.Lock()
         self._last_seen: dict[str, float] = {}
@@ -170,8 +159,7 @@ class MetadataService:
         me = self._view.members.get(self.node_id)
         if me is None or me.state not in (MemberState.UP, MemberState.LEAVING):
             return False
-        syncobj = self._syncobj
-        if syncobj is not None and syncobj._isLeader():
+        if self._raft.is_leader():
             self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
         return self._quorum_at is not None and trio.current_time() - self._quorum_at <= within
 
@@ -182,11 +170,11 @@ class MetadataService:
 
     async def mark_caught_up(self, shards: list[int]) -> dict[str, Any]:
         """The data plane holds these shards' data now: let them be served from here."""
-        return await self._commit(sm.cmd_caught_up(self.node_id, self.incarnation, shards),
+        return await self._raft.commit(sm.cmd_caught_up(self.node_id, self.incarnation, shards),
                                   timeout=2.0)
 
     async def pin(self, subtree: str, shard: int | None = None) -> dict[str, Any]:
-        return await self._commit(sm.cmd_pin(subtree, shard))
+        return await self._raft.commit(sm.cmd_pin(subtree, shard))
 
     async def run(self, *, task_status: trio.TaskStatus[ClusterView] =
                   trio.TASK_STATUS_IGNORED) -> None:
@@ -213,7 +201,7 @@ class MetadataService:
                 send.close()  # subscribers' ``async for`` ends with the service
             self._subscribers.clear()
             with trio.CancelScope(shield=True):
-                await self._stop_raft()
+                await self._raft.stop()
 
     async def leave(self) -> bool:
         """Hand this node's shards away (epoch without it as owner), then leave Raft.
@@ -225,7 +213,7 @@ class MetadataService:
         ``trio.TooSlowError`` when the cluster could not commit a step (no quorum).
         """
         me = self._view.members.get(self.node_id)
-        if self._syncobj is None or me is None:
+        if not self._raft.running or me is None:
             return False
         if not self._others_up():
             log.warning("%s is the last member; stopping without handing shards away",
@@ -233,7 +221,7 @@ class MetadataService:
             return False
         self._leaving = True
         if me.state is MemberState.UP:
-            await self._commit(sm.cmd_leaving(self.node_id))
+            await self._raft.commit(sm.cmd_leaving(self.node_id))
         # Wait (bounded) until no shard is served only from here.
         with trio.move_on_after(self.config.leave_timeout):
             while any(a.owner == self.node_id for a in self._view.shards):
@@ -242,10 +230,10 @@ class MetadataService:
         if sole:
             log.warning("%s leaves as the only holder of %d shards: their data goes with it",
                         self.node_id, sole)
-        if self._syncobj._isLeader():
-            await self._transfer_leadership()
+        if self._raft.is_leader():
+            await self._raft.transfer_leadership()
         await self._leader_call("remove", {"node_id": self.node_id})
-        await self._stop_raft()
+        await self._raft.stop()
         if self.config.data_dir is not None:
             # Our journal says we are a member; a restart must join afresh, not resurrect.
             shutil.rmtree(self.config.data_dir / "raft", ignore_errors=True)
@@ -285,12 +273,11 @@ class MetadataService:
         await self._view_changed.wait()
 
     def _leader_id(self, members: Any) -> str | None:
-        syncobj = self._syncobj
-        leader = syncobj._getLeader() if syncobj is not None else None
+        leader = self._raft.leader_address()
         if leader is None:
             return None
         for member in members.values():
-            if member.raft == leader.address:
+            if member.raft == leader:
                 return member.node_id
         return None
 
@@ -332,19 +319,7 @@ class MetadataService:
         if self._join_via and not raft_peers:
             info = await self._first_answer("info", {})
             raft_peers = [r for r in info["raft_peers"] if r != self.config.raft]
-        self._consumer = consumer = ReplicatedMetadata(self._on_applied)
-        host = RaftHost(lambda: make_syncobj(self.config.raft or "", raft_peers, consumer,
-                                             self._raft_password, self.config.data_dir,
-                                             self.timeouts))
-        self._raft_host = host
-        host.start()
-        self._syncobj = await trio.to_thread.run_sync(host.wait_ready)
-
-    async def _stop_raft(self) -> None:
-        host, self._raft_host = self._raft_host, None
-        self._syncobj = None
-        if host is not None:
-            await trio.to_thread.run_sync(host.stop)
+        await self._raft.start(raft_peers, self._on_applied)
 
     async def _become_member(self) -> ClusterView:
         incarnation = 1
@@ -363,13 +338,12 @@ class MetadataService:
 
     async def _bootstrap(self) -> None:
         """Form a one-node cluster (or, after a restart, resume it from the journal)."""
-        syncobj, consumer = self._syncobj, self._consumer
-        assert syncobj is not None and consumer is not None
-        while not (syncobj._isLeader() and syncobj.isReady()):
+        while not self._raft.is_ready_leader():
             await trio.sleep(0.02)
-        if consumer.state.num_shards == 0:
-            await self._commit(sm.cmd_bootstrap(self.config.num_shards, self.config.replication,
-                                                self._member_info()))
+        if self._raft.applied_state().num_shards == 0:
+            await self._raft.commit(sm.cmd_bootstrap(self.config.num_shards,
+                                                     self.config.replication,
+                                                     self._member_info()))
         # Otherwise this is the restart of a one-node cluster, resumed from its journal.  It
         # keeps its incarnation: no other node can have taken writes while it was away.
 
@@ -393,63 +367,6 @@ class MetadataService:
     def _member_info(self) -> dict[str, Any]:
         return sm.member_info(self.node_id, self._cluster_address, self.config.raft or "",
                               self.advertised_mqtt, self.config.node_weight)
-
-    async def _raft_call(self, start: Any, timeout: float) -> Any:
-        """Run a pysyncobj async call (``start(callback)``) and await its callback."""
-        token = self._token
-        assert token is not None
-        send, receive = trio.open_memory_channel[tuple[Any, int]](1)
-
-        def callback(result: Any, error: int) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(send.send_nowait, (result, error))
-
-        start(callback)
-        with trio.fail_after(timeout):
-            return await receive.receive()
-
-    async def _commit(self, command: sm.Command, timeout: float = 5.0) -> dict[str, Any]:
-        """Commit through Raft (forwarded to the leader by pysyncobj); retry while leaderless."""
-        with trio.fail_after(timeout):
-            while True:
-                consumer = self._consumer
-                if consumer is None or self._syncobj is None:
-                    raise CommitError("not running")
-                result, error = await self._raft_call(
-                    lambda cb, c=consumer: c.apply(command, callback=cb), timeout)
-                if error == FAIL_REASON.SUCCESS:
-                    if not result.get("ok"):
-                        raise CommitError(result.get("error", "refused"))
-                    return result
-                if error not in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.QUEUE_FULL):
-                    raise CommitError(f"{command['op']} not committed (pysyncobj error {error})")
-                await trio.sleep(0.1)
-
-    async def _change_raft_membership(self, op: str, raft: str) -> None:
-        """addNodeToCluster / removeNodeFromCluster, retried while a change is in flight."""
-        syncobj = self._syncobj
-        assert syncobj is not None
-        method = syncobj.addNodeToCluster if op == "add" else syncobj.removeNodeFromCluster
-        with trio.fail_after(15.0):
-            while True:
-                _, error = await self._raft_call(lambda cb: method(raft, callback=cb), 15.0)
-                if error == FAIL_REASON.SUCCESS:
-                    return
-                log.info("raft %s %s: pysyncobj error %s, retrying", op, raft, error)
-                await trio.sleep(0.2)
-
-    def _raft_nodes(self) -> set[str]:
-        syncobj = self._syncobj
-        assert syncobj is not None
-        return {n.address for n in syncobj.otherNodes} | {syncobj.selfNode.address}
-
-    async def _transfer_leadership(self) -> None:
-        syncobj = self._syncobj
-        assert syncobj is not None
-        with trio.move_on_after(5.0):
-            while syncobj._isLeader():
-                await self._raft_call(lambda cb: syncobj.transferLeadership(callback=cb), 2.0)
-                await trio.sleep(0.5)
 
     # -- loops ------------------------------------------------------------------------
 
@@ -527,8 +444,7 @@ class MetadataService:
         """Failure detection, on the leader only: silence past the grace period -> down."""
         while True:
             await trio.sleep(self.config.heartbeat_interval / 2)
-            syncobj = self._syncobj
-            if syncobj is None or not syncobj._isLeader():
+            if not self._raft.is_leader():
                 self._leader_since = None
                 continue
             now = trio.current_time()
@@ -544,7 +460,7 @@ class MetadataService:
                     log.warning("no heartbeat from %s for %.1fs: marking it down",
                                 member.node_id, now - seen)
                     try:
-                        await self._commit(sm.cmd_down(member.node_id, member.incarnation))
+                        await self._raft.commit(sm.cmd_down(member.node_id, member.incarnation))
                     except (CommitError, trio.TooSlowError) as exc:
                         log.info("could not mark %s down: %s", member.node_id, exc)
 
@@ -571,8 +487,7 @@ class MetadataService:
         """Run ``kind`` on the Raft leader: here, or forwarded to its cluster address."""
         with trio.fail_after(timeout):
             while True:
-                syncobj = self._syncobj
-                if syncobj is not None and syncobj._isLeader():
+                if self._raft.is_leader():
                     return await getattr(self, f"_leader_{kind}")(body)
                 leader = self._view.members.get(self._leader_id(self._view.members) or "")
                 if leader is not None and leader.node_id != self.node_id:
@@ -585,9 +500,9 @@ class MetadataService:
                 await trio.sleep(0.1)
 
     async def _rpc_info(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        if self._syncobj is None:
+        if not self._raft.running:
             raise RpcError("raft not started")
-        return {"raft_peers": sorted(self._raft_nodes()), "leader": self._view.leader,
+        return {"raft_peers": sorted(self._raft.nodes()), "leader": self._view.leader,
                 "epoch": self._view.epoch}
 
     async def _rpc_join(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -602,10 +517,10 @@ class MetadataService:
                                "remove it before rejoining from another address")
             # The grace period starts now, not when this leader took over.
             self._last_seen[info["node_id"]] = trio.current_time()
-            await self._commit(sm.cmd_joining(info))
-            if info["raft"] not in self._raft_nodes():
-                await self._change_raft_membership("add", info["raft"])
-            result = await self._commit(sm.cmd_up(info["node_id"]))
+            await self._raft.commit(sm.cmd_joining(info))
+            if info["raft"] not in self._raft.nodes():
+                await self._raft.change_membership("add", info["raft"])
+            result = await self._raft.commit(sm.cmd_up(info["node_id"]))
             self._last_seen[info["node_id"]] = trio.current_time()
         log.info("%s joined with incarnation %s", info["node_id"], result["incarnation"])
         return {"incarnation": result["incarnation"], "epoch": result["epoch"]}
@@ -620,9 +535,9 @@ class MetadataService:
         if member.node_id == self.node_id:
             raise RpcError("the leader cannot remove itself; transfer leadership first")
         async with self._membership_lock:
-            result = await self._commit(sm.cmd_remove(member.node_id))
-            if member.raft in self._raft_nodes():
-                await self._change_raft_membership("remove", member.raft)
+            result = await self._raft.commit(sm.cmd_remove(member.node_id))
+            if member.raft in self._raft.nodes():
+                await self._raft.change_membership("remove", member.raft)
         return {"epoch": result["epoch"]}
 
     async def _rpc_heartbeat(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -630,12 +545,11 @@ class MetadataService:
         follower can tell a live majority from a deposed leader on its side of a split."""
         node_id = str(body["node_id"])
         self._last_seen[node_id] = trio.current_time()
-        syncobj = self._syncobj
         member = self._view.members.get(node_id)
         member_up = (member is not None and member.state is not MemberState.DOWN
                      and member.incarnation == body.get("incarnation"))
         return {"epoch": self._view.epoch,
-                "leader": bool(syncobj is not None and syncobj._isLeader()),
+                "leader": self._raft.is_leader(),
                 "member_up": member_up}
 
     async def _rpc_status(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -643,12 +557,7 @@ class MetadataService:
 
     def status(self, brief: bool = False) -> dict[str, Any]:
         """This member's Raft figures and applied view (``mqttring status``, the HTTP API)."""
-        syncobj = self._syncobj
-        raft: dict[str, Any] = {}
-        if syncobj is not None:
-            raft = {"term": syncobj.raftCurrentTerm, "commit_index": syncobj.raftCommitIndex,
-                    "is_leader": syncobj._isLeader(), "address": self.config.raft,
-                    "nodes": sorted(self._raft_nodes())}
+        raft = self._raft.figures()
         view = self._view
         wire = view_to_wire(view)
         if brief:
@@ -689,7 +598,7 @@ class MetadataService:
 
     async def _commit_rpc(self, command: sm.Command) -> dict[str, Any]:
         try:
-            return await self._commit(command, timeout=float(command.get("timeout", 5.0)))
+            return await self._raft.commit(command, timeout=float(command.get("timeout", 5.0)))
         except (CommitError, trio.TooSlowError) as exc:
             raise RpcError(f"not committed: {describe_error(exc)}") from None
 
