@@ -8,6 +8,11 @@ rotation needs no signal.  ``--log-format json`` writes one JSON object per line
 for log shippers that would otherwise parse the text with a regex.
 
 ``set_level`` is what a SIGHUP reload calls (``mqttring.reload``).
+
+``WaitLog`` keeps a wait that retries several times a second (a node joining its cluster)
+to a few lines: one when it starts, one every ``WAIT_REPORT_EVERY`` seconds while it lasts,
+one when it ends.  A line per try buried everything else in the log and said nothing new
+after the first.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import logging.handlers
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,9 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: Attributes every ``LogRecord`` has; anything else on a record came from ``extra=``.
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message", "asctime", "taskName"}
+
+#: Seconds between two "still waiting" lines of one ``WaitLog``.
+WAIT_REPORT_EVERY = 10.0
 
 
 class JsonFormatter(logging.Formatter):
@@ -72,4 +81,48 @@ def set_level(level: str) -> None:
     logging.getLogger().setLevel(level.upper())
 
 
-__all__ = ["FORMATS", "LEVELS", "JsonFormatter", "set_level", "setup_logging"]
+class WaitLog:
+    """The log lines of one wait made of quick retries (see the module docstring).
+
+    The caller reports each failed try (``failed``) and the end (``done``).  The first
+    failure is logged at info with what the wait is for; later ones at debug, except one
+    info line with the latest reason every ``every`` seconds; ``done`` logs once, and only
+    if there was a wait (a first try that succeeds logs nothing).
+    """
+
+    def __init__(self, logger: logging.Logger, what: str, *,
+                 every: float = WAIT_REPORT_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        #: What is awaited, for the lines (e.g. "an answer to join from h:p or h:q").
+        self.what = what
+        self.every = every
+        self._clock = clock
+        self._started: float | None = None
+        self._reported = 0.0
+        #: Failed tries so far.
+        self.failures = 0
+
+    def failed(self, reason: str) -> None:
+        now = self._clock()
+        self.failures += 1
+        if self._started is None:
+            self._started = self._reported = now
+            self._log.info("%s; waiting for %s (retrying; a line every %.0f s until then)",
+                           reason, self.what, self.every)
+        elif now - self._reported >= self.every:
+            self._reported = now
+            self._log.info("still waiting for %s after %.0f s (%d tries failed); last: %s",
+                           self.what, now - self._started, self.failures, reason)
+        else:
+            self._log.debug("%s", reason)
+
+    def done(self, how: str) -> None:
+        if self._started is not None:
+            self._log.info("%s after waiting %.1f s (%d tries failed)", how,
+                           self._clock() - self._started, self.failures)
+            self._started = None
+
+
+__all__ = ["FORMATS", "LEVELS", "WAIT_REPORT_EVERY", "JsonFormatter", "WaitLog", "set_level",
+           "setup_logging"]

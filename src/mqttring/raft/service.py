@@ -56,6 +56,7 @@ import trio
 from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error
+from mqttring.logs import WaitLog
 from mqttring.raft import state as sm
 from mqttring.raft.bridge import CommitError, RaftBridge
 from mqttring.raft.replicated import DEFAULT_TIMEOUTS, RAFT_PASSWORD_PURPOSE, RaftTimeouts
@@ -353,15 +354,21 @@ class MetadataService:
 
     async def _first_answer(self, kind: str, body: dict[str, Any],
                             timeout: float = 30.0) -> dict[str, Any]:
-        """Ask each known member in turn until one answers (members may be restarting)."""
+        """Ask each known member in turn until one answers (members may be restarting).
+
+        Tries come every 0.2 s; ``WaitLog`` logs the wait, not each try."""
+        waiting = WaitLog(log, f"an answer to {kind} from {' or '.join(self._join_via)}")
         with trio.fail_after(timeout):
             while True:
                 for address in self._join_via:
                     try:
-                        return await call_once(address, self._rpc_key, self.node_id, kind,
-                                               body, timeout=10.0, tls=self.client_tls)
+                        answer = await call_once(address, self._rpc_key, self.node_id, kind,
+                                                 body, timeout=10.0, tls=self.client_tls)
                     except (OSError, RpcError, trio.TooSlowError, EOFError) as exc:
-                        log.info("%s via %s failed: %s", kind, address, exc)
+                        waiting.failed(f"{kind} via {address} failed: {exc}")
+                        continue
+                    waiting.done(f"{kind} answered by {address}")
+                    return answer
                 await trio.sleep(0.2)
 
     def _member_info(self) -> dict[str, Any]:
@@ -484,19 +491,26 @@ class MetadataService:
 
     async def _leader_call(self, kind: str, body: dict[str, Any],
                            timeout: float = 20.0) -> dict[str, Any]:
-        """Run ``kind`` on the Raft leader: here, or forwarded to its cluster address."""
+        """Run ``kind`` on the Raft leader: here, or forwarded to its cluster address.
+
+        Tries come every 0.1 s; ``WaitLog`` logs the wait, not each try."""
+        waiting = WaitLog(log, f"the Raft leader to take {kind}")
         with trio.fail_after(timeout):
             while True:
                 if self._raft.is_leader():
+                    waiting.done(f"{kind}: this node leads now")
                     return await getattr(self, f"_leader_{kind}")(body)
                 leader = self._view.members.get(self._leader_id(self._view.members) or "")
                 if leader is not None and leader.node_id != self.node_id:
                     try:
-                        return await call_once(leader.cluster, self._rpc_key, self.node_id,
-                                               kind, {**body, "forwarded": True}, timeout,
-                                               tls=self.client_tls)
+                        answer = await call_once(leader.cluster, self._rpc_key, self.node_id,
+                                                 kind, {**body, "forwarded": True}, timeout,
+                                                 tls=self.client_tls)
                     except (OSError, EOFError, trio.TooSlowError) as exc:
-                        log.info("forwarding %s to %s failed: %s", kind, leader.node_id, exc)
+                        waiting.failed(f"forwarding {kind} to {leader.node_id} failed: {exc}")
+                    else:
+                        waiting.done(f"{kind} forwarded to {leader.node_id}")
+                        return answer
                 await trio.sleep(0.1)
 
     async def _rpc_info(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
