@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import trio
 
+from mqttring.broker.files import NodeFiles
 from mqttring.broker.server import BoundPorts, BrokerNode
 from mqttring.cluster.plane import DataPlane
 from mqttring.config import BrokerConfig
@@ -23,8 +24,11 @@ class MqttRingBroker(BrokerNode):
     ``nursery.start(broker.serve)``) or a plain Python one (``start()``/``stop()``).
     """
 
-    def __init__(self, config: BrokerConfig | None = None) -> None:
-        super().__init__(config, cluster=DataPlane)
+    def __init__(self, config: BrokerConfig | None = None, *,
+                 files: NodeFiles | None = None) -> None:
+        """``files``: what ``config`` names, already loaded (``NodeFiles.load(config)``);
+        None: ``serve`` loads it."""
+        super().__init__(config, cluster=DataPlane, files=files)
         #: The bound port of the HTTP API (``config.http``), once serving; None when off.
         self.http_port: int | None = None
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from mqttring.broker.files import NodeFiles
 from mqttring.broker.server import LEAVE_SLACK
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.embedded import MqttRingBroker
@@ -73,8 +74,9 @@ ConfigLoader = Callable[[], BrokerConfig]
 class NodeLifecycle:
     def __init__(self, config: BrokerConfig, *, ready_file: Path | None = None,
                  reload_config: ConfigLoader | None = None,
-                 on_started: Callable[[], None] | None = None) -> None:
-        self.broker = MqttRingBroker(config)
+                 on_started: Callable[[], None] | None = None,
+                 files: NodeFiles | None = None) -> None:
+        self.broker = MqttRingBroker(config, files=files)
         self.ready_file = ready_file
         self.reload_config = reload_config
         self.on_started = on_started

@@ -27,14 +27,12 @@ from typing import Any
 import trio
 
 from mqttring import __version__
-from mqttring.broker.tls import build_server_context, tls_enabled
-from mqttring.cluster_tls import cluster_tls
+from mqttring.broker.files import NodeFiles
 from mqttring.config import BrokerConfig, ConfigError, flag_overrides
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lifecycle import ConfigLoader, ExitCode, NodeLifecycle, Stage
 from mqttring.logs import FORMATS, LEVELS, setup_logging
 from mqttring.rpc import AuthError
-from mqttring.security import check_security_files
 from mqttring.workers import run_workers, worker_count
 
 log = logging.getLogger("mqttring.node")
@@ -148,23 +146,25 @@ def tune_gc(config: BrokerConfig) -> None:
 
 
 def make_lifecycle(config: BrokerConfig, ready_file: Path | None = None,
-                   reload_config: ConfigLoader | None = None) -> NodeLifecycle:
-    """The node process's lifecycle (``mqttring.lifecycle``: what each signal does when)."""
+                   reload_config: ConfigLoader | None = None,
+                   files: NodeFiles | None = None) -> NodeLifecycle:
+    """The node process's lifecycle (``mqttring.lifecycle``: what each signal does when);
+    ``files``: what ``config`` names, loaded already (None: the broker loads it)."""
     def started() -> None:
         if config.gc_freeze:
             gc.freeze()  # modules and start-up state: never garbage, never walked again
 
     return NodeLifecycle(config, ready_file=ready_file, reload_config=reload_config,
-                         on_started=started)
+                         on_started=started, files=files)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-        check_security_files(config)  # a bad file is a one-line error, not a traceback
-        if tls_enabled(config):
-            build_server_context(config)  # a bad certificate or key: exit 2 before starting
-        cluster_tls(config)  # the same for the cluster's certificate
+        # Loaded here, before logging is set up or anything is bound, so that a bad
+        # password/ACL file or certificate is one line and exit 2; the broker then uses
+        # these loaded files instead of reading them again (``mqttring.broker.files``).
+        files = NodeFiles.load(config)
     except ConfigError as exc:
         print(f"mqttring: configuration error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
@@ -175,10 +175,11 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return ExitCode.CONFIG
     if args.workers > 1:
+        # The supervisor serves nothing: each worker process loads the files for itself.
         return run_workers(config, args.workers, args)
     tune_gc(config)
     reload_config = None if args.config is None else partial(config_from_args, args)
-    lifecycle = make_lifecycle(config, args.ready_file, reload_config)
+    lifecycle = make_lifecycle(config, args.ready_file, reload_config, files)
     try:
         return int(trio.run(lifecycle.run))
     except BaseException as exc:  # one line for the operator, not a traceback

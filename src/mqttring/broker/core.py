@@ -74,8 +74,9 @@ from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
 from mqttring.protocol.session5 import V5Session, retained_wanted
-from mqttring.security.acl import AccessControl, ClientAccess
+from mqttring.security.acl import AccessControl, AclFile, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
+from mqttring.security.passwords import PasswordFile
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
@@ -115,7 +116,10 @@ class BrokerCore:
     def __init__(
         self, config: BrokerConfig, session_store: SessionStore, metrics: BrokerMetrics,
         router: RouterFactory, manager: ManagerFactory = LocalSessions,
+        passwords: PasswordFile | None = None, acl_rules: AclFile | None = None,
     ) -> None:
+        """``passwords``/``acl_rules``: ``config.password_file``/``config.acl_file`` already
+        loaded (``mqttring.broker.files``); None: loaded here from the config."""
         self.config = config
         self.limits = config.limits
         self.session_limits = _session_limits(config)
@@ -130,10 +134,11 @@ class BrokerCore:
         self.shutting_down = False
         #: Who may connect (password file, anonymous access, failed-login limit); its
         #: ``reload()`` re-reads the password file.
-        self.auth = Authenticator.from_config(config)
+        self.auth = Authenticator.from_config(config, passwords)
         #: What clients may read, write and subscribe to; None (no ``acl_file``): anything.
         #: Its ``reload()`` swaps in the file as it is now.
-        self.acl = AccessControl(config.acl_file) if config.acl_file is not None else None
+        self.acl = (AccessControl(config.acl_file, acl_rules)
+                    if config.acl_file is not None else None)
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
         #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the

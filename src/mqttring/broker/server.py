@@ -52,6 +52,7 @@ from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.client import ClientHandler
 from mqttring.broker.core import BrokerCore
+from mqttring.broker.files import NodeFiles
 from mqttring.broker.listeners import open_listeners
 from mqttring.broker.membership import ClusterFactory, ClusterMember
 from mqttring.broker.metrics import BrokerMetrics
@@ -68,10 +69,8 @@ from mqttring.broker.tls import (
     certificate_identity,
     handshake,
     peer_of,
-    tls_enabled,
 )
 from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport, WebSocketTransport
-from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore
@@ -106,9 +105,12 @@ class BrokerNode:
     """
 
     def __init__(self, config: BrokerConfig | None = None, *,
-                 cluster: ClusterFactory | None = None) -> None:
+                 cluster: ClusterFactory | None = None, files: NodeFiles | None = None) -> None:
         self.config = config or BrokerConfig()
         self._cluster_factory = cluster
+        #: The files ``config`` names, loaded by the caller (``mqttring.broker.files``) for
+        #: the first ``serve``; None: ``serve`` loads them.
+        self._files = files
         self.metrics = BrokerMetrics()
         self.ports: BoundPorts | None = None
         self.store: LsmStore | None = None
@@ -143,8 +145,13 @@ class BrokerNode:
         self, *, task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
     ) -> None:
         config = self.config
-        # Certificates first: a bad one stops the node before it opens or binds anything.
-        self.tls = TlsContext(config) if tls_enabled(config) else None
+        # Files first: a bad certificate, password or ACL file stops the node before it
+        # opens or binds anything.  Handed in (loaded once, by the node process) or loaded
+        # here; a later ``serve`` (start again after a stop) reads them as they are then.
+        files, self._files = self._files, None
+        if files is None:
+            files = NodeFiles.load(config)
+        self.tls = None if files.tls is None else TlsContext(config, files.tls)
         store = None
         if config.data_dir is not None:
             path = config.data_dir / "store"
@@ -164,7 +171,8 @@ class BrokerNode:
                 plane = self._cluster_factory(config, store, self.metrics)
                 self.plane = plane
                 core = BrokerCore(config, plane.session_store, self.metrics,
-                                  router=plane.make_router, manager=plane.make_sessions)
+                                  router=plane.make_router, manager=plane.make_sessions,
+                                  passwords=files.passwords, acl_rules=files.acl)
                 retained = plane.retained
             else:
                 retained = RetainedStore(store, config.num_shards)
@@ -176,7 +184,8 @@ class BrokerNode:
                                        strategy=Strategy(config.shared_subscription_strategy))
 
                 core = BrokerCore(config, SessionStore(store, config.num_shards), self.metrics,
-                                  router=local_router)
+                                  router=local_router, passwords=files.passwords,
+                                  acl_rules=files.acl)
             self.core, self.retained = core, retained
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(core.delayed_wills.run)  # MQTT 5 will delay
@@ -203,7 +212,7 @@ class BrokerNode:
                 if config.archive and store is not None:
                     self.archive = self._start_archive(nursery, store)
                 if config.admin is not None and self.plane is None:
-                    admin_tls = cluster_tls(config)
+                    admin_tls = files.cluster_tls
                     self.admin = RpcServer(
                         derive_key(cluster_secret(config), RPC_KEY_PURPOSE), config.node_id,
                         tls=None if admin_tls is None else admin_tls.server,

@@ -91,9 +91,11 @@ class TlsContext:
     one, so the swap is one attribute assignment (atomic for the trio thread).
     """
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, context: ssl.SSLContext | None = None) -> None:
+        """``context``: ``build_server_context(config)`` already built (``mqttring.broker.
+        files``); None: build it here."""
         self._config = config
-        self.context = build_server_context(config)
+        self.context = build_server_context(config) if context is None else context
         #: Times the files were loaded again (for logs and tests).
         self.reloads = 0
 

@@ -242,9 +242,10 @@ class AccessControl:
     """The node's current ACL file (``None``: no ACL, everything open); ``reload()`` reads
     the file again into a new immutable value and swaps it in with one assignment."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, loaded: AclFile | None = None) -> None:
+        """``loaded``: ``path`` already loaded (``mqttring.broker.files``); None: load it."""
         self.path = path
-        self.current: AclFile = AclFile.load(path)
+        self.current: AclFile = AclFile.load(path) if loaded is None else loaded
 
     def reload(self) -> None:
         """Swap in the file as it is now; a file that does not parse leaves the old rules

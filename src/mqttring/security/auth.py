@@ -72,7 +72,10 @@ class Authenticator:
         failures_allowed: int = 10,
         failure_window: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        passwords: PasswordFile | None = None,
     ) -> None:
+        """``passwords``: ``password_file`` already loaded (``mqttring.broker.files``);
+        None: load it here."""
         self.allow_anonymous = allow_anonymous
         self.password_file = password_file
         self.limiter = FailureLimiter(failures_allowed, failure_window)
@@ -81,15 +84,18 @@ class Authenticator:
         self._threads = trio.CapacityLimiter(HASH_THREADS)
         self._snapshot: _Snapshot | None = None
         if password_file is not None:
-            self._snapshot = _Snapshot(PasswordFile.load(password_file))
+            self._snapshot = _Snapshot(
+                PasswordFile.load(password_file) if passwords is None else passwords)
 
     @classmethod
-    def from_config(cls, config: BrokerConfig) -> Authenticator:
+    def from_config(cls, config: BrokerConfig,
+                    passwords: PasswordFile | None = None) -> Authenticator:
         return cls(
             allow_anonymous=config.allow_anonymous,
             password_file=config.password_file,
             failures_allowed=config.auth_failures_allowed,
             failure_window=config.auth_failure_window,
+            passwords=passwords,
         )
 
     def reload(self) -> None:
