@@ -59,6 +59,7 @@ from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.parking import ParkingLot, parking_supported
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter, Router
+from mqttring.broker.scheduling import keep_arrival_order
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.shared import Strategy
@@ -145,6 +146,7 @@ class BrokerNode:
         self, *, task_status: trio.TaskStatus[BoundPorts] = trio.TASK_STATUS_IGNORED
     ) -> None:
         config = self.config
+        keep_arrival_order()  # packets of different clients handled in arrival order
         # Files first: a bad certificate, password or ACL file stops the node before it
         # opens or binds anything.  Handed in (loaded once, by the node process) or loaded
         # here; a later ``serve`` (start again after a stop) reads them as they are then.
