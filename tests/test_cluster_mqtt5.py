@@ -122,6 +122,33 @@ def test_311_publishes_reach_v5_subscribers_on_other_nodes(
         assert not any(hasattr(m.properties, "UserProperty") for m in got)
 
 
+def test_retain_as_published_for_311_qos0_retained_across_nodes(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients
+        ) -> None:
+    """A 3.1.1 QoS 0 retained publish reaches a v5 Retain As Published subscriber on
+    another node with RETAIN 1, as on one broker (the packed QoS 0 frames carry RETAIN 0,
+    so the owner must send it otherwise), and a plain subscriber with RETAIN 0."""
+    prefix = unique("rap")
+    topics = one_topic_per_owner(view, prefix)
+    subs = []
+    for node in ("b", "c"):
+        rap = v5(node)
+        rap.connect()
+        assert rap.subscribe(f"{prefix}/#", 1, retainAsPublished=True) == [1]
+        plain = v5(node)
+        plain.connect()
+        assert plain.subscribe(f"{prefix}/#", 1) == [1]
+        subs.append((rap, True))
+        subs.append((plain, False))
+    pub = clients.connected(cluster.port("a"), name="v311@a")
+    for owner, topic in topics.items():
+        pub.publish(topic, owner, 0, retain=True)
+        pub.publish(topic, owner + "-live", 0)
+    for sub, retained in subs:
+        got = {m.payload.decode(): m.retain for m in (sub.get() for _ in range(2 * len(topics)))}
+        assert got == {**{n: retained for n in NODES}, **{n + "-live": False for n in NODES}}
+
+
 def test_retained_properties_from_the_owner(
         cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
     prefix = unique("r5")
