@@ -258,6 +258,40 @@ def test_clean_start_0_with_expiry_0_resumes_the_kept_session(
     last.nothing_before(f"{topic}/sentinel")
 
 
+@pytest.mark.parametrize("home", ["a", "b"], ids=["home-at-edge", "home-elsewhere"])
+def test_a_311_client_resuming_a_v5_session_keeps_its_subscription_options(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients,
+        home: str) -> None:
+    """The home keeps a v5 session's subscription options while a 3.1.1 client (through
+    A) holds it: No Local (the edge tags the client's publishes with its id, as the home
+    told it) and Retain As Published apply; a v5 client resuming later (through C) has
+    its subscription identifiers again."""
+    cid, topic = view.client_homed_at(home, unique("ko")), unique("ko")
+    first = v5("c", cid)
+    first.connect(properties=props(CONNECT, SessionExpiryInterval=300))
+    first.subscribe(f"{topic}/own", 1, props(SUBSCRIBE, SubscriptionIdentifier=4), noLocal=True)
+    first.subscribe(f"{topic}/rap", 1, props(SUBSCRIBE, SubscriptionIdentifier=5),
+                    retainAsPublished=True)
+    first.disconnect()
+    other = v5("c")
+    other.connect()
+    old = clients.connected(cluster.port("a"), cid, clean_session=False, name="v311@a")
+    old.publish(f"{topic}/own", "mine", 1)  # not echoed back: No Local
+    other.publish(f"{topic}/rap", b"kept", 1, retain=True)
+    [got] = old.collect(1)
+    assert (got.topic, got.payload, got.retain) == (f"{topic}/rap", b"kept", True)
+    old.disconnect()
+    again = v5("c", cid)
+    present, _ = again.connect(clean_start=False,
+                               properties=props(CONNECT, SessionExpiryInterval=300))
+    assert present
+    again.publish(f"{topic}/own", b"mine again", 1)
+    other.publish(f"{topic}/rap", b"again", 1, retain=True)
+    got = again.get()
+    assert (got.topic, got.payload, got.retain) == (f"{topic}/rap", b"again", True)
+    assert got.properties.SubscriptionIdentifier == [5]
+
+
 def test_takeover_through_another_node_says_0x8e(
         cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
     cid = view.client_homed_at("b", unique("to"))

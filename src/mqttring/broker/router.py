@@ -350,8 +350,9 @@ class LocalRouter:
             if session.deliver_encoded(frames, count):
                 sent += count
                 wake(cid)
-            elif not session.clean_session or session.v5 is not None:
-                # Offline and persistent (queued), or an MQTT 5 client (v5 encoding).
+            elif not session.clean_session or session.output is not None:
+                # Offline and persistent (queued), or online but not for these bytes (an MQTT
+                # 5 client's v5 encoding, or a 3.1.1 client with kept v5 options).
                 if pending is None:
                     pending = list(unpack(frames))
                 now = self._clock()

@@ -121,8 +121,9 @@ class SessionStore:
         assert self._writer is not None
         record: dict[str, object] = {
             "v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
-        if session.v5 is not None and session.v5.options:
-            record["opts"] = session.v5.options
+        options = session.subscription_options  # kept while a 3.1.1 client holds it
+        if options:
+            record["opts"] = options
         if session.ends_at:
             record["ends"] = session.ends_at
         op = Put("sessions", self._prefix(session.client_id), record)
