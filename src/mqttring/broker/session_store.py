@@ -7,8 +7,8 @@ Three record kinds, all keyed by ``shard(client id)`` first so that one shard's 
 a single range scan (what a shard handoff or an export reads):
 
 * ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``, plus for
-  an MQTT 5 session ``"opts": {filter: bits}`` (``session5.V5Session.options``: No Local,
-  Retain As Published, subscription identifier) and ``"ends": UNIX time`` (its Session
+  an MQTT 5 session ``"opts": {filter: bits}`` (``Session.subscription_options``: No Local,
+  Retain As Published, subscription identifier; kept while a 3.1.1 client resumed it) and ``"ends": UNIX time`` (its Session
   Expiry Interval runs out then), each only when there is something to say.
 * ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
   state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.  ``expires_at`` is
