@@ -8,8 +8,9 @@ a single range scan (what a shard handoff or an export reads):
 
 * ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``, plus for
   an MQTT 5 session ``"opts": {filter: bits}`` (``Session.subscription_options``: No Local,
-  Retain As Published, subscription identifier; kept while a 3.1.1 client resumed it) and ``"ends": UNIX time`` (its Session
-  Expiry Interval runs out then), each only when there is something to say.
+  Retain As Published, subscription identifier; kept while a 3.1.1 client resumed it) and
+  ``"ends": UNIX time`` (its Session Expiry Interval runs out then), each only when there
+  is something to say.
 * ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
   state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.  ``expires_at`` is
   a wall-clock UNIX timestamp (seconds, float; 0 = never), so it keeps its meaning on the
