@@ -189,7 +189,7 @@ class ClusterRouter:
         #: One member per share and message (``mqttring.cluster.shared``).
         self.shares = ShareDispatch(node_id, local.chooser.strategy, self.routes.shares_for,
                                     deliveries.deliver, view, links, self.view_changes,
-                                    local.copies, patience=deliveries.patience,
+                                    local.copies, metrics, patience=deliveries.patience,
                                     request_timeout=deliveries.request_timeout)
 
     def route(self, topic: str, view: ClusterView) -> Route:
