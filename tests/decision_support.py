@@ -4,13 +4,22 @@ state machine driven by hand (no Raft, no processes), so each test builds exact 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 from mqttring.cluster.messages import Ack, Delivered, LinkMessage
 from mqttring.raft import state as sm
 from mqttring.raft.view import ClusterView
 
 NUM_SHARDS = 16
+
+
+class Frames(NamedTuple):
+    """What ``RecordingLinks.send_frames`` records: one run of a packed QoS 0 batch."""
+
+    section: int
+    topic: str
+    frames: bytes
+    count: int
 
 
 class RecordingLinks:
@@ -28,6 +37,11 @@ class RecordingLinks:
     def send(self, node: str, message: LinkMessage) -> bool:
         self.sent.append((node, message))
         return True
+
+    def send_frames(self, node: str, section: int, topic: str, frames: Any,
+                    count: int = 1) -> None:
+        """A run appended to the node's packed QoS 0 batch, recorded as a ``Frames``."""
+        self.sent.append((node, Frames(section, topic, bytes(frames), count)))
 
     def send_control(self, node: str, message: LinkMessage) -> bool:
         self.sent.append((node, message))

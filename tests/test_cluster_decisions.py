@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import trio
 
-from decision_support import NUM_SHARDS, Metadata, RecordingLinks
+from decision_support import NUM_SHARDS, Frames, Metadata, RecordingLinks
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
@@ -278,6 +278,27 @@ async def test_a_publish_past_max_hops_is_refused_not_passed_on() -> None:
     assert links.take(Pub) == []
     [(node, ack)] = links.take(Ack)
     assert node == "b" and ack.req == 42 and not ack.ok
+
+
+async def test_plain_qos0_is_packed_and_a_retained_one_travels_as_a_dlv() -> None:
+    """The owner's QoS 0 fan-out: plain messages keep the packed path (the frames' RETAIN 0
+    is what every subscriber sees); a retained one goes in a ``Dlv`` that says RETAIN, so a
+    Retain As Published subscriber on another node sees RETAIN 1 as on one broker."""
+    from mqttring.cluster.wire import DELIVER
+
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.routes.add("t/#", "b", "b")
+    view = views[-1]
+    topic = next(t for t in (f"t/{i}" for i in range(1000))
+                 if view.owner(view.shard_for_topic(t)) == "a")
+    plain, kept = Message(topic, b"p", 0, False), Message(topic, b"r", 0, True)
+    await router.accept([plain, kept], view)
+    assert links.take(Frames) == [("b", Frames(DELIVER, topic, plain.encode_qos0(False), 1))]
+    [(node, dlv)] = links.take(Dlv)
+    assert node == "b" and dlv.req == 0
+    assert [(e.payload, e.qos, e.retain, e.clean) for e in dlv.entries] == [(b"r", 0, True, True)]
 
 
 # -- deliveries whose session shard moves in flight ----------------------------------------

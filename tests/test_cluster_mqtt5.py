@@ -122,6 +122,33 @@ def test_311_publishes_reach_v5_subscribers_on_other_nodes(
         assert not any(hasattr(m.properties, "UserProperty") for m in got)
 
 
+def test_retain_as_published_for_311_qos0_retained_across_nodes(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients
+        ) -> None:
+    """A 3.1.1 QoS 0 retained publish reaches a v5 Retain As Published subscriber on
+    another node with RETAIN 1, as on one broker (the packed QoS 0 frames carry RETAIN 0,
+    so the owner must send it otherwise), and a plain subscriber with RETAIN 0."""
+    prefix = unique("rap")
+    topics = one_topic_per_owner(view, prefix)
+    subs = []
+    for node in ("b", "c"):
+        rap = v5(node)
+        rap.connect()
+        assert rap.subscribe(f"{prefix}/#", 1, retainAsPublished=True) == [1]
+        plain = v5(node)
+        plain.connect()
+        assert plain.subscribe(f"{prefix}/#", 1) == [1]
+        subs.append((rap, True))
+        subs.append((plain, False))
+    pub = clients.connected(cluster.port("a"), name="v311@a")
+    for owner, topic in topics.items():
+        pub.publish(topic, owner, 0, retain=True)
+        pub.publish(topic, owner + "-live", 0)
+    for sub, retained in subs:
+        got = {m.payload.decode(): m.retain for m in (sub.get() for _ in range(2 * len(topics)))}
+        assert got == {**{n: retained for n in NODES}, **{n + "-live": False for n in NODES}}
+
+
 def test_retained_properties_from_the_owner(
         cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
     prefix = unique("r5")
@@ -229,6 +256,40 @@ def test_clean_start_0_with_expiry_0_resumes_the_kept_session(
     last.subscribe(f"{topic}/sentinel", 1)
     pub.publish(f"{topic}/sentinel", b"s", 1)
     last.nothing_before(f"{topic}/sentinel")
+
+
+@pytest.mark.parametrize("home", ["a", "b"], ids=["home-at-edge", "home-elsewhere"])
+def test_a_311_client_resuming_a_v5_session_keeps_its_subscription_options(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5], clients: Clients,
+        home: str) -> None:
+    """The home keeps a v5 session's subscription options while a 3.1.1 client (through
+    A) holds it: No Local (the edge tags the client's publishes with its id, as the home
+    told it) and Retain As Published apply; a v5 client resuming later (through C) has
+    its subscription identifiers again."""
+    cid, topic = view.client_homed_at(home, unique("ko")), unique("ko")
+    first = v5("c", cid)
+    first.connect(properties=props(CONNECT, SessionExpiryInterval=300))
+    first.subscribe(f"{topic}/own", 1, props(SUBSCRIBE, SubscriptionIdentifier=4), noLocal=True)
+    first.subscribe(f"{topic}/rap", 1, props(SUBSCRIBE, SubscriptionIdentifier=5),
+                    retainAsPublished=True)
+    first.disconnect()
+    other = v5("c")
+    other.connect()
+    old = clients.connected(cluster.port("a"), cid, clean_session=False, name="v311@a")
+    old.publish(f"{topic}/own", "mine", 1)  # not echoed back: No Local
+    other.publish(f"{topic}/rap", b"kept", 1, retain=True)
+    [got] = old.collect(1)
+    assert (got.topic, got.payload, got.retain) == (f"{topic}/rap", b"kept", True)
+    old.disconnect()
+    again = v5("c", cid)
+    present, _ = again.connect(clean_start=False,
+                               properties=props(CONNECT, SessionExpiryInterval=300))
+    assert present
+    again.publish(f"{topic}/own", b"mine again", 1)
+    other.publish(f"{topic}/rap", b"again", 1, retain=True)
+    got = again.get()
+    assert (got.topic, got.payload, got.retain) == (f"{topic}/rap", b"again", True)
+    assert got.properties.SubscriptionIdentifier == [5]
 
 
 def test_takeover_through_another_node_says_0x8e(

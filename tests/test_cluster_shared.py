@@ -69,6 +69,26 @@ def collect_all(members: list[Client], want: int, timeout: float = 20.0,
     return got
 
 
+def sys_counter(clients: Clients, port: int, name: str, at_least: int = 0,
+                timeout: float = 10.0) -> int:
+    """The node's ``$SYS/broker/shared/{name}``, once it is at least ``at_least`` (the
+    retained value first, then each update, every ``SYS_INTERVAL``)."""
+    watcher = clients.connected(port, name=f"sys-{name}")
+    watcher.subscribe(f"$SYS/broker/shared/{name}", 0)
+    deadline = time.monotonic() + timeout
+    value = -1
+    try:
+        while time.monotonic() < deadline:
+            for d in watcher.pending():
+                value = int(d.payload)
+            if value >= at_least:
+                return value
+            time.sleep(0.05)
+    finally:
+        watcher.disconnect()
+    raise AssertionError(f"$SYS/broker/shared/{name} stayed at {value} < {at_least}")
+
+
 def test_members_on_three_nodes_each_get_a_share_and_nothing_twice(
         cluster: NodeCluster, view: ViewInfo, clients: Clients) -> None:
     prefix = unique("jobs")
@@ -128,6 +148,7 @@ def test_a_member_leaving_with_unacknowledged_messages_loses_none(
     prefix = unique("rd")
     topics = topics_on_every_owner(view, prefix)
     share = f"$share/g/{prefix}/#"
+    redispatched = sys_counter(clients, cluster.port("b"), "redispatched")
     stubborn = RawClient("127.0.0.1", cluster.port("b"), timeout=10)
     try:
         assert stubborn.connect(unique("stubborn")).return_code == 0
@@ -150,6 +171,7 @@ def test_a_member_leaving_with_unacknowledged_messages_loses_none(
             if p.type == PUBLISH:
                 held.append(p.payload)
         assert held, "the stubborn member got no share"
+        assert sys_counter(clients, cluster.port("b"), "groups", 1) >= 1  # (a gauge)
     finally:
         stubborn.close()  # no PUBACK, no DISCONNECT: its clean session ends
     # The stream goes on while b drops the member and its route: the owners may still ask
@@ -161,6 +183,8 @@ def test_a_member_leaving_with_unacknowledged_messages_loses_none(
     assert set(counts) == {f"m{i}".encode() for i in range(2 * n)}, (
         f"held by the stubborn member: {held}\n{cluster.logs_of_interest()}")
     assert max(counts.values()) == 1
+    # b handed back what its member held (and had queued, not yet sent): counted there.
+    sys_counter(clients, cluster.port("b"), "redispatched", redispatched + len(held))
 
 
 def test_a_members_node_killed_mid_stream_loses_no_acknowledged_message(

@@ -108,6 +108,39 @@ def test_no_local_and_retain_as_published(v5: Callable[..., Paho5]) -> None:
     assert (got.topic, got.retain) == (f"{topic}/plain", False)  # live: RETAIN 0
 
 
+def test_a_311_client_resuming_a_v5_session_keeps_its_subscription_options(
+        v5: Callable[..., Paho5], paho: Callable[..., PahoClient]) -> None:
+    """Subscription options are session state: a 3.1.1 client resuming a v5 session
+    (Clean Session 0) still gets No Local and Retain As Published on the filters subscribed
+    with them (identifiers: 3.1.1 has none), and a v5 client resuming after it has all
+    three again."""
+    topic, cid = unique("keep"), unique("keep")
+    first = v5(cid)
+    first.connect(properties=props(CONNECT, SessionExpiryInterval=300))
+    first.subscribe(f"{topic}/own", 1, props(SUBSCRIBE, SubscriptionIdentifier=4), noLocal=True)
+    first.subscribe(f"{topic}/rap", 1, props(SUBSCRIBE, SubscriptionIdentifier=5),
+                    retainAsPublished=True)
+    first.disconnect()
+    other = v5()
+    other.connect()
+    old = paho(cid, clean_session=False)
+    assert old.connect()
+    old.publish(f"{topic}/own", b"mine", 1)  # not echoed back: No Local
+    other.publish(f"{topic}/rap", b"kept", 1, retain=True)
+    got = old.get()
+    assert (got.topic, got.payload, got.retain) == (f"{topic}/rap", b"kept", True)
+    old.disconnect()
+    again = v5(cid)
+    present, _ = again.connect(clean_start=False,
+                               properties=props(CONNECT, SessionExpiryInterval=300))
+    assert present
+    again.publish(f"{topic}/own", b"mine again", 1)
+    other.publish(f"{topic}/rap", b"again", 1, retain=True)
+    got = again.get()
+    assert (got.topic, got.payload, got.retain) == (f"{topic}/rap", b"again", True)
+    assert got.properties.SubscriptionIdentifier == [5]
+
+
 def test_retain_handling(v5: Callable[..., Paho5]) -> None:
     topic = unique("rh")
     pub = v5()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -105,3 +106,53 @@ def test_sys_topics_present_retained_and_plausible(paho, uid):
     for name in ("messages/received", "messages/sent", "bytes/received", "bytes/sent"):
         key = f"$SYS/broker/{name}"
         assert final[key] >= after[key], key
+
+
+SHARED = [f"$SYS/broker/shared/{name}"
+          for name in ("groups", "placed", "declined", "redispatched", "untracked")]
+
+
+def test_shared_subscription_counters(paho, uid):
+    """Shares with members here, copies placed, and copies handed back when a member ends
+    with them unacknowledged (a raw client that never sends PUBACK)."""
+    from mqtt_client import PUBLISH, RawClient
+
+    watcher = paho(uid("sys"))
+    watcher.connect()
+    watcher.subscribe("$SYS/broker/shared/#", 0)
+    before = sample(watcher, SHARED)
+    topic = uid("sh")
+    share = f"$share/g/{topic}/#"
+    steady = paho(uid("steady"))
+    steady.connect()
+    steady.subscribe(share, 1)
+    broker = watcher.broker
+    stubborn = RawClient(broker.host, broker.port, timeout=5)
+    try:
+        assert stubborn.connect(uid("stubborn")).return_code == 0
+        assert stubborn.subscribe([(share, 1)]) == [1]
+        pub = paho(uid("pub"))
+        pub.connect()
+        for i in range(10):
+            pub.publish(f"{topic}/{i}", b"x", qos=1)
+        held = 0
+        with contextlib.suppress(TimeoutError):
+            while True:
+                if stubborn.recv_packet(timeout=1.0).type == PUBLISH:
+                    held += 1
+        assert held
+        time.sleep(1.2)
+        watcher.clear()
+        during = sample(watcher, SHARED)
+        assert during["$SYS/broker/shared/groups"] == before["$SYS/broker/shared/groups"] + 1
+        assert during["$SYS/broker/shared/placed"] >= before["$SYS/broker/shared/placed"] + 10
+    finally:
+        stubborn.close()  # no PUBACK, no DISCONNECT: its copies go back to the share
+    steady.collect(10)
+    time.sleep(1.2)
+    watcher.clear()
+    after = sample(watcher, SHARED)
+    # What it held, and what it had queued beyond its inflight window (never sent).
+    gone = after["$SYS/broker/shared/redispatched"] - before["$SYS/broker/shared/redispatched"]
+    assert gone >= held, (before, after)
+    assert after["$SYS/broker/shared/placed"] == during["$SYS/broker/shared/placed"] + gone

@@ -274,3 +274,25 @@ def test_a_kicked_mqtt5_client_is_told_administrative_action(node: HttpNode) -> 
         assert client.disconnects.get(timeout=10) == 0x98
     finally:
         client.client.loop_stop()
+
+
+def test_share_metrics_move(node: HttpNode, paho_any) -> None:
+    """``mqttring_shared_groups`` counts the shares with members here; placements count."""
+    member = paho_any(node, "sh-member")
+    member.connect()
+    pub = paho_any(node, "sh-pub")
+    pub.connect()
+    with node.http() as client:
+        before = scrape(client)
+        member.subscribe("$share/g/sh/#", 1)
+        for i in range(3):
+            pub.publish(f"sh/{i}", b"x", qos=1)
+        member.collect(3)
+        after = scrape(client)
+    placed = ("mqttring_shared_placed_total", ())
+    groups = ("mqttring_shared_groups", ())
+    assert after[groups] == before[groups] + 1
+    assert after[placed] == before[placed] + 3
+    for key in ("mqttring_shared_declined_total", "mqttring_shared_redispatched_total",
+                "mqttring_shared_untracked_total"):
+        assert (key, ()) in after

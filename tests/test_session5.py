@@ -112,3 +112,55 @@ def test_retain_handling() -> None:
         True, False, True, True, False]
     assert retained_wanted(session, topics, None) is None
 
+
+
+# -- options kept while a 3.1.1 client holds a v5 session -------------------------------
+
+
+def kept_session(options: dict[str, int]) -> tuple[Session, bytearray]:
+    """A 3.1.1 client's session that kept v5 options (``BrokerCore.bind_protocol``)."""
+    session = Session("me", False)
+    session.kept_options = options
+    out = bytearray()
+    session.attach(out)
+    return session, out
+
+
+def test_kept_options_apply_to_a_311_client_without_identifiers() -> None:
+    from mqttring.protocol.session5 import NO_LOCAL, RETAIN_AS_PUBLISHED
+
+    session, out = kept_session({"own/#": NO_LOCAL | 4 << 8, "rap/#": RETAIN_AS_PUBLISHED})
+    session.subscriptions = {"own/#": 0, "rap/#": 0}
+    session.deliver(Message("own/x", b"x", 0, False, PublishProps(origin="me")), 0)
+    assert not out  # No Local
+    session.deliver(Message("rap/x", b"r", 0, True), 0)
+    session.deliver(Message("own/x", b"y", 0, True, PublishProps(origin="other")), 0)
+    from mqttring.protocol.decoder import PacketDecoder
+
+    decoder = PacketDecoder()
+    decoder.feed(bytes(out))
+    got = list(iter(decoder.next_packet, None))
+    assert [(p.topic, p.payload, p.retain) for p in got] == [("rap/x", b"r", True),
+                                                            ("own/x", b"y", False)]
+    assert all(isinstance(p, Publish) for p in got)  # 3.1.1: no identifiers
+    # Packed frames (RETAIN 0) could not honour them: one ``deliver`` each instead.
+    assert not session.deliver_encoded(Message("rap/x", b"p").encode_qos0(False), 1)
+
+
+def test_unsubscribe_and_the_store_keep_kept_options_exact(tmp_path: object) -> None:
+    """``forget_options`` drops an unsubscribed filter's options wherever they live, and
+    the store keeps the rest in the session record (``opts``), v5 or not."""
+    import trio
+
+    from mqttring.broker.session_store import SessionStore
+    from mqttring.lsm import LsmStore
+
+    session, _ = kept_session({"a/#": 0x08, "b/#": 0x04})
+    session.subscriptions = {"a/#": 1, "b/#": 1}
+    session.forget_options(["b/#"])
+    assert session.kept_options == {"a/#": 0x08}
+    with LsmStore(tmp_path / "store") as lsm:  # type: ignore[operator]
+        store = SessionStore(lsm, 16)
+        trio.run(store.save_subscriptions, session)
+        (record,) = trio.run(store.load_all)
+    assert record.options == {"a/#": 0x08}

@@ -112,3 +112,27 @@ def test_a_watched_copy_is_reported_gone_once_its_client_acknowledged_it() -> No
     assert router.copies.take() == {"owner": [7]}
     router.forget(sessions.pop("m"))  # ended: its copy is handed back (nobody left) and gone
     assert router.copies.take() == {"owner": [8]}
+
+
+def test_the_share_counters_move() -> None:
+    """What ``$SYS/broker/shared/*`` and ``/metrics`` report: shares with members here, copies
+    placed, declines, copies handed back when a member ended unacknowledged."""
+    sessions = {"m1": online("m1"), "m2": online("m2")}
+    router = make_router(sessions)
+    metrics = router._metrics
+    router.add_subscription(sessions["m1"], "$share/g/t/#", 1)
+    router.add_subscription(sessions["m2"], "$share/g/t/#", 1)
+    router.add_subscription(sessions["m1"], "$share/h/t/#", 0)
+    assert metrics.shared_groups == 2
+    for i in range(4):
+        router.deliver_to_groups(Message(f"t/{i}", b"", 1))
+    assert metrics.shared_placed == 8  # each message to one member of each of two shares
+    assert router.deliver_to_share(Message("t/x", b"", 1), "$share/none/t/#")[0] \
+        is Placement.NO_MEMBER
+    assert metrics.shared_declined == 1
+    held = len(orphans(sessions["m1"]))
+    assert held
+    router.forget(sessions.pop("m1"))
+    assert metrics.shared_redispatched == held
+    assert metrics.shared_placed == 8 + held  # all to m2
+    assert metrics.shared_groups == 1

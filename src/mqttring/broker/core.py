@@ -73,7 +73,7 @@ from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
-from mqttring.protocol.session5 import V5Session, retained_wanted
+from mqttring.protocol.session5 import NO_LOCAL, PublishProps, V5Session, retained_wanted
 from mqttring.security.acl import AccessControl, AclFile, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 from mqttring.security.passwords import PasswordFile
@@ -355,14 +355,18 @@ class BrokerCore:
         Maximum [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.
         Also called by a cluster home for a session whose client is on another node.
         """
+        old = session.v5
         if v5 is None:
+            if old is not None and old.options:
+                # A 3.1.1 client resumed a v5 session: its subscriptions keep their options.
+                session.kept_options = old.options
             session.v5 = None
             session.limits = self.session_limits
             return
         max_packet, receive_max = v5
-        old = session.v5
         session.v5 = V5Session(session.client_id, max_packet,
-                               old.options if old is not None else None)
+                               old.options if old is not None else session.kept_options)
+        session.kept_options = None
         limits = self.session_limits
         if receive_max < limits.max_inflight:
             limits = replace(limits, max_inflight=receive_max)
@@ -384,6 +388,8 @@ class BrokerCore:
         access = session.access if session is not None else None
         if access is not None and messages:
             messages = self._writable(handler, access, messages)
+        if session is not None and session.kept_options and messages:
+            messages = with_origin(messages, session.client_id, session.kept_options)
         if messages:
             try:
                 await self.router.publish_many(messages)
@@ -469,6 +475,8 @@ class BrokerCore:
             await self.router.subscribe(session, topic_filter, qos)
             if v5 is not None:
                 v5.set_options(topic_filter, options[i] if options else 0, subscription_id)
+            elif session.kept_options:  # a 3.1.1 SUBSCRIBE replaces it, without options
+                session.kept_options.pop(topic_filter, None)
             codes.append(qos)
         await self.session_store.save_subscriptions(session)
         return codes
@@ -508,11 +516,9 @@ class BrokerCore:
             return
         # MQTT 5 reports per filter: 0x11 "no subscription existed" (section 3.11.3).
         codes = [0 if f in session.subscriptions else 0x11 for f in event.topics]
-        v5 = session.v5
         for topic_filter in event.topics:
             self.router.unsubscribe(session, topic_filter)
-            if v5 is not None:
-                v5.set_options(topic_filter, 0, 0)
+        session.forget_options(event.topics)
         await self.session_store.save_subscriptions(session)
         handler.conn.send_unsuback(event.packet_id, codes)
 
@@ -552,3 +558,16 @@ class Waker(Protocol):
     def wake(self) -> None: ...
 
     def kick(self, reason: str = ..., code: int | None = ...) -> None: ...
+
+
+def with_origin(messages: list[Message], client_id: str, options: dict[str, int]
+                ) -> list[Message]:
+    """The 3.1.1 publishes of a client whose session kept v5 options, tagged with its id
+    when any option says No Local: v5 messages always carry it, 3.1.1 ones do not (their
+    ``props`` stays None so they cost nothing), yet No Local must know the client's own
+    messages [MQTT-3.8.3-3].  Untouched otherwise."""
+    if not any(bits & NO_LOCAL for bits in options.values()):
+        return messages
+    origin = PublishProps(b"", 0.0, client_id)
+    return [m if m.props is not None else Message(m.topic, m.payload, m.qos, m.retain, origin)
+            for m in messages]

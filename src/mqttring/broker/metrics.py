@@ -49,6 +49,20 @@ class BrokerMetrics:
     forwarded_to_owner: int = 0
     #: Cluster: delivery messages sent to other nodes that hold subscribers.
     deliveries_to_nodes: int = 0
+    #: Shared subscriptions (``$share/g/f``) with members on this node (a gauge).
+    shared_groups: int = 0
+    #: Messages this node gave to one of its members of a share.
+    shared_placed: int = 0
+    #: Times this node was to give a message to a member of a share and had none to give it
+    #: to (none left, or only offline ones while an online one was wanted): the dispatcher
+    #: tries the next node, or the share has no member.
+    shared_declined: int = 0
+    #: Copies of shares sent back to their share because the member that had them ended
+    #: unacknowledged, or (cluster, counted by the dispatcher) its node left the view.
+    shared_redispatched: int = 0
+    #: Cluster: copies placed with members on other nodes no longer tracked against that
+    #: node's death (``MAX_UNCONFIRMED`` reached).
+    shared_untracked: int = 0
 
     def uptime(self) -> float:
         return time.time() - self.started_at

@@ -255,6 +255,7 @@ class LocalRouter:
         (dispatcher, token) to tell when a copy for a clean member is gone (``copies``)."""
         members = self.shared.members.get(share)
         if not members:
+            self._metrics.shared_declined += 1
             return Placed(Placement.NO_MEMBER)
         sessions = self._sessions
         topic = message.topic
@@ -281,8 +282,10 @@ class LocalRouter:
         if ready:
             chosen = self.chooser.order(share, ready)[0]
         elif not offline:
+            self._metrics.shared_declined += 1
             return Placed(Placement.NO_MEMBER)
         elif not offline_ok:
+            self._metrics.shared_declined += 1
             return Placed(Placement.OFFLINE_ONLY)
         else:
             chosen = self.chooser.order(share, offline)[0]
@@ -294,6 +297,7 @@ class LocalRouter:
             self.copies.watch(copy, *origin)
         chosen.deliver(copy, qos, False, self._clock())
         del copy  # the session holds it now, or nobody: then it is gone at once
+        self._metrics.shared_placed += 1
         self._metrics.messages_dropped += chosen.dropped - dropped
         if chosen.output is not None:
             self._metrics.messages_sent += 1
@@ -313,6 +317,7 @@ class LocalRouter:
         """One node: give the copies a member lost (its session ended) to other members of
         their shares, online ones first.  A copy for an offline persistent member is written
         with the next publish's group commit."""
+        self._metrics.shared_redispatched += len(lost)
         for message in lost:
             session = self.deliver_to_share(message, message.share, exclude=exclude).session
             if session is not None and session.persistent:
@@ -350,8 +355,9 @@ class LocalRouter:
             if session.deliver_encoded(frames, count):
                 sent += count
                 wake(cid)
-            elif not session.clean_session or session.v5 is not None:
-                # Offline and persistent (queued), or an MQTT 5 client (v5 encoding).
+            elif not session.clean_session or session.output is not None:
+                # Offline and persistent (queued), or online but not for these bytes (an MQTT
+                # 5 client's v5 encoding, or a 3.1.1 client with kept v5 options).
                 if pending is None:
                     pending = list(unpack(frames))
                 now = self._clock()
@@ -403,6 +409,7 @@ class LocalRouter:
         session.subscriptions[topic_filter] = qos
         if is_shared(topic_filter):  # parsed by the core: a malformed one got SUBACK 0x80
             self.shared.add(topic_filter, session.client_id, qos)
+            self._metrics.shared_groups = len(self.shared)
             return
         self._match_cache.clear()
         self.subscriptions.add(topic_filter, session.client_id, qos)  # replaces a re-subscribe
@@ -412,6 +419,7 @@ class LocalRouter:
             return
         if is_shared(topic_filter):
             self.shared.remove(topic_filter, session.client_id)
+            self._metrics.shared_groups = len(self.shared)
             return
         self._match_cache.clear()
         self.subscriptions.remove(topic_filter, session.client_id)
@@ -425,6 +433,7 @@ class LocalRouter:
                 self.shared.remove(topic_filter, session.client_id)
             else:
                 self.subscriptions.remove(topic_filter, session.client_id)
+        self._metrics.shared_groups = len(self.shared)
 
     def forget(self, session: Session) -> None:
         """A session ends: drop its subscriptions, and what it got through shares without
@@ -446,3 +455,4 @@ class LocalRouter:
                     self.shared.add(topic_filter, session.client_id, qos)
                 else:
                     self.subscriptions.add(topic_filter, session.client_id, qos)
+        self._metrics.shared_groups = len(self.shared)

@@ -7,9 +7,10 @@ Three record kinds, all keyed by ``shard(client id)`` first so that one shard's 
 a single range scan (what a shard handoff or an export reads):
 
 * ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``, plus for
-  an MQTT 5 session ``"opts": {filter: bits}`` (``session5.V5Session.options``: No Local,
-  Retain As Published, subscription identifier) and ``"ends": UNIX time`` (its Session
-  Expiry Interval runs out then), each only when there is something to say.
+  an MQTT 5 session ``"opts": {filter: bits}`` (``Session.subscription_options``: No Local,
+  Retain As Published, subscription identifier; kept while a 3.1.1 client resumed it) and
+  ``"ends": UNIX time`` (its Session Expiry Interval runs out then), each only when there
+  is something to say.
 * ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
   state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.  ``expires_at`` is
   a wall-clock UNIX timestamp (seconds, float; 0 = never), so it keeps its meaning on the
@@ -121,8 +122,9 @@ class SessionStore:
         assert self._writer is not None
         record: dict[str, object] = {
             "v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
-        if session.v5 is not None and session.v5.options:
-            record["opts"] = session.v5.options
+        options = session.subscription_options  # kept while a 3.1.1 client holds it
+        if options:
+            record["opts"] = options
         if session.ends_at:
             record["ends"] = session.ends_at
         op = Put("sessions", self._prefix(session.client_id), record)

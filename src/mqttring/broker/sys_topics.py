@@ -32,6 +32,12 @@ def sys_values(metrics: BrokerMetrics, retained: RetainedStore) -> dict[str, str
         "$SYS/broker/retained messages/count": str(retained.count_user_topics()),
         "$SYS/broker/cluster/forwarded_to_owner": str(metrics.forwarded_to_owner),
         "$SYS/broker/cluster/deliveries_to_nodes": str(metrics.deliveries_to_nodes),
+        # Shared subscriptions (no mosquitto names for these): see docs/operations.md.
+        "$SYS/broker/shared/groups": str(metrics.shared_groups),
+        "$SYS/broker/shared/placed": str(metrics.shared_placed),
+        "$SYS/broker/shared/declined": str(metrics.shared_declined),
+        "$SYS/broker/shared/redispatched": str(metrics.shared_redispatched),
+        "$SYS/broker/shared/untracked": str(metrics.shared_untracked),
     }
 
 

@@ -499,6 +499,10 @@ class SessionOpened(_Frozen, tag="opened"):
     present: bool
     subscriptions: list[tuple[str, int]]
     inbound_qos2: list[int]
+    #: The v5 subscription options the home keeps while a 3.1.1 client holds the session
+    #: (``Session.kept_options``): the edge tags the client's publishes with its id when
+    #: any says No Local, so the home can tell the client's own messages.
+    kept_options: list[tuple[str, int]] | None = None
 
 
 #: What an ``Ack`` may carry besides a refusal's reason.

@@ -189,7 +189,7 @@ class ClusterRouter:
         #: One member per share and message (``mqttring.cluster.shared``).
         self.shares = ShareDispatch(node_id, local.chooser.strategy, self.routes.shares_for,
                                     deliveries.deliver, view, links, self.view_changes,
-                                    local.copies, patience=deliveries.patience,
+                                    local.copies, metrics, patience=deliveries.patience,
                                     request_timeout=deliveries.request_timeout)
 
     def route(self, topic: str, view: ClusterView) -> Route:
@@ -349,8 +349,11 @@ class ClusterRouter:
         Not yielding matters beyond this message: a reader that handles a whole chunk of
         publishes without a checkpoint lets each link writer send them as one frame.
         """
+        # A retained one as well: the packed frames say RETAIN 0, and a v5 subscriber with
+        # Retain As Published must see RETAIN 1 as on one broker (rare: the cost is fine).
         self._fan_out_run(message.topic, message.encode_qos0(False), 1, by_node,
-                          lambda _frames: (message,), message.props is not None)
+                          lambda _frames: (message,),
+                          message.props is not None or message.retain)
 
     def _fan_out_run(self, topic: str, frames: bytes | memoryview, count: int,
                      by_node: ByNode, unpack: Unpack, props: bool = False) -> None:
@@ -358,9 +361,10 @@ class ClusterRouter:
 
         A node with clean sessions only gets the bytes as they are, appended to its packed
         batch; sessions of a shard (persistent, or one still loading here) need each
-        ``Message`` (``unpack(frames)``) for its own path, and so do messages with MQTT 5
-        properties (``props``), which the 3.1.1 frames cannot carry.  Shares choose their
-        member in a task (``mqttring.cluster.shared``).
+        ``Message`` (``unpack(frames)``) for its own path, and so do messages the 3.1.1
+        frames cannot carry whole (``props``): MQTT 5 properties, or RETAIN (which Retain
+        As Published subscribers see).  Shares choose their member in a task
+        (``mqttring.cluster.shared``).
         """
         if self.routes.shared_routes and self.routes.shares_for(topic):
             self.spawn(self.shares.run, list(unpack(frames)))

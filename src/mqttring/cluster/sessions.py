@@ -302,6 +302,8 @@ class ClusterSessions(LocalSessions):
             return await self.bind(client_id, True)
         stand_in.subscriptions = dict(answer.subscriptions)
         stand_in.inbound_qos2 = dict.fromkeys(answer.inbound_qos2)
+        if answer.kept_options:  # (a copy: its publishes need the origin for No Local)
+            stand_in.kept_options = dict(answer.kept_options)
         return stand_in, answer.present
 
     async def close(self, handler: ClientHandler) -> None:
@@ -600,7 +602,8 @@ class ClusterSessions(LocalSessions):
             self.proxies[client_id] = proxy
             self.core.wakers[client_id] = proxy
             self.links.reply(node, req, True, SessionOpened(
-                present, list(session.subscriptions.items()), sorted(session.inbound_qos2)))
+                present, list(session.subscriptions.items()), sorted(session.inbound_qos2),
+                list(session.kept_options.items()) if session.kept_options else None))
             # Resends inflight with DUP, fills the window; drops queued messages whose
             # wall-clock deadline passed while the client was away.
             session.attach(proxy.output, time.time())
@@ -681,8 +684,7 @@ class ClusterSessions(LocalSessions):
         codes = [0 if f in session.subscriptions else 0x11 for f in message.topics]
         for topic_filter in message.topics:
             self.core.router.unsubscribe(session, topic_filter)
-            if session.v5 is not None:
-                session.v5.set_options(topic_filter, 0, 0)
+        session.forget_options(message.topics)
         await self.core.session_store.save_subscriptions(session)
         if session.v5 is not None:
             proxy.output += encode5(UnsubAck5(message.packet_id, tuple(codes)))

@@ -56,6 +56,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage, Strategy
 from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
@@ -127,7 +128,8 @@ class ShareDispatch:
                  shares_for: Callable[[str], dict[str, list[str]]],
                  deliver: Callable[[str, list[Item]], Awaitable[list[ShareOutcome]]],
                  view: Callable[[], ClusterView], links: Links, view_changes: ViewChanges,
-                 copies: CopyWatch, *, patience: float, request_timeout: float) -> None:
+                 copies: CopyWatch, metrics: BrokerMetrics, *, patience: float,
+                 request_timeout: float) -> None:
         self.node_id = node_id
         self.strategy = strategy
         #: The rotation over targets (members of a node rotate in ``LocalRouter``'s own).
@@ -148,12 +150,9 @@ class ShareDispatch:
         #: (share, target) -> members online there when last asked: a target's turns in
         #: the rotation, so that each member, not each node, gets an even share.
         self.weights: dict[tuple[str, str], int] = {}
-        #: Copies forgotten because ``MAX_UNCONFIRMED`` was reached (no longer protected
-        #: against their member's node dying).
-        self.untracked = 0
-        #: Messages placed, and redispatched after a member ended (for ``$SYS``/tests).
-        self.placed = 0
-        self.redispatched = 0
+        #: Redispatched copies and copies no longer tracked (``MAX_UNCONFIRMED``) are
+        #: counted here (``$SYS``, ``/metrics``); placements and declines by the node asked.
+        self.metrics = metrics
 
     def attempts(self, messages: Sequence[Message], view: ClusterView) -> list[ShareAttempt]:
         """One attempt per message and matching share (a ``SharedMessage`` being
@@ -221,7 +220,6 @@ class ShareDispatch:
                     async with trio.open_nursery() as nursery:
                         for node, asked in by_node.items():
                             nursery.start_soon(self._ask, node, asked, declined, attempts_of)
-            self.placed += sum(map(len, by_node.values())) - len(declined)
             pending = []
             for key, why in declined.items():
                 attempt = attempts_of[key]
@@ -260,7 +258,7 @@ class ShareDispatch:
         tracked = self.unconfirmed.setdefault(node, {})
         if len(tracked) >= self.MAX_UNCONFIRMED:
             del tracked[next(iter(tracked))]
-            self.untracked += 1
+            self.metrics.shared_untracked += 1
         tracked[token] = (attempt.message, attempt.share)
         return item[0], item[1]._replace(track=token)
 
@@ -298,7 +296,7 @@ class ShareDispatch:
         """Give each copy to another member of its share: here for the topics this node
         owns, through their owner (``Redispatch``) for the others, following view changes
         for as long as ``patience`` (an owner that died is replaced within it)."""
-        self.redispatched += len(messages)
+        self.metrics.shared_redispatched += len(messages)
         await self._place_again(messages)
 
     async def _place_again(self, messages: Sequence[SharedMessage]) -> None:

@@ -22,8 +22,9 @@ Sections say what a run is for:
   shards).
 
 Both share one batch so that traffic of both kinds to one peer stays in one piece and in
-order.  Any other QoS, RETAIN, or a delivery that must check session shards travels as its
-own message as before.
+order.  Any other QoS, RETAIN (on both hops: a v5 subscriber with Retain As Published sees
+it), MQTT 5 properties, or a delivery that must check session shards travels as its own
+message (``Pub``, ``Dlv``).
 
 The frame codec checks the batch's types (``messages.Batch``); what types cannot say,
 ``runs`` checks: the index's shape and that it covers the blob exactly with PUBLISH frames,

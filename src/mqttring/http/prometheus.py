@@ -41,6 +41,13 @@ _COUNTERS = {
                            "Publishes forwarded to a shard owner on another node."),
     "deliveries_to_nodes": ("deliveries_to_nodes",
                             "Delivery messages sent to nodes that hold subscribers."),
+    "shared_placed": ("shared_placed", "Messages given to a member of a share here."),
+    "shared_declined": ("shared_declined", "Messages for a share this node had no member "
+                        "to give to (none left, or only offline ones while online wanted)."),
+    "shared_redispatched": ("shared_redispatched", "Copies of shares sent back to their "
+                            "share: their member ended unacknowledged, or its node left."),
+    "shared_untracked": ("shared_untracked", "Copies with members on other nodes no longer "
+                         "tracked against that node's death (too many unacknowledged)."),
 }
 
 #: LsmStore.stats() key -> (metric name, help, counter?).
@@ -88,6 +95,8 @@ class NodeCollector(Collector):
                      time.time() - m.started_at)
         yield _gauge("clients_connected", "Connected clients.", m.clients_connected)
         yield _gauge("clients_parked", "Idle connections in the parking lot.", m.clients_parked)
+        yield _gauge("shared_groups", "Shared subscriptions with members on this node.",
+                     m.shared_groups)
         for attr, (name, doc) in _COUNTERS.items():
             yield CounterMetricFamily(f"mqttring_{name}", doc, value=getattr(m, attr))
         by_qos = CounterMetricFamily("mqttring_publishes_received_by_qos",

@@ -65,7 +65,7 @@ from typing import Protocol
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
 from mqttring.protocol.packets import PubRel
-from mqttring.protocol.session5 import PublishProps, V5Session
+from mqttring.protocol.session5 import PublishProps, V5Session, retain_flag
 
 #: ``expires_at`` values in (0, this) are taken for monotonic deadlines written before expiry
 #: moved to wall-clock time: no UNIX timestamp this small (2001-09-09) is ever written now,
@@ -221,10 +221,27 @@ class Session:
     #: MQTT 5 Session Expiry Interval: the wall-clock time (UNIX seconds) at which this
     #: session, now offline, ends; 0 while connected or when it never expires.
     ends_at: float = 0.0
+    #: The v5 subscription options (``V5Session.options``) of a session a 3.1.1 client
+    #: resumed: part of the session state, so No Local and Retain As Published still apply
+    #: to what it receives (identifiers are not sent on 3.1.1), and a v5 client resuming
+    #: later has them again.  None whenever ``v5`` is set (the options live there then).
+    kept_options: dict[str, int] | None = None
 
     @property
     def persistent(self) -> bool:
         return not self.clean_session
+
+    @property
+    def subscription_options(self) -> dict[str, int] | None:
+        """The v5 subscription options, wherever they live now (what the store keeps)."""
+        return self.v5.options if self.v5 is not None else self.kept_options
+
+    def forget_options(self, topic_filters: Iterable[str]) -> None:
+        """Unsubscribed filters lose their options (a later SUBSCRIBE brings its own)."""
+        options = self.subscription_options
+        if options:
+            for topic_filter in topic_filters:
+                options.pop(topic_filter, None)
 
     @property
     def online(self) -> bool:
@@ -256,6 +273,12 @@ class Session:
             flag = v5.retain_flag(message, retain, self.subscriptions)
             if flag is None:
                 return  # No Local: the client's own message
+            retain = flag
+        elif self.kept_options:
+            flag = retain_flag(self.client_id, self.kept_options, message, retain,
+                               self.subscriptions)
+            if flag is None:
+                return
             retain = flag
         out = self.output
         if qos == 0:
@@ -297,8 +320,10 @@ class Session:
         large PUBLISH.
         """
         out = self.output
-        if out is None or self.v5 is not None:
-            return False  # (an MQTT 5 client needs v5 PUBLISHes: one ``deliver`` each)
+        if out is None or self.v5 is not None or self.kept_options:
+            # (An MQTT 5 client needs v5 PUBLISHes, and kept v5 options may change the
+            # RETAIN flag or skip a message: one ``deliver`` each.)
+            return False
         if len(out) > self.limits.max_output:
             self.dropped += count
         else:

@@ -125,19 +125,7 @@ class V5Session:
                     subscriptions: dict[str, int]) -> bool | None:
         """The RETAIN flag this session sends ``message`` with, or None: not at all (it is
         the client's own message and every matching subscription says No Local)."""
-        options = self.options
-        if not options:
-            return retain
-        props = message.props  # type: ignore[attr-defined]
-        topic: str = message.topic  # type: ignore[attr-defined]
-        if props is not None and props.origin == self.client_id and all(
-                options.get(f, 0) & NO_LOCAL for f in subscriptions if topic_matches(f, topic)):
-            return None
-        if not retain and message.retain:  # type: ignore[attr-defined]
-            for f, bits in options.items():
-                if bits & RETAIN_AS_PUBLISHED and topic_matches(f, topic):
-                    return True
-        return retain
+        return retain_flag(self.client_id, self.options, message, retain, subscriptions)
 
     def _subscription_ids(self, topic: str) -> bytes:
         out = b""
@@ -168,6 +156,24 @@ class V5Session:
             return False
         out += data
         return True
+
+
+def retain_flag(client_id: str, options: dict[str, int], message: object, retain: bool,
+                subscriptions: dict[str, int]) -> bool | None:
+    """``V5Session.retain_flag`` for given options: also what a 3.1.1 client that resumed
+    a v5 session gets (its filters were subscribed with those options)."""
+    if not options:
+        return retain
+    props = message.props  # type: ignore[attr-defined]
+    topic: str = message.topic  # type: ignore[attr-defined]
+    if props is not None and props.origin == client_id and all(
+            options.get(f, 0) & NO_LOCAL for f in subscriptions if topic_matches(f, topic)):
+        return None
+    if not retain and message.retain:  # type: ignore[attr-defined]
+        for f, bits in options.items():
+            if bits & RETAIN_AS_PUBLISHED and topic_matches(f, topic):
+                return True
+    return retain
 
 
 def props_to_wire(props: PublishProps | None) -> tuple[bytes, float, str] | None:
