@@ -101,7 +101,8 @@ class ClientHandler:
         self._active = False
         #: The keepalive deadline a parked connection resumes with.
         self._resume_deadline: float | None = None
-        self.conn = ServerConnection(core.limits.max_packet_size)
+        self.conn = ServerConnection(core.limits.max_packet_size, core.limits5,
+                                     core.limits.max_keepalive)
         self.session: Session | None = None
         self.client_id: str | None = None
         #: UNIX time the CONNECT was accepted (0 before): the HTTP API's "connected since".

@@ -69,11 +69,12 @@ from mqttring.protocol.connection import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
+from mqttring.protocol.connection5 import ServerLimits5
 from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
-from mqttring.protocol.session5 import V5Session, retained_wanted
+from mqttring.protocol.session5 import ClientLimits5, V5Session, retained_wanted
 from mqttring.security.acl import AccessControl, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 
@@ -86,6 +87,11 @@ log = logging.getLogger("mqttring.broker")
 def _auth_settings(config: BrokerConfig) -> tuple[object, ...]:
     return (config.allow_anonymous, config.password_file, config.auth_failures_allowed,
             config.auth_failure_window)
+
+
+def _limits5(config: BrokerConfig) -> ServerLimits5:
+    return ServerLimits5(topic_alias_maximum_out=config.limits.topic_alias_maximum_out,
+                         response_information=config.response_information)
 
 
 def _session_limits(config: BrokerConfig) -> SessionLimits:
@@ -118,6 +124,8 @@ class BrokerCore:
     ) -> None:
         self.config = config
         self.limits = config.limits
+        #: What a v5 connection announces and may use (``ServerConnection``).
+        self.limits5 = _limits5(config)
         self.session_limits = _session_limits(config)
         self.flow = FlowControl(config.limits.slow_subscriber_hold, metrics, self.shed)
         self.session_store = session_store
@@ -156,6 +164,7 @@ class BrokerCore:
             acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.config, self.auth, self.acl = config, auth, acl
         self.limits = config.limits
+        self.limits5 = _limits5(config)
         self.session_limits = _session_limits(config)
 
     # -- plumbing used by the router --------------------------------------------------------
@@ -338,29 +347,32 @@ class BrokerCore:
 
     def _bind_protocol(self, handler: ClientHandler, session: Session) -> None:
         link = handler.conn.v5
-        self.bind_protocol(session, None if link is None else
-                           (link.client_max_packet, link.client_receive_max))
+        self.bind_protocol(session, None if link is None else ClientLimits5(
+            link.client_max_packet, link.client_receive_max, link.client_alias_max,
+            link.problem_info))
 
-    def bind_protocol(self, session: Session, v5: tuple[int, int] | None) -> None:
+    def bind_protocol(self, session: Session, v5: ClientLimits5 | None) -> None:
         """Give the session the delivery rules of the protocol its client speaks now.
 
-        ``v5``: (the client's Maximum Packet Size, its Receive Maximum) for an MQTT 5
-        client: the v5 encoder (properties, subscription options, packets too large for
-        the client dropped) and an inflight window no larger than the client's Receive
-        Maximum [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.
-        Also called by a cluster home for a session whose client is on another node.
+        ``v5``: what an MQTT 5 client's CONNECT announced: the v5 encoder (properties,
+        subscription options, outbound topic aliases, packets too large for the client
+        dropped) and an inflight window no larger than the client's Receive Maximum
+        [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.  Called at
+        every CONNECT, so the new ``V5Session``'s aliases start empty with the connection;
+        also called by a cluster home for a session whose client is on another node.
         """
         if v5 is None:
             session.v5 = None
             session.limits = self.session_limits
             return
-        max_packet, receive_max = v5
         old = session.v5
-        session.v5 = V5Session(session.client_id, max_packet,
-                               old.options if old is not None else None)
+        session.v5 = V5Session(session.client_id, v5.max_packet_size,
+                               old.options if old is not None else None,
+                               alias_max=v5.topic_alias_maximum,
+                               problem_info=v5.problem_info)
         limits = self.session_limits
-        if receive_max < limits.max_inflight:
-            limits = replace(limits, max_inflight=receive_max)
+        if v5.receive_maximum < limits.max_inflight:
+            limits = replace(limits, max_inflight=v5.receive_maximum)
         session.limits = limits
 
     async def on_publishes(self, handler: ClientHandler, events: list[PublishReceived]
