@@ -267,6 +267,7 @@ def test_a_slow_consumer_shed_by_its_remote_home_is_told_0x97(
     from mqtt5_support import Raw5
     from mqttring.protocol.codec5 import encode5
     from mqttring.protocol.packets5 import Disconnect5, SubAck5, SubOptions, Subscribe5
+    from mqttring.protocol.properties import Properties, PropertyId
 
     cluster = NodeCluster(tmp_path / "slow")
     cluster.extra_toml = "[limits]\nmax_inflight = 2\nmax_queued = 5\nslow_subscriber_hold = 1.0\n"
@@ -287,7 +288,8 @@ def test_a_slow_consumer_shed_by_its_remote_home_is_told_0x97(
             with contextlib.suppress(ConnectionError):
                 while True:
                     received.append(sub.recv(timeout=15))
-            assert received and received[-1] == Disconnect5(0x97), received[-3:]
+            assert received and received[-1] == Disconnect5(0x97, Properties(
+                [(PropertyId.REASON_STRING, "quota exceeded")])), received[-3:]
         finally:
             sub.close()
     finally:

@@ -389,8 +389,13 @@ class BrokerCore:
         messages = [e.message for e in events if not e.message.topic.startswith("$SYS")]
         session = handler.session
         access = session.access if session is not None else None
+        denied: set[int] = set()
         if access is not None and messages:
-            messages = self._writable(handler, access, messages)
+            allowed = self._writable(handler, access, messages)
+            if len(allowed) != len(messages):
+                kept = {id(m) for m in allowed}
+                denied = {id(m) for m in messages if id(m) not in kept}
+            messages = allowed
         if messages:
             try:
                 await self.router.publish_many(messages)
@@ -407,6 +412,13 @@ class BrokerCore:
             # client's redelivery be routed a second time.
             await self.manager.persist([session], Durability.DURABLE)
         ack = handler.conn.ack_publish
+        if denied and handler.conn.v5 is not None:
+            # MQTT 5 can say it (as mosquitto does): 0x87 not authorized, and for QoS 2 the
+            # exchange ends there (a 3.1.1 client is told success, as before).
+            for event in events:
+                ack(event.packet_id, event.message.qos,
+                    0x87 if id(event.message) in denied else 0)
+            return
         for event in events:
             ack(event.packet_id, event.message.qos)
 
@@ -417,8 +429,8 @@ class BrokerCore:
     def _writable(self, handler: ClientHandler, access: ClientAccess,
                   messages: list[Message]) -> list[Message]:
         """The messages the ACL lets this client publish.  A denied one is acknowledged
-        like the others (as mosquitto does: refusing would only make the client resend) but
-        never routed, so it is neither delivered, retained nor archived."""
+        (as mosquitto does: refusing would only make the client resend; with 0x87 for an
+        MQTT 5 client) but never routed, so it is neither delivered, retained nor archived."""
         allowed = [m for m in messages if access.may_write(m.topic)]
         if len(allowed) != len(messages):
             for m in messages:
