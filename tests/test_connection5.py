@@ -276,3 +276,10 @@ def test_outbound_alias_maximum_is_the_smaller_of_both() -> None:
     assert connected(ours, topic_alias_maximum=2).v5.client_alias_max == 2  # type: ignore[union-attr]
     assert connected(ours).v5.client_alias_max == 0  # type: ignore[union-attr]
     assert connected(topic_alias_maximum=10).v5.client_alias_max == 0  # type: ignore[union-attr]
+
+
+def test_a_detail_that_is_not_utf8_leaves_the_reason_string_out() -> None:
+    conn = connected()
+    conn.data_to_send()
+    conn.disconnect(0x82, "bad \ud800 topic")
+    assert out_packets(conn) == [Disconnect5(0x82)]

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from mqttring.protocol.codec5 import encode5
+from mqttring.protocol.errors import MalformedPacket
 from mqttring.protocol.packets5 import (
     ConnAck5,
     Disconnect5,
@@ -92,7 +93,10 @@ def encode_with_reason(packet: ConnAck5 | Disconnect5 | PubAck5 | PubRec5 | SubA
     texts = dict.fromkeys(reason_text(code, detail) for code in failures)
     text = reason_text(0, "; ".join(texts))
     props = Properties((*packet.properties.items, (PropertyId.REASON_STRING, text)))
-    data = encode5(replace(packet, properties=props))  # type: ignore[type-var]
+    try:
+        data = encode5(replace(packet, properties=props))  # type: ignore[type-var]
+    except MalformedPacket:
+        return encode5(packet)  # a detail quoting what the peer sent may not be valid UTF-8
     if max_packet_size and len(data) > max_packet_size:
         return encode5(packet)
     return data
