@@ -336,7 +336,7 @@ class BrokerCore:
         self.metrics.clients_connected += 1
         self.metrics.connections_total += 1
         log.info("client %r connected from %s (clean session %s, keepalive %d s%s)",
-                 client_id, handler.transport.peer, packet.clean_session, packet.keepalive,
+                 client_id, handler.transport.peer, packet.clean_session, conn.keepalive,
                  ", session present" if present else "",
                  extra={"client_id": client_id, "event": "connected"})
         dropped = session.dropped
