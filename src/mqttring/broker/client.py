@@ -30,7 +30,8 @@ that stops reading *and* sending is closed by the keepalive timeout.
 
 Timeouts are the deadline of the connection's own cancel scope while it waits for bytes:
 ``connect_timeout`` until CONNECT arrives, then 1.5 x keepalive [MQTT-3.1.2-24] (none for
-keepalive 0; the keepalive in force: a v5 client told a Server Keep Alive is held to that); the deadline is lifted while the acceptor has events to handle (a client
+keepalive 0; the keepalive in force: a v5 client told a Server Keep Alive is held to that);
+the deadline is lifted while the acceptor has events to handle (a client
 waiting for our PUBACK owes us no packet).
 """
 
