@@ -55,10 +55,12 @@ class BrokerHandle:
     data_dir: Path
 
 
-def _start_inprocess(data_dir: Path, sys_interval: float, ws: bool, limits: dict[str, Any]):
+def _start_inprocess(data_dir: Path, sys_interval: float, ws: bool, limits: dict[str, Any],
+                     settings: dict[str, Any] | None = None):
     from mqttring import BrokerConfig, Limits, MqttRingBroker
 
     config = BrokerConfig(
+        **(settings or {}),
         node_id=f"t-{uuid.uuid4().hex[:6]}",
         mqtt=f"{HOST}:0",
         ws=f"{HOST}:0" if ws else None,
@@ -76,14 +78,16 @@ def _start_inprocess(data_dir: Path, sys_interval: float, ws: bool, limits: dict
 
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerHandle]]:
-    """``start(sys_interval=1.0, ws=True, **limits) -> BrokerHandle``; all stopped at teardown."""
+    """``start(sys_interval=1.0, ws=True, settings=None, **limits) -> BrokerHandle``
+    (``settings``: other ``BrokerConfig`` fields); all stopped at teardown."""
     running: list[Any] = []
     counter = itertools.count()
 
-    def start(sys_interval: float = 1.0, ws: bool = True, **limits: Any) -> BrokerHandle:
+    def start(sys_interval: float = 1.0, ws: bool = True,
+              settings: dict[str, Any] | None = None, **limits: Any) -> BrokerHandle:
         data_dir = tmp_path / f"broker{next(counter)}"
         data_dir.mkdir()
-        broker, handle = _start_inprocess(data_dir, sys_interval, ws, limits)
+        broker, handle = _start_inprocess(data_dir, sys_interval, ws, limits, settings)
         running.append(broker)
         return handle
 

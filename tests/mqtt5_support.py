@@ -126,9 +126,11 @@ class Raw5:
         self.sock = socket.create_connection((host, port), timeout=WAIT)
         self.decoder = PacketDecoder5()
 
-    def connect(self, client_id: str, **properties: int) -> Packet5:
+    def connect(self, client_id: str, clean_start: bool = True, keepalive: int = 60,
+                **properties: int) -> Packet5:
         items = [(PropertyId[k.upper()], v) for k, v in properties.items()]
-        self.send(encode5(Connect5(client_id, properties=Properties(items))))
+        self.send(encode5(Connect5(client_id, clean_start, keepalive,
+                                   properties=Properties(items))))
         return self.recv()
 
     def send(self, data: bytes) -> None:

@@ -328,6 +328,7 @@ def test_a_slow_consumer_shed_by_its_remote_home_is_told_0x97(
     from mqtt5_support import Raw5
     from mqttring.protocol.codec5 import encode5
     from mqttring.protocol.packets5 import Disconnect5, SubAck5, SubOptions, Subscribe5
+    from mqttring.protocol.properties import Properties, PropertyId
 
     cluster = NodeCluster(tmp_path / "slow")
     cluster.extra_toml = "[limits]\nmax_inflight = 2\nmax_queued = 5\nslow_subscriber_hold = 1.0\n"
@@ -348,8 +349,89 @@ def test_a_slow_consumer_shed_by_its_remote_home_is_told_0x97(
             with contextlib.suppress(ConnectionError):
                 while True:
                     received.append(sub.recv(timeout=15))
-            assert received and received[-1] == Disconnect5(0x97), received[-3:]
+            assert received and received[-1] == Disconnect5(0x97, Properties(
+                [(PropertyId.REASON_STRING, "quota exceeded")])), received[-3:]
         finally:
             sub.close()
+    finally:
+        cluster.close()
+
+
+def test_outbound_aliases_and_reason_strings_from_a_remote_home(
+        tmp_path: Path, clients: Clients) -> None:
+    """A persistent v5 session homed at B, its client on A: B encodes the PUBLISHes, with
+    topic aliases (``limits.topic_alias_maximum_out``) kept for this connection only, and
+    the SUBACK with a reason string; the edge answers CONNACK with Response Information.
+    Reconnected through C, the aliases start afresh."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import (
+        ConnAck5,
+        Connect5,
+        PubAck5,
+        Publish5,
+        SubAck5,
+        SubOptions,
+        Subscribe5,
+    )
+    from mqttring.protocol.properties import Properties, PropertyId
+
+    def publishes(client: Raw5, count: int) -> list[tuple[str, object, bytes]]:
+        got = []
+        while len(got) < count:
+            packet = client.recv(timeout=15)
+            assert isinstance(packet, Publish5), packet
+            client.send(encode5(PubAck5(packet.packet_id)))  # type: ignore[arg-type]
+            got.append((packet.topic, packet.properties.get(PropertyId.TOPIC_ALIAS),
+                        packet.payload))
+        return got
+
+    cluster = NodeCluster(tmp_path / "alias")
+    cluster.extra_toml = ('response_information = "replies/"\n'
+                          "[limits]\ntopic_alias_maximum_out = 2\n")
+    try:
+        cluster.form_sync(*NODES)
+        view = cluster.settle(NODES)
+        root, cid = unique("cal"), view.client_homed_at("b", unique("cal"))
+        sub = Raw5(HOST, cluster.port("a"))
+        try:
+            connack = sub.connect(cid, topic_alias_maximum=8, session_expiry_interval=300,
+                                  request_response_information=1)
+            assert isinstance(connack, ConnAck5) and connack.reason_code == 0
+            assert connack.properties.get(PropertyId.RESPONSE_INFORMATION) == "replies/"
+            sub.send(encode5(Subscribe5(1, ((f"{root}/#", SubOptions(1)),
+                                            ("$share//bad", SubOptions(1))))))
+            assert sub.recv(timeout=15) == SubAck5(1, (1, 0x8F), Properties(
+                [(PropertyId.REASON_STRING, "topic filter invalid")]))
+            pub = clients.connected(cluster.port("c"), unique("pub"))
+            for leaf in ("x", "x", "y", "z", "y"):
+                pub.publish(f"{root}/{leaf}", leaf, 1)
+            assert publishes(sub, 5) == [
+                (f"{root}/x", 1, b"x"), ("", 1, b"x"), (f"{root}/y", 2, b"y"),
+                (f"{root}/z", None, b"z"), ("", 2, b"y")]
+        finally:
+            sub.close()
+        pub.publish(f"{root}/y", "queued", 1)
+        again = Raw5(HOST, cluster.port("c"))
+        try:
+            again.send(encode5(Connect5(cid, False, properties=Properties(
+                [(PropertyId.TOPIC_ALIAS_MAXIMUM, 8)]))))
+            connack = again.recv(timeout=15)
+            assert isinstance(connack, ConnAck5) and connack.session_present
+            assert PropertyId.RESPONSE_INFORMATION not in connack.properties  # not asked
+            # Acknowledgements the old connection sent just before it closed may not have
+            # reached B: those messages come again (DUP) before the queued one.
+            got = publishes(again, 1)
+            while got[-1][2] != b"queued":
+                got += publishes(again, 1)
+            assert got[0][0] and got[0][1] == 1, got  # a fresh alias map: topic in full
+            known: dict[object, str] = {}
+            for topic, alias, payload in got:
+                if topic:
+                    known[alias] = topic
+                leaf = "y" if payload == b"queued" else payload.decode()
+                assert (topic or known[alias]) == f"{root}/{leaf}", got
+        finally:
+            again.close()
     finally:
         cluster.close()

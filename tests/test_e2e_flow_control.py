@@ -156,6 +156,7 @@ def test_an_mqtt5_subscriber_that_makes_no_room_is_told_quota_exceeded(
     from mqtt5_support import Raw5
     from mqttring.protocol.codec5 import encode5
     from mqttring.protocol.packets5 import Disconnect5, SubAck5, SubOptions, Subscribe5
+    from mqttring.protocol.properties import Properties, PropertyId
 
     b = broker_factory(slow_subscriber_hold=1.0, **LIMITS)
     topic = uid("flow5")
@@ -173,7 +174,8 @@ def test_an_mqtt5_subscriber_that_makes_no_room_is_told_quota_exceeded(
         with contextlib.suppress(ConnectionError):
             while True:
                 received.append(sub.recv())
-        assert received and received[-1] == Disconnect5(0x97), received[-3:]
+        assert received and received[-1] == Disconnect5(0x97, Properties(
+            [(PropertyId.REASON_STRING, "quota exceeded")])), received[-3:]
     finally:
         sub.close()
 

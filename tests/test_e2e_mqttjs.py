@@ -111,6 +111,43 @@ def test_shared_subscription_split_between_two_mqttjs_members(node: NodeProcess,
     assert per_member["m-tcp"] == per_member["m-ws"] == n // 2, per_member
 
 
+@pytest.fixture(scope="module")
+def aliasing_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node that may alias topics towards clients (off by default: paho and
+    libmosquitto cannot resolve them, ``test_e2e_mqtt5_connection.py``)."""
+    ensure_mqttjs()
+    root = Path(tmp_path_factory.mktemp("mqttjs-alias"))
+    (root / "data").mkdir()
+    (root / "node.toml").write_text("[limits]\ntopic_alias_maximum_out = 2\n")
+    proc = NodeProcess(root / "data", root / "node.log", "jsal", ws=True)
+    proc.extra_args = ["--config", str(root / "node.toml")]
+    proc.start()
+    yield proc
+    proc.terminate()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_mqttjs_resolves_outbound_topic_aliases(aliasing_node: NodeProcess,
+                                                transport: str) -> None:
+    """MQTT.js 5 announcing a Topic Alias Maximum gets aliased PUBLISHes (the topic once,
+    then the alias with an empty topic) and hands every message over with its topic."""
+    root = unique("jsal")
+    where = node_url(aliasing_node, transport)
+    leaves = ["a", "a", "b", "a", "c", "b", "c"]
+    result = exchange(
+        [{"name": "sub", "url": where, "protocolVersion": 5, "topicAliasMaximum": 2,
+          "subscribe": [{"filter": f"{root}/#", "qos": 1}]}],
+        {"url": where, "protocolVersion": 5, "messages": [
+            {"topic": f"{root}/{leaf}", "payload": f"{i}", "qos": 1}
+            for i, leaf in enumerate(leaves)]},
+        expect=len(leaves))
+    got = sorted(result["received"], key=lambda m: int(m["payload"]))
+    assert [m["topic"] for m in got] == [f"{root}/{leaf}" for leaf in leaves], got
+    # a and b took the two aliases; c (past the maximum) always went in full.
+    aliases = [(m["properties"] or {}).get("topicAlias") for m in got]
+    assert aliases == [1, 1, 2, 1, None, 2, None], aliases
+
+
 # --------------------------------------------------------------------------- a cluster
 
 

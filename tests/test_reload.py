@@ -36,3 +36,13 @@ def test_nothing_changed_is_an_empty_plan():
 
 def test_every_live_setting_names_a_real_setting():
     assert set(LIVE_SETTINGS) <= set(settings(BrokerConfig(limits=Limits())))
+
+
+def test_mqtt5_connection_settings_reload_for_new_connections():
+    old = BrokerConfig()
+    new = replace(old, response_information="r/", limits=replace(
+        old.limits, max_keepalive=60, topic_alias_maximum_out=8))
+    plan = plan_reload(old, new)
+    assert plan.needs_restart == ()
+    assert (plan.config.response_information, plan.config.limits.max_keepalive,
+            plan.config.limits.topic_alias_maximum_out) == ("r/", 60, 8)

@@ -164,3 +164,97 @@ def test_unsubscribe_and_the_store_keep_kept_options_exact(tmp_path: object) -> 
         trio.run(store.save_subscriptions, session)
         (record,) = trio.run(store.load_all)
     assert record.options == {"a/#": 0x08}
+
+
+def test_outbound_topic_aliases_first_come_first_served() -> None:
+    """The first PUBLISH of a topic sets up an alias, later ones use it with an empty
+    topic; past the maximum a topic goes in full, without an alias (3.3.2.3.4)."""
+    session = Session("me", True)
+    session.v5 = V5Session("me", alias_max=2, clock=lambda: NOW)
+    out = bytearray()
+    session.attach(out)
+    for topic in ("a/b", "a/b", "c", "d", "a/b", "c"):
+        session.deliver(Message(topic, b"x"), 0)
+    alias = P.TOPIC_ALIAS
+    assert packets(out) == [
+        Publish5("a/b", b"x", properties=Properties([(alias, 1)])),
+        Publish5("", b"x", properties=Properties([(alias, 1)])),
+        Publish5("c", b"x", properties=Properties([(alias, 2)])),
+        Publish5("d", b"x"),
+        Publish5("", b"x", properties=Properties([(alias, 1)])),
+        Publish5("", b"x", properties=Properties([(alias, 2)])),
+    ]
+
+
+def test_aliased_publish_golden_bytes() -> None:
+    v5 = V5Session("me", alias_max=1)
+    out = bytearray()
+    m = Message("ab", b"P", 1)
+    assert v5.send(out, m, 1, False, False, 7)
+    assert v5.send(out, m, 1, False, False, 8)
+    assert bytes(out) == (
+        b"\x32\x0b\x00\x02ab\x00\x07\x03\x23\x00\x01P"  # topic, id 7, props: alias 1
+        b"\x32\x09\x00\x00\x00\x08\x03\x23\x00\x01P")   # empty topic, id 8, alias 1
+
+
+def test_a_publish_too_large_for_the_client_sets_up_no_alias() -> None:
+    v5 = V5Session("me", max_packet_size=20, alias_max=4)
+    out = bytearray()
+    assert not v5.send(out, Message("t", b"y" * 30), 0, False, False, None)
+    assert v5.aliases == {}
+    assert v5.send(out, Message("t", b"y"), 0, False, False, None)
+    assert v5.aliases == {b"t": 1}
+
+
+def test_no_aliases_without_alias_max_and_none_for_311() -> None:
+    v5 = V5Session("me")
+    out = bytearray()
+    v5.send(out, Message("a/b", b"x"), 0, False, False, None)
+    assert packets(out) == [Publish5("a/b", b"x")]
+    assert v5.aliases == {}
+
+
+def test_an_expired_inflight_message_is_resent_with_expiry_0() -> None:
+    """Onward delivery started before the deadline, so the resend after a reconnect goes
+    out [MQTT-3.3.2-5], with a remaining interval of 0, never a negative one."""
+    session, out = v5_session()
+    session.deliver(message(expiry=10), 1)
+    [first] = packets(out)
+    assert first.properties.get(P.MESSAGE_EXPIRY_INTERVAL) == 10  # type: ignore[attr-defined]
+    session.detach()
+    session.v5 = V5Session("me", clock=lambda: NOW + 100)
+    again = bytearray()
+    session.attach(again)
+    [resent] = packets(again)
+    assert resent.dup and resent.packet_id == first.packet_id  # type: ignore[attr-defined]
+    assert resent.properties.get(P.MESSAGE_EXPIRY_INTERVAL) == 0  # type: ignore[attr-defined]
+    assert session.inflight
+
+
+def test_an_inflight_message_now_too_large_for_the_client_is_dropped() -> None:
+    session, _ = v5_session()
+    session.deliver(message(), 1)
+    session.detach()
+    session.v5 = V5Session("me", max_packet_size=10, clock=lambda: NOW)
+    again = bytearray()
+    session.attach(again)
+    assert again == b"" and not session.inflight
+
+
+def test_a_failed_pubrec_ends_the_qos2_delivery() -> None:
+    """PUBREC >= 0x80: no PUBREL, the id is free, the next message takes the slot."""
+    session = Session("me", True)
+    session.limits.max_inflight = 1
+    session.v5 = V5Session("me", clock=lambda: NOW)
+    out = bytearray()
+    session.attach(out)
+    session.deliver(Message("a", b"1", 2), 2)
+    session.deliver(Message("a", b"2", 2), 2)
+    [first] = packets(out)
+    out.clear()
+    assert session.on_pubrec_failed(first.packet_id)  # type: ignore[attr-defined]
+    assert not session.inflight
+    session.pump()
+    [second] = packets(out)
+    assert second.payload == b"2"  # type: ignore[attr-defined]
+    assert not session.on_pubrec_failed(first.packet_id)  # type: ignore[attr-defined]

@@ -74,6 +74,12 @@ def _address(text: str) -> str:
     return text
 
 
+def _utf8_property(text: str) -> str:
+    if "\x00" in text or len(text.encode("utf-8")) > 1024:
+        raise ValueError(text)  # (a lone surrogate fails the encode: a ValueError too)
+    return text
+
+
 def _topic_filters(filters: tuple[str, ...]) -> tuple[str, ...]:
     for topic_filter in filters:
         try:
@@ -152,6 +158,14 @@ class Limits:
     #: waits in the node's parking lot (``mqttring.broker.parking``): an idle connection then
     #: costs its state, not a task.  0 = never park.
     park_idle_after: Seconds = 0.25
+    #: MQTT 5: topic aliases the node may set up towards one client connection (at most
+    #: the client's own Topic Alias Maximum).  0 = never: paho-mqtt 2.x announces a maximum
+    #: it cannot resolve (docs/configuration.md).
+    topic_alias_maximum_out: Annotated[int, Meta(ge=0, le=65535)] = 0
+    #: Longest keep alive a client may ask for (mosquitto's ``max_keepalive``): a v5 client
+    #: asking for 0 or more is told this value (Server Keep Alive), a 3.1.1 client is
+    #: refused (CONNACK 2).  65535 = any.
+    max_keepalive: Annotated[int, Meta(ge=1, le=65535)] = 65535
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -241,6 +255,10 @@ class BrokerConfig:
     #: owns the topic's shard when there is one: no inter-node message; docs/design.md).
     shared_subscription_strategy: Literal["round_robin", "random", "local_first"] = \
         "round_robin"
+    #: MQTT 5 Response Information: sent in the CONNACK of a client whose Request Response
+    #: Information is 1, typically the root of its response topics.  "": never sent.
+    response_information: Annotated[str, Rule(_utf8_property, "a string of at most 1024 "
+                                              "UTF-8 bytes without U+0000")] = ""
     # Cluster settings (used when a node joins or forms a cluster).
     cluster: Address = None
     raft: Address = None

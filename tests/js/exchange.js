@@ -7,7 +7,7 @@
 //   timeout_ms: 20000,            // the whole run; past it: partial result, exit 2
 //   quiet_ms: 300,                // after the expected count: how long to watch for extras
 //   expect: 4,                    // deliveries to wait for, summed over all subscribers
-//   subscribers: [{name, url, protocolVersion, clientId?,
+//   subscribers: [{name, url, protocolVersion, clientId?, topicAliasMaximum?,
 //                  subscribe: [{filter, qos, subscriptionIdentifier?, nl?, rap?}]}],
 //   publisher: {url, protocolVersion, clientId?,
 //               messages: [{topic, payload, qos, retain?, userProperties?,
@@ -50,6 +50,8 @@ function connect(name, cfg) {
       reconnectPeriod: 0, // a refused or broken connection fails the run, never retries
       connectTimeout: spec.timeout_ms,
       keepalive: 30,
+      // MQTT 5: let the server alias topics towards this client (3.3.2.3.4)
+      ...(cfg.topicAliasMaximum ? { properties: { topicAliasMaximum: cfg.topicAliasMaximum } } : {}),
     });
     clients.push(client);
     client.once('connect', (connack) => {

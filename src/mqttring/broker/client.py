@@ -30,7 +30,8 @@ that stops reading *and* sending is closed by the keepalive timeout.
 
 Timeouts are the deadline of the connection's own cancel scope while it waits for bytes:
 ``connect_timeout`` until CONNECT arrives, then 1.5 x keepalive [MQTT-3.1.2-24] (none for
-keepalive 0); the deadline is lifted while the acceptor has events to handle (a client
+keepalive 0; the keepalive in force: a v5 client told a Server Keep Alive is held to that);
+the deadline is lifted while the acceptor has events to handle (a client
 waiting for our PUBACK owes us no packet).
 """
 
@@ -101,7 +102,8 @@ class ClientHandler:
         self._active = False
         #: The keepalive deadline a parked connection resumes with.
         self._resume_deadline: float | None = None
-        self.conn = ServerConnection(core.limits.max_packet_size)
+        self.conn = ServerConnection(core.limits.max_packet_size, core.limits5,
+                                     core.limits.max_keepalive)
         self.session: Session | None = None
         self.client_id: str | None = None
         #: UNIX time the CONNECT was accepted (0 before): the HTTP API's "connected since".

@@ -69,11 +69,18 @@ from mqttring.protocol.connection import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
+from mqttring.protocol.connection5 import ServerLimits5
 from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Message, Session, SessionLimits
-from mqttring.protocol.session5 import NO_LOCAL, PublishProps, V5Session, retained_wanted
+from mqttring.protocol.session5 import (
+    NO_LOCAL,
+    ClientLimits5,
+    PublishProps,
+    V5Session,
+    retained_wanted,
+)
 from mqttring.security.acl import AccessControl, AclFile, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
 from mqttring.security.passwords import PasswordFile
@@ -87,6 +94,11 @@ log = logging.getLogger("mqttring.broker")
 def _auth_settings(config: BrokerConfig) -> tuple[object, ...]:
     return (config.allow_anonymous, config.password_file, config.auth_failures_allowed,
             config.auth_failure_window)
+
+
+def _limits5(config: BrokerConfig) -> ServerLimits5:
+    return ServerLimits5(topic_alias_maximum_out=config.limits.topic_alias_maximum_out,
+                         response_information=config.response_information)
 
 
 def _session_limits(config: BrokerConfig) -> SessionLimits:
@@ -122,6 +134,8 @@ class BrokerCore:
         loaded (``mqttring.broker.files``); None: loaded here from the config."""
         self.config = config
         self.limits = config.limits
+        #: What a v5 connection announces and may use (``ServerConnection``).
+        self.limits5 = _limits5(config)
         self.session_limits = _session_limits(config)
         self.flow = FlowControl(config.limits.slow_subscriber_hold, metrics, self.shed)
         self.session_store = session_store
@@ -161,6 +175,7 @@ class BrokerCore:
             acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.config, self.auth, self.acl = config, auth, acl
         self.limits = config.limits
+        self.limits5 = _limits5(config)
         self.session_limits = _session_limits(config)
 
     # -- plumbing used by the router --------------------------------------------------------
@@ -332,7 +347,7 @@ class BrokerCore:
         self.metrics.clients_connected += 1
         self.metrics.connections_total += 1
         log.info("client %r connected from %s (clean session %s, keepalive %d s%s)",
-                 client_id, handler.transport.peer, packet.clean_session, packet.keepalive,
+                 client_id, handler.transport.peer, packet.clean_session, conn.keepalive,
                  ", session present" if present else "",
                  extra={"client_id": client_id, "event": "connected"})
         dropped = session.dropped
@@ -343,17 +358,19 @@ class BrokerCore:
 
     def _bind_protocol(self, handler: ClientHandler, session: Session) -> None:
         link = handler.conn.v5
-        self.bind_protocol(session, None if link is None else
-                           (link.client_max_packet, link.client_receive_max))
+        self.bind_protocol(session, None if link is None else ClientLimits5(
+            link.client_max_packet, link.client_receive_max, link.client_alias_max,
+            link.problem_info))
 
-    def bind_protocol(self, session: Session, v5: tuple[int, int] | None) -> None:
+    def bind_protocol(self, session: Session, v5: ClientLimits5 | None) -> None:
         """Give the session the delivery rules of the protocol its client speaks now.
 
-        ``v5``: (the client's Maximum Packet Size, its Receive Maximum) for an MQTT 5
-        client: the v5 encoder (properties, subscription options, packets too large for
-        the client dropped) and an inflight window no larger than the client's Receive
-        Maximum [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.
-        Also called by a cluster home for a session whose client is on another node.
+        ``v5``: what an MQTT 5 client's CONNECT announced: the v5 encoder (properties,
+        subscription options, outbound topic aliases, packets too large for the client
+        dropped) and an inflight window no larger than the client's Receive Maximum
+        [MQTT-3.3.4-7].  None (3.1.1): the node's limits and the 3.1.1 encoder.  Called at
+        every CONNECT, so the new ``V5Session``'s aliases start empty with the connection;
+        also called by a cluster home for a session whose client is on another node.
         """
         old = session.v5
         if v5 is None:
@@ -363,13 +380,14 @@ class BrokerCore:
             session.v5 = None
             session.limits = self.session_limits
             return
-        max_packet, receive_max = v5
-        session.v5 = V5Session(session.client_id, max_packet,
-                               old.options if old is not None else session.kept_options)
+        session.v5 = V5Session(session.client_id, v5.max_packet_size,
+                               old.options if old is not None else session.kept_options,
+                               alias_max=v5.topic_alias_maximum,
+                               problem_info=v5.problem_info)
         session.kept_options = None
         limits = self.session_limits
-        if receive_max < limits.max_inflight:
-            limits = replace(limits, max_inflight=receive_max)
+        if v5.receive_maximum < limits.max_inflight:
+            limits = replace(limits, max_inflight=v5.receive_maximum)
         session.limits = limits
 
     async def on_publishes(self, handler: ClientHandler, events: list[PublishReceived]
@@ -386,8 +404,13 @@ class BrokerCore:
         messages = [e.message for e in events if not e.message.topic.startswith("$SYS")]
         session = handler.session
         access = session.access if session is not None else None
+        denied: set[int] = set()
         if access is not None and messages:
-            messages = self._writable(handler, access, messages)
+            allowed = self._writable(handler, access, messages)
+            if len(allowed) != len(messages):
+                kept = {id(m) for m in allowed}
+                denied = {id(m) for m in messages if id(m) not in kept}
+            messages = allowed
         if session is not None and session.kept_options and messages:
             messages = with_origin(messages, session.client_id, session.kept_options)
         if messages:
@@ -406,6 +429,13 @@ class BrokerCore:
             # client's redelivery be routed a second time.
             await self.manager.persist([session], Durability.DURABLE)
         ack = handler.conn.ack_publish
+        if denied and handler.conn.v5 is not None:
+            # MQTT 5 can say it (as mosquitto does): 0x87 not authorized, and for QoS 2 the
+            # exchange ends there (a 3.1.1 client is told success, as before).
+            for event in events:
+                ack(event.packet_id, event.message.qos,
+                    0x87 if id(event.message) in denied else 0)
+            return
         for event in events:
             ack(event.packet_id, event.message.qos)
 
@@ -416,8 +446,8 @@ class BrokerCore:
     def _writable(self, handler: ClientHandler, access: ClientAccess,
                   messages: list[Message]) -> list[Message]:
         """The messages the ACL lets this client publish.  A denied one is acknowledged
-        like the others (as mosquitto does: refusing would only make the client resend) but
-        never routed, so it is neither delivered, retained nor archived."""
+        (as mosquitto does: refusing would only make the client resend; with 0x87 for an
+        MQTT 5 client) but never routed, so it is neither delivered, retained nor archived."""
         allowed = [m for m in messages if access.may_write(m.topic)]
         if len(allowed) != len(messages):
             for m in messages:

@@ -346,6 +346,11 @@ class V5Client(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: connection closes (the edge's ``SessionClose`` says expiry 0).  False from older
     #: senders, which asked for a clean session instead.
     until_close: bool = False
+    #: Outbound topic aliases the home may use on this connection (the client's maximum
+    #: capped by the edge's ``topic_alias_maximum_out``), and the client's Request Problem
+    #: Information (reason strings in the SUBACKs the home encodes).
+    topic_alias_maximum: int = 0
+    problem_info: bool = True
 
 
 class SessionOpen(_Frozen, tag="sopen"):

@@ -74,12 +74,11 @@ from mqttring.cluster.messages import (
 )
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
-from mqttring.protocol.codec5 import encode5
 from mqttring.protocol.packets import Connect, SubAck, UnsubAck, Will
 from mqttring.protocol.packets5 import Connect5, SubAck5, UnsubAck5, Will5
 from mqttring.protocol.properties import PropertyId, decode_properties, encode_properties
 from mqttring.protocol.session import Message, Session
-from mqttring.protocol.session5 import retained_wanted
+from mqttring.protocol.session5 import ClientLimits5, retained_wanted
 from mqttring.raft.view import ClusterView
 
 if TYPE_CHECKING:
@@ -282,7 +281,8 @@ class ClusterSessions(LocalSessions):
             return await self.bind(client_id, clean, fresh_start(packet), until_close)
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
-            link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close)
+            link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close,
+            link.client_alias_max, link.problem_info)
         stand_in = None
         if not clean:
             stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
@@ -596,8 +596,9 @@ class ClusterSessions(LocalSessions):
             # The ACL's view of the client, before attach: queued messages are checked too.
             session.access = self.core.access_for(message.username, client_id)
             # Its protocol: an MQTT 5 client's session output is encoded as v5 here.
-            self.core.bind_protocol(session, None if v5 is None else
-                                    (v5.max_packet_size, v5.receive_maximum))
+            self.core.bind_protocol(session, None if v5 is None else ClientLimits5(
+                v5.max_packet_size, v5.receive_maximum, v5.topic_alias_maximum,
+                v5.problem_info))
             proxy = SessionProxy(self.links, edge, client_id, token)
             self.proxies[client_id] = proxy
             self.core.wakers[client_id] = proxy
@@ -670,7 +671,7 @@ class ClusterSessions(LocalSessions):
         replay = retained_wanted(session, pairs, options)
         codes = await self.core.subscribe(session, pairs, options, message.subscription_id)
         if session.v5 is not None:
-            proxy.output += encode5(SubAck5(message.packet_id, tuple(codes)))
+            proxy.output += session.v5.encode_ack(SubAck5(message.packet_id, tuple(codes)))
         else:
             proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
         proxy.wake()
@@ -687,7 +688,7 @@ class ClusterSessions(LocalSessions):
         session.forget_options(message.topics)
         await self.core.session_store.save_subscriptions(session)
         if session.v5 is not None:
-            proxy.output += encode5(UnsubAck5(message.packet_id, tuple(codes)))
+            proxy.output += session.v5.encode_ack(UnsubAck5(message.packet_id, tuple(codes)))
         else:
             proxy.output += encode(UnsubAck(message.packet_id))
         proxy.wake()

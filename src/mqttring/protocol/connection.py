@@ -34,7 +34,13 @@ from enum import Enum, auto
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec5 import PacketDecoder5, encode5
-from mqttring.protocol.connection5 import DEFAULT_LIMITS5, ServerLimits5, V5Link
+from mqttring.protocol.connection5 import (
+    DEFAULT_LIMITS5,
+    NO_KEEPALIVE_LIMIT,
+    ServerLimits5,
+    V5Link,
+    keepalive_refused,
+)
 from mqttring.protocol.errors import MQTTError, ProtocolViolation
 from mqttring.protocol.events import (
     ConnectRequested,
@@ -62,7 +68,15 @@ from mqttring.protocol.packets import (
     UnsubAck,
     Unsubscribe,
 )
-from mqttring.protocol.packets5 import ConnAck5, Connect5, Disconnect5, SubAck5, UnsubAck5
+from mqttring.protocol.packets5 import (
+    ConnAck5,
+    Connect5,
+    Disconnect5,
+    PubAck5,
+    PubRec5,
+    SubAck5,
+    UnsubAck5,
+)
 from mqttring.protocol.properties import (
     VALID_REASONS,
     Properties,
@@ -70,6 +84,7 @@ from mqttring.protocol.properties import (
     PropValue,
     ReasonCode,
 )
+from mqttring.protocol.reasons5 import encode_with_reason
 from mqttring.protocol.session import Message, Session
 
 
@@ -104,6 +119,7 @@ class ServerConnection:
         "connect",
         "disconnected",
         "limits5",
+        "max_keepalive",
         "packets_received",
         "publishes_received",
         "session",
@@ -111,11 +127,14 @@ class ServerConnection:
     )
 
     def __init__(self, max_packet_size: int = 268_435_455,
-                 limits5: ServerLimits5 = DEFAULT_LIMITS5) -> None:
+                 limits5: ServerLimits5 = DEFAULT_LIMITS5,
+                 max_keepalive: int = NO_KEEPALIVE_LIMIT) -> None:
         self._decoder: PacketDecoder = PacketDecoder(max_packet_size)
         #: The MQTT 5.0 side of the connection once a v5 CONNECT arrived; None: 3.1.1.
         self._v5: V5Link | None = None
         self.limits5 = limits5
+        #: Longest keep alive a client may ask for (``max_keepalive``; 65535: any).
+        self.max_keepalive = max_keepalive
         #: An acknowledgement in the current read freed a window slot (``_drain`` refills).
         self._freed = False
         self._out = bytearray()
@@ -140,8 +159,8 @@ class ServerConnection:
             return self._drain()
         except MQTTError as exc:
             if self._v5 is not None and self.state is ConnState.CONNECTED:
-                # MQTT 5: say why before closing [MQTT-4.13.1-1].
-                self.disconnect(exc.reason_code)
+                # MQTT 5: say why before closing [MQTT-4.13.1-1], and which rule.
+                self.disconnect(exc.reason_code, str(exc))
             raise
 
     @property
@@ -166,13 +185,16 @@ class ServerConnection:
         self.state = ConnState.CLOSED
         self.disconnected = True
 
-    def disconnect(self, reason_code: int) -> None:
-        """MQTT 5: send DISCONNECT with a reason and stop (server-initiated disconnect).
-        On a 3.1.1 connection (which has no server DISCONNECT) it only closes."""
-        if self._v5 is not None and self.state is not ConnState.CLOSED:
+    def disconnect(self, reason_code: int, detail: str | None = None) -> None:
+        """MQTT 5: send DISCONNECT with a reason (and a reason string: ``detail``, or the
+        code's text) and stop (server-initiated disconnect).  On a 3.1.1 connection
+        (which has no server DISCONNECT) it only closes."""
+        link = self._v5
+        if link is not None and self.state is not ConnState.CLOSED:
             if reason_code not in VALID_REASONS["DISCONNECT"]:
                 reason_code = 0x80  # a reason a DISCONNECT may carry
-            self._out += encode5(Disconnect5(reason_code))
+            self._out += encode_with_reason(Disconnect5(reason_code), True,
+                                            link.client_max_packet, detail)
         self.state = ConnState.CLOSED
 
     def _drain(self) -> list[Event]:
@@ -269,12 +291,16 @@ class ServerConnection:
             # [MQTT-3.1.3-8]
             self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
             return None
+        if keepalive_refused(packet.keepalive, self.max_keepalive):
+            # 3.1.1 has no Server Keep Alive: refused as mosquitto does (max_keepalive).
+            self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
+            return None
         self.state = ConnState.CONNECTING
         return ConnectRequested(packet)
 
     def _on_connect5(self, packet: Connect5) -> ConnectRequested | None:
         self.connect = packet
-        self._v5 = V5Link(packet, self.limits5)
+        self._v5 = V5Link(packet, self.limits5, max_keepalive=self.max_keepalive)
         # What follows the CONNECT is MQTT 5: continue on the v5 decoder.
         self._decoder = PacketDecoder5.take_over(self._decoder)
         if PropertyId.AUTHENTICATION_METHOD in packet.properties:
@@ -327,6 +353,11 @@ class ServerConnection:
             items.append((PropertyId.SESSION_EXPIRY_INTERVAL, self._v5.session_expiry))
         if not self.connect.client_id:
             items.append((PropertyId.ASSIGNED_CLIENT_IDENTIFIER, session.client_id))
+        if self._v5.server_keepalive is not None:
+            items.append((PropertyId.SERVER_KEEP_ALIVE, self._v5.server_keepalive))
+        if self._v5.response_wanted and limits.response_information:
+            # Only on request [MQTT-3.1.2-28]; what it means is the operator's convention.
+            items.append((PropertyId.RESPONSE_INFORMATION, limits.response_information))
         return Properties(items)
 
     def refuse(self, code: ConnectReturnCode) -> None:
@@ -338,16 +369,30 @@ class ServerConnection:
         self.state = ConnState.CLOSED
 
     def refuse_v5(self, reason_code: int) -> None:
-        """MQTT 5: CONNACK with a failure reason code, then close [MQTT-3.2.2-7]."""
-        self._out += encode5(ConnAck5(False, reason_code))
+        """MQTT 5: CONNACK with a failure reason code and a reason string, then close
+        [MQTT-3.2.2-7]."""
+        assert self._v5 is not None
+        self._out += encode_with_reason(ConnAck5(False, reason_code), True,
+                                        self._v5.client_max_packet)
         self.state = ConnState.CLOSED
 
-    def ack_publish(self, packet_id: int | None, qos: int) -> None:
-        """Acknowledge a routed PUBLISH: PUBACK for QoS 1, PUBREC for QoS 2."""
+    def ack_publish(self, packet_id: int | None, qos: int, reason_code: int = 0) -> None:
+        """Acknowledge a routed PUBLISH: PUBACK for QoS 1, PUBREC for QoS 2.
+
+        ``reason_code`` (MQTT 5 only; a 3.1.1 client is always told success): a failure
+        code such as 0x87, with a reason string if the client wants one.  A PUBREC with a
+        failure code ends the QoS 2 exchange, so its packet id is released at once."""
         if self.state is ConnState.CLOSED or packet_id is None or not qos:
             return
-        if self._v5 is not None and qos == 1:
-            self._v5.acked()
+        link = self._v5
+        if link is not None and (qos == 1 or reason_code >= 0x80):
+            link.acked()
+        if link is not None and reason_code:
+            if qos == 2 and reason_code >= 0x80 and self.session is not None:
+                self.session.release_inbound_qos2(packet_id)
+            ack = PubAck5(packet_id, reason_code) if qos == 1 else PubRec5(packet_id, reason_code)
+            self._out += encode_with_reason(ack, link.problem_info, link.client_max_packet)
+            return
         # PUBACK 0x40 / PUBREC 0x50, remaining length 2, the id (one per publish: no
         # packet object on this path).
         self._out += bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
@@ -357,8 +402,10 @@ class ServerConnection:
         which a 3.1.1 one sees as 0x80 failure."""
         if self.state is ConnState.CLOSED:
             return
-        if self._v5 is not None:
-            self._out += encode5(SubAck5(packet_id, tuple(return_codes)))
+        link = self._v5
+        if link is not None:
+            self._out += encode_with_reason(SubAck5(packet_id, tuple(return_codes)),
+                                            link.problem_info, link.client_max_packet)
         else:
             codes = tuple(c if c <= 2 else SUBACK_FAILURE for c in return_codes)
             self._out += encode_packet(SubAck(packet_id, codes))
@@ -367,8 +414,10 @@ class ServerConnection:
         """UNSUBACK; a v5 one carries a reason code per filter (0x11: there was none)."""
         if self.state is ConnState.CLOSED:
             return
-        if self._v5 is not None:
-            self._out += encode5(UnsubAck5(packet_id, tuple(reason_codes or (0,))))
+        link = self._v5
+        if link is not None:
+            self._out += encode_with_reason(UnsubAck5(packet_id, tuple(reason_codes or (0,))),
+                                            link.problem_info, link.client_max_packet)
         else:
             self._out += encode_packet(UnsubAck(packet_id))
 
@@ -405,7 +454,10 @@ class ServerConnection:
 
     @property
     def keepalive(self) -> int:
-        """The client's keep-alive (the same field in 3.1.1 and 5.0)."""
+        """The keep-alive in force: the client's (the same field in 3.1.1 and 5.0), or the
+        Server Keep Alive a v5 CONNACK announced [MQTT-3.2.2-21]."""
+        if self._v5 is not None:
+            return self._v5.keepalive
         return self.connect.keepalive if self.connect is not None else 0
 
     @property

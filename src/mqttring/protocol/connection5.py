@@ -17,8 +17,12 @@ What the link keeps (all per network connection, never part of the session):
   sent, or PUBCOMP sent for QoS 2).  More than our Receive Maximum is 0x93
   [MQTT-3.3.4-9].
 * What the client announced: its Receive Maximum (bounds our inflight window to it, applied
-  by the broker core to the session), its Maximum Packet Size (``V5Session``), its Topic
-  Alias Maximum (we never send aliases, which is always allowed).
+  by the broker core to the session), its Maximum Packet Size and Topic Alias Maximum
+  (``V5Session``, which encodes our PUBLISHes, with outbound aliases up to the smaller of
+  it and ``ServerLimits5.topic_alias_maximum_out``), whether it wants reason strings on
+  failures (Request Problem Information) and Response Information in the CONNACK.
+* The keep alive in force: the client's, or ``max_keepalive`` when it asked for 0 or more;
+  the CONNACK then says Server Keep Alive and we hold the client to it [MQTT-3.2.2-21/22].
 
 Errors raise the ``MQTTError`` family with the reason code; ``ServerConnection`` turns that
 into a DISCONNECT with that reason before closing [MQTT-4.13.1-1].
@@ -71,6 +75,12 @@ class ServerLimits5:
     subscription_identifiers: bool = True
     #: Shared subscriptions (``$share/{group}/{filter}``, ``mqttring.broker.shared``).
     shared_subscriptions: bool = True
+    #: Topic aliases we may set up towards a client (``limits.topic_alias_maximum_out``),
+    #: at most what its CONNECT allows; 0: never.
+    topic_alias_maximum_out: int = 0
+    #: Response Information for clients that request it (``response_information``); "":
+    #: never sent.
+    response_information: str = ""
 
 
 DEFAULT_LIMITS5 = ServerLimits5()
@@ -79,19 +89,29 @@ DEFAULT_LIMITS5 = ServerLimits5()
 class V5Link:
     """See the module docstring."""
 
-    __slots__ = ("aliases", "client_max_packet", "client_receive_max", "clock", "inbound",
-                 "limits", "session_expiry")
+    __slots__ = ("aliases", "client_alias_max", "client_max_packet", "client_receive_max",
+                 "clock", "inbound", "keepalive", "limits", "problem_info", "response_wanted",
+                 "server_keepalive", "session_expiry")
 
     def __init__(self, connect: Connect5, limits: ServerLimits5,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_keepalive: int = 65535) -> None:
         props = connect.properties
         self.limits = limits
         self.aliases: dict[int, str] = {}
         self.inbound = 0
         self.client_receive_max = int(props.get(PropertyId.RECEIVE_MAXIMUM, 65535))  # type: ignore[arg-type]
         self.client_max_packet = int(props.get(PropertyId.MAXIMUM_PACKET_SIZE, 0))  # type: ignore[arg-type]
+        #: Aliases we may use towards the client: its maximum, capped by ours.
+        self.client_alias_max = min(
+            int(props.get(PropertyId.TOPIC_ALIAS_MAXIMUM, 0)),  # type: ignore[arg-type]
+            limits.topic_alias_maximum_out)
+        #: Request Problem Information: absent means 1 (section 3.1.2.11.7).
+        self.problem_info = props.get(PropertyId.REQUEST_PROBLEM_INFORMATION, 1) != 0
+        self.response_wanted = props.get(PropertyId.REQUEST_RESPONSE_INFORMATION, 0) == 1
         #: The session expiry interval in force (CONNECT, possibly changed by DISCONNECT).
         self.session_expiry = connect.session_expiry
+        self.keepalive, self.server_keepalive = server_keepalive(connect.keepalive,
+                                                                 max_keepalive)
         self.clock = clock
 
     def on_publish(self, conn: ServerConnection, packet: Publish5) -> PublishReceived | None:
@@ -144,7 +164,10 @@ class V5Link:
             if session.on_puback(packet.packet_id, pump=False):  # type: ignore[attr-defined]
                 conn.freed()
         elif kind is PubRec5:
-            session.on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+            if packet.reason_code < 0x80:  # type: ignore[attr-defined]
+                session.on_pubrec(packet.packet_id)  # type: ignore[attr-defined]
+            elif session.on_pubrec_failed(packet.packet_id):  # type: ignore[attr-defined]
+                conn.freed()  # the delivery ends here: no PUBREL (section 4.3.3)
         elif kind is PubComp5:
             if session.on_pubcomp(packet.packet_id, pump=False):  # type: ignore[attr-defined]
                 conn.freed()
@@ -159,6 +182,10 @@ class V5Link:
         elif kind is Subscribe5:
             sub: Subscribe5 = packet  # type: ignore[assignment]
             sid = sub.subscription_id or 0
+            for topic_filter, options in sub.topics:
+                if options.no_local and topic_filter.startswith("$share/"):
+                    raise ProtocolViolation(
+                        "MQTT-3.8.3-4", f"No Local on the shared subscription {topic_filter!r}")
             if sid and not self.limits.subscription_identifiers:
                 raise ProtocolViolation("MQTT-3.8.2.1.2", "subscription identifiers are not "
                                         "supported", 0xA1)
@@ -192,3 +219,25 @@ class V5Link:
     def acked(self) -> None:
         """A QoS 1 PUBACK or QoS 2 PUBREC went out: for QoS 1 the slot is free."""
         self.inbound = max(0, self.inbound - 1)
+
+
+#: ``max_keepalive`` at this value changes nothing (as mosquitto's default).
+NO_KEEPALIVE_LIMIT = 65535
+
+
+def server_keepalive(asked: int, max_keepalive: int) -> tuple[int, int | None]:
+    """``(keep alive in force, Server Keep Alive to announce or None)`` for a v5 client.
+
+    Below ``NO_KEEPALIVE_LIMIT`` a client asking for 0 (no keep alive) or for more than
+    ``max_keepalive`` gets ``max_keepalive``, told in the CONNACK; the server then uses that
+    value [MQTT-3.2.2-21], otherwise the client's [MQTT-3.2.2-22].
+    """
+    if max_keepalive < NO_KEEPALIVE_LIMIT and (asked == 0 or asked > max_keepalive):
+        return max_keepalive, max_keepalive
+    return asked, None
+
+
+def keepalive_refused(asked: int, max_keepalive: int) -> bool:
+    """A 3.1.1 client cannot be told another keep alive: one asking for what
+    ``server_keepalive`` would override is refused (CONNACK 2, as mosquitto does)."""
+    return server_keepalive(asked, max_keepalive)[1] is not None

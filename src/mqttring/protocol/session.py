@@ -423,9 +423,12 @@ class Session:
             elif access is not None and not access.may_read(entry.message.topic):
                 denied.append(pid)  # sent before an ACL change, or to another identity
             elif self.v5 is not None:
-                # An inflight copy is resent even past its expiry: it was already sent.
-                self.v5.send(output, entry.message, entry.qos, entry.retain, True,
-                             entry.packet_id)
+                # An inflight copy is resent even past its expiry: its onward delivery
+                # started [MQTT-3.3.2-5].  Only a client that now accepts smaller packets
+                # can refuse it: dropped as if delivered [MQTT-3.1.2-25].
+                if not self.v5.send(output, entry.message, entry.qos, entry.retain, True,
+                                    entry.packet_id, resend=True):
+                    denied.append(pid)
             else:
                 output += entry.message.encode(entry.qos, entry.retain, True, entry.packet_id)
         for pid in denied:
@@ -464,6 +467,17 @@ class Session:
             self._dirty[entry.seq] = entry
         if self.output is not None:
             self.output += encode_packet(PubRel(packet_id))
+        return True
+
+    def on_pubrec_failed(self, packet_id: int) -> bool:
+        """MQTT 5: a PUBREC with a failure reason code (>= 0x80) ends the QoS 2 delivery:
+        no PUBREL follows, the packet id is free and the message is done (section 4.3.3).
+        True if it freed a window slot (the caller pumps, as for ``on_puback``)."""
+        entry = self.inflight.get(packet_id)
+        if entry is None or entry.state != OutState.AWAIT_PUBREC:
+            return False
+        del self.inflight[packet_id]
+        self._forget(entry)
         return True
 
     def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:

@@ -20,6 +20,21 @@ a v5 subscriber's session has a ``V5Session`` and encodes through ``V5Session.se
 ``V5Session`` is the v5 side of one ``Session``: the client's Maximum Packet Size (a PUBLISH
 larger than it is dropped as if sent [MQTT-3.1.2-24/25]) and the options of its
 subscriptions (No Local, Retain As Published, Subscription Identifier), keyed by filter.
+
+It is rebuilt at every CONNECT (``BrokerCore.bind_protocol``, on the node that encodes the
+session's PUBLISHes: the edge, or a persistent session's home in a cluster), so what it
+holds besides the options belongs to the current network connection:
+
+* Outbound topic aliases (section 3.3.2.3.4): topic -> alias, at most ``alias_max`` (the
+  smaller of the client's Topic Alias Maximum and ``limits.topic_alias_maximum_out``).  The
+  first PUBLISH of a topic carries the topic and sets up an alias, later ones carry the
+  alias and an empty topic.  Aliases are handed out first come, first served and never
+  reassigned: the map is written in the order the bytes leave (``send`` appends to the
+  connection's output at once), and a connection's aliases die with it, as the client's do
+  [MQTT-3.3.2-10].  With ``alias_max`` 0 (the default, and every 3.1.1 client, which has no
+  ``V5Session``) ``send`` pays one attribute test.
+* Whether the client wants reason strings on failures (Request Problem Information), for
+  the SUBACK/UNSUBACK a cluster home encodes (``encode_ack``).
 Options are checked against the session's filters at delivery, because the router hands a
 session one copy per message (``LocalRouter._targets``) without saying which filter matched;
 only sessions that have options pay for the loop, and only v5 sessions have any.
@@ -30,18 +45,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from struct import Struct
 
 from mqttring.protocol.codec5 import encode_publish5
+from mqttring.protocol.packets5 import SubAck5, UnsubAck5
 from mqttring.protocol.properties import (
     Properties,
     PropertyId,
     encode_property_body,
     encode_vbi,
 )
+from mqttring.protocol.reasons5 import encode_with_reason
 from mqttring.protocol.topics import topic_matches
 
 _U32 = Struct(">I")
+_U16 = Struct(">H")
 
 #: Inbound properties that stay with the connection they arrived on.
 _NOT_FORWARDED = (PropertyId.TOPIC_ALIAS, PropertyId.SUBSCRIPTION_IDENTIFIER,
@@ -98,14 +117,30 @@ class PublishProps:
         return f"PublishProps({self.raw!r}, {self.expires_at}, {self.origin!r})"
 
 
+@dataclass(slots=True, frozen=True)
+class ClientLimits5:
+    """What a v5 client's CONNECT says about delivering to it (``bind_protocol``)."""
+
+    #: Maximum Packet Size (0: none).
+    max_packet_size: int = 0
+    #: Receive Maximum: the inflight window towards the client.
+    receive_maximum: int = 65535
+    #: Outbound topic aliases allowed on this connection (already capped by the node's).
+    topic_alias_maximum: int = 0
+    #: Request Problem Information.
+    problem_info: bool = True
+
+
 class V5Session:
     """The v5 delivery state of one session (see the module docstring)."""
 
-    __slots__ = ("client_id", "clock", "max_packet_size", "options")
+    __slots__ = ("alias_max", "aliases", "client_id", "clock", "max_packet_size", "options",
+                 "problem_info")
 
     def __init__(self, client_id: str, max_packet_size: int = 0,
                  options: dict[str, int] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, alias_max: int = 0,
+                 problem_info: bool = True) -> None:
         self.client_id = client_id
         #: The client's Maximum Packet Size (whole packet, bytes); 0: no limit.
         self.max_packet_size = max_packet_size
@@ -113,6 +148,11 @@ class V5Session:
         self.options: dict[str, int] = options if options is not None else {}
         #: Wall clock for the remaining message expiry interval (injectable for tests).
         self.clock = clock
+        #: Outbound topic aliases this connection may use (0: none) and those in use.
+        self.alias_max = alias_max
+        self.aliases: dict[bytes, int] = {}
+        #: The client's Request Problem Information (reason strings on failed acks).
+        self.problem_info = problem_info
 
     def set_options(self, topic_filter: str, options_byte: int, subscription_id: int) -> None:
         bits = (options_byte & (NO_LOCAL | RETAIN_AS_PUBLISHED)) | (subscription_id << 8)
@@ -136,9 +176,14 @@ class V5Session:
         return out
 
     def send(self, out: bytearray, message: object, qos: int, retain: bool, dup: bool,
-             packet_id: int | None) -> bool:
+             packet_id: int | None, resend: bool = False) -> bool:
         """Append the v5 PUBLISH to ``out``; False if it was not sent (expired, or larger
-        than the client accepts: dropped as if delivered [MQTT-3.1.2-25])."""
+        than the client accepts: dropped as if delivered [MQTT-3.1.2-25]).
+
+        ``resend``: the inflight copy goes again after a reconnect.  Its onward delivery
+        started before the deadline, so it is sent even when expired [MQTT-3.3.2-5], with a
+        remaining interval of 0 rather than a negative one.
+        """
         props: PublishProps | None = message.props  # type: ignore[attr-defined]
         body = b""
         if props is not None:
@@ -146,16 +191,37 @@ class V5Session:
             if props.expires_at:
                 remaining = math.ceil(props.expires_at - self.clock())
                 if remaining <= 0:
-                    return False
+                    if not resend:
+                        return False
+                    remaining = 0
                 body += b"\x02" + _U32.pack(remaining)
         if self.options:
             body += self._subscription_ids(message.topic)  # type: ignore[attr-defined]
-        data = encode_publish5(message.topic_bytes, message.payload,  # type: ignore[attr-defined]
+        topic: bytes = message.topic_bytes  # type: ignore[attr-defined]
+        new_alias = False
+        if self.alias_max:
+            aliases = self.aliases
+            alias = aliases.get(topic)
+            if alias is not None:
+                body += b"\x23" + _U16.pack(alias)
+                topic = b""  # the client knows the alias [MQTT-3.3.2-12]
+            elif len(aliases) < self.alias_max:
+                alias = aliases[topic] = len(aliases) + 1
+                body += b"\x23" + _U16.pack(alias)
+                new_alias = True
+        data = encode_publish5(topic, message.payload,  # type: ignore[attr-defined]
                                qos, retain, dup, packet_id, body)
         if self.max_packet_size and len(data) > self.max_packet_size:
+            if new_alias:
+                del self.aliases[topic]  # never reached the client
             return False
         out += data
         return True
+
+    def encode_ack(self, packet: SubAck5 | UnsubAck5) -> bytes:
+        """A SUBACK/UNSUBACK for this client, with a reason string on failure codes when
+        it asked for them and they fit (``reasons5.encode_with_reason``)."""
+        return encode_with_reason(packet, self.problem_info, self.max_packet_size)
 
 
 def retain_flag(client_id: str, options: dict[str, int], message: object, retain: bool,
