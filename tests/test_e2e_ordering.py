@@ -10,6 +10,8 @@ about half of the messages.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mqtt_client import CONNACK, PUBLISH, SUBACK, connect, publish, subscribe
@@ -17,6 +19,9 @@ from mqtt_client import CONNACK, PUBLISH, SUBACK, connect, publish, subscribe
 pytestmark = pytest.mark.timeout(60)
 
 ROUNDS = 60
+#: Between A's PINGRESP and the round: well below ``park_idle_after`` (0.1 s) so A keeps its
+#: task, well above the microseconds A needs to finish its read.
+GAP = 0.02
 
 
 def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, uid):
@@ -57,3 +62,56 @@ def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, ui
     missed = [t for t in topics if t not in topics_seen]
     assert not missed, f"{len(missed)} of {ROUNDS} messages missed: {missed[:5]}"
 
+
+
+def test_order_holds_when_the_subscriber_was_parked_and_the_publisher_was_not(tmp_path, uid):
+    """The same when B's connection sat idle in the parking lot (its bytes resume it) and
+    A's had its task: a resumed connection's bytes are handled as soon as an active one's
+    would be.  Found by Paho's ``client_test5.py`` (``test_request_response`` after
+    ``test_redelivery_on_reconnect``: its 0.5 s waits put B in the lot and A just outside)."""
+    from mqtt_client import PINGREQ_BYTES, PINGRESP, RawClient
+    from mqttring import BrokerConfig, Limits, MqttRingBroker
+
+    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path,
+                                         sys_interval=0, limits=Limits(park_idle_after=0.1)))
+    port = broker.start().mqtt
+    clients: list[RawClient] = []
+    try:
+        pub, sub = (RawClient("127.0.0.1", port) for _ in range(2))
+        clients += [pub, sub]
+        pub.send(connect(uid("parked-pub")))
+        pub.expect(CONNACK)
+        sub.send(connect(uid("parked-sub")))
+        sub.expect(CONNACK)
+        barrier = uid("parked-barrier")
+        sub.send(subscribe(1, [(barrier, 0)]))
+        sub.expect(SUBACK)
+        topics = [uid(f"parked-{i}") for i in range(20)]
+        seen: list[str] = []
+        for i, topic in enumerate(topics):
+            deadline = time.monotonic() + 10
+            while broker.metrics.clients_parked < 2:  # both idle in the lot
+                assert time.monotonic() < deadline, "connections never parked"
+                time.sleep(0.01)
+            pub.send(PINGREQ_BYTES)  # A gets its task back and keeps it for a while
+            pub.expect(PINGRESP)
+            # A's task is back to waiting for bytes (not still reading the PINGREQ: a task
+            # in the middle of a read may find A's next bytes before the node learns of
+            # B's, which no scheduling can order); B stays in the lot.
+            time.sleep(GAP)
+            sub.send(subscribe(i + 2, [(topic, 0)]))
+            pub.send(publish(topic, f"m{i}".encode()))
+            got = sub.recv_packet()
+            while got.type == PUBLISH:
+                seen.append(got.topic)
+                got = sub.recv_packet()
+            assert got.type == SUBACK and got.packet_id == i + 2, got
+        pub.send(publish(barrier, b"end"))
+        while (got := sub.expect(PUBLISH)).topic != barrier:
+            seen.append(got.topic)
+        missed = [t for t in topics if t not in seen]
+        assert not missed, f"{len(missed)} of {len(topics)} messages missed; seen {seen}"
+    finally:
+        for client in clients:
+            client.close()
+        broker.stop()

@@ -208,11 +208,12 @@ class ClientHandler:
         """Serve the connection until it ends, or until it parks (idle: its task ends and
         the parking lot runs this again when there is something to do)."""
         core = self.core
-        self._parked = False
+        resumed, self._parked = self._parked, False
         timed_out = parked = False
         try:
             while True:
-                park, timed_out = await self._serve()
+                park, timed_out = await self._serve(resumed)
+                resumed = False
                 if not park:
                     break
                 if self._park():
@@ -235,15 +236,16 @@ class ClientHandler:
             if not parked:
                 await self._close(timed_out)
 
-    async def _serve(self) -> tuple[bool, bool]:
-        """One stretch of the connection's life with a task: (parks now, timed out)."""
+    async def _serve(self, resumed: bool = False) -> tuple[bool, bool]:
+        """One stretch of the connection's life with a task: (parks now, timed out).
+        ``resumed``: by the parking lot (its bytes, if that is why, are read at once)."""
         park = False
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
                 if self.conn.pending_output:
                     self.wake()  # resumed for a delivery
-                park = await self._reader(nursery.cancel_scope)
+                park = await self._reader(nursery.cancel_scope, resumed)
                 # What was read is still handled (a PUBLISH sent just before the client
                 # closed its socket is routed); the acceptor runs only while there are
                 # events, like the writer, so an idle connection costs no task for it.
@@ -327,7 +329,7 @@ class ClientHandler:
         else:
             timer.deadline = math.inf
 
-    async def _reader(self, timer: trio.CancelScope) -> bool:
+    async def _reader(self, timer: trio.CancelScope, resumed: bool = False) -> bool:
         """Feed the protocol machine until the peer leaves, breaks a rule or times out
         (False), or until the connection has been idle ``park_idle_after`` (True: park).
 
@@ -345,11 +347,17 @@ class ClientHandler:
         park_after = core.limits.park_idle_after if self._parking is not None else 0.0
         if conn.state is ConnState.AWAIT_CONNECT:
             self._connect_deadline = trio.current_time() + core.limits.connect_timeout
+        # Resumed because bytes came: take them now, with no further scheduler pass, so they
+        # are handled no later than a connection with a task would handle its own (arrival
+        # order across connections, ``broker/scheduling.py``).  Only TCP connections park.
+        ready = transport.receive_ready() if resumed else None  # type: ignore[attr-defined]
         while True:
             if conn.closed:
                 return False  # kicked (while parked, say)
             self._arm(timer)
-            if park_after:
+            if ready is not None:
+                data, ready = ready, None
+            elif park_after:
                 # Also while busy: the connection may fall idle during this wait (its
                 # CONNECT accepted, its output flushed), and is checked when it ends.
                 self._active = False

@@ -89,11 +89,28 @@ class TcpTransport:
         while True:
             try:
                 await trio.lowlevel.wait_readable(sock)
-                return sock.recv(RECEIVE_SIZE)
+                data = sock.recv(RECEIVE_SIZE)
             except BlockingIOError:
                 continue
             except (OSError, trio.ClosedResourceError):
                 return b""
+            # One scheduler pass between the bytes and their handling on every path, as
+            # above: a parked connection's bytes (``receive_ready``, one pass through the
+            # parking lot) then reach the core as soon as these would, and bytes of two
+            # connections are handled in the order they arrived (``broker/scheduling.py``).
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+
+    def receive_ready(self) -> bytes | None:
+        """What the socket holds now, without waiting or yielding; None if nothing (b"":
+        closed).  For a connection the parking lot resumed because it was readable: the
+        lot's wake-up was its scheduler pass."""
+        try:
+            return self.sock.recv(RECEIVE_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
 
     async def send(self, data: bytes) -> None:
         view = memoryview(data)
