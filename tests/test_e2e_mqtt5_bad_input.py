@@ -10,7 +10,15 @@ import pytest
 from conftest import BrokerHandle, unique
 from mqtt5_support import Paho5, Raw5
 from mqttring.protocol.codec5 import encode5
-from mqttring.protocol.packets5 import ConnAck5, Connect5, Disconnect5, PubAck5, Publish5
+from mqttring.protocol.packets5 import (
+    ConnAck5,
+    Connect5,
+    Disconnect5,
+    PubAck5,
+    Publish5,
+    PubRec5,
+    PubRel5,
+)
 from mqttring.protocol.properties import Properties, PropertyId
 
 
@@ -111,6 +119,30 @@ def test_receive_maximum_exceeded(broker: BrokerHandle, raw5: Callable[[], Raw5]
             break
     assert isinstance(packet, Disconnect5) and packet.reason_code == 0x93, packet
     assert client.closed()
+    _still_serving(broker)
+
+
+def test_the_reason_arrives_while_the_client_keeps_sending(broker: BrokerHandle,
+                                                          raw5: Callable[[], Raw5]) -> None:
+    """A QoS 2 client answers each PUBREC with a PUBREL while the broker closes on it for
+    exceeding its Receive Maximum (as Paho's ``test_flow_control2`` does): every PUBREL
+    must be taken, and the connection end in a close, not a reset: closing a socket with
+    unread bytes resets it, and a client whose write then fails (Paho's test client, 4 runs
+    in 5) never reads the DISCONNECT 0x93 that says why."""
+    for round_ in range(5):
+        client = raw5()
+        connack = client.connect(unique(f"flood-on-{round_}"))
+        maximum = connack.properties.get(PropertyId.RECEIVE_MAXIMUM)  # type: ignore[union-attr]
+        assert isinstance(maximum, int)
+        for i in range(maximum + 1):  # one write each, so PUBRECs flow back meanwhile
+            client.send(encode5(Publish5("t/flood-on", b"x", 2, packet_id=i + 1)))
+        packet = client.recv()
+        while isinstance(packet, PubRec5):
+            client.send(encode5(PubRel5(packet.packet_id)))  # raises if the broker reset us
+            packet = client.recv()
+        assert isinstance(packet, Disconnect5) and packet.reason_code == 0x93, packet
+        assert client.closed()
+        client.close()
     _still_serving(broker)
 
 
