@@ -82,3 +82,26 @@ def test_quick_compare_against_in_process_mqttring(tmp_path):
     assert scen["latency"]["status"] == "ok"
     assert 0 < scen["latency"]["p50_ms"] <= scen["latency"]["p99_ms"] < 1000
     assert results["machine"]["cores_logical"] >= 1
+
+
+def test_a_reference_that_lost_messages_is_still_compared_with_its_loss_said():
+    """mosquitto failing fan-in QoS 1 only because it lost acknowledged messages still gives
+    the rate mqttring is measured against (the report says so); mqttring losing any fails."""
+    from benchmarks.report import targets
+
+    def run(mine: dict, theirs: dict) -> dict:
+        results = {"brokers": {"mqttring": {"scenarios": {"fanin_qos1": mine}},
+                               "mosquitto": {"scenarios": {"fanin_qos1": theirs}}}}
+        (verdict,) = [t for t in targets(results) if t["target"].startswith("fan-in QoS 1")]
+        return verdict
+
+    lossy = {"status": "failed", "deliveries_per_s": 120000.0, "lost": 364,
+             "error": "QoS 1 loss: 364 acknowledged deliveries never arrived"}
+    verdict = run({"status": "ok", "deliveries_per_s": 80000.0, "lost": 0}, lossy)
+    assert verdict["met"] is True and verdict["value"] == 0.67
+    assert "mosquitto lost 364 acknowledged messages" in verdict["detail"]
+    mine_lossy = run({"status": "failed", "deliveries_per_s": 80000.0, "lost": 1,
+                      "error": "QoS 1 loss"}, lossy)
+    assert mine_lossy["met"] is False
+    broken = {"status": "failed", "error": "broker died"}  # no rate at all: not evaluated
+    assert run({"status": "ok", "deliveries_per_s": 80000.0, "lost": 0}, broken)["met"] is None
