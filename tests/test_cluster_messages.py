@@ -219,8 +219,13 @@ async def test_an_ack_wakes_its_request_with_the_typed_body() -> None:
 
 
 class _Anything:
+    """Any attribute, at any depth (``sessions.relay.on_sack``), is a do-nothing handler."""
+
     def __getattr__(self, name: str) -> Any:
-        return lambda *args: None
+        return _Anything()
+
+    def __call__(self, *args: Any) -> None:
+        return None
 
 
 def test_the_dispatch_table_covers_every_message_but_ack() -> None:

@@ -8,7 +8,7 @@ loop; their cost is one pass over this node's clients or sessions, bounded by ``
 
 A node reports the connections it holds (its ``clients``), and the subscriptions of the
 sessions it holds (``core.sessions``).  In a cluster a persistent session lives at its home
-node while its connection may be on another (``mqttring.cluster.sessions``): the connection's
+node while its connection may be on another (``mqttring.cluster.relay``): the connection's
 node holds only a stand-in, whose figures are not the session's, so the HTTP layer asks the
 home for them (``session_counts``).
 """

@@ -74,9 +74,10 @@ from mqttring.cluster.messages import (
     WillRegister,
     WireMessage,
 )
+from mqttring.cluster.relay import RemoteSession
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter, request_timeout
-from mqttring.cluster.sessions import ClusterSessions, RemoteSession
+from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
@@ -430,7 +431,7 @@ class DataPlane:
                 handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
             self.router.forget(session, moving=True)
             del self.core.sessions[client_id]
-            self.sessions.proxies.pop(client_id, None)
+            self.sessions.relay.proxies.pop(client_id, None)
             self.core.wakers.pop(client_id, None)
 
     async def _catch_up(self, shards: list[int]) -> None:
@@ -514,6 +515,7 @@ class DataPlane:
         that wait.  Every type of ``LinkMessage`` but ``Ack`` (``Links`` handles it) is here;
         ``tests/test_cluster_messages.py`` checks that none is missing."""
         router, sessions, replicator = self.router, self.sessions, self.replicator
+        relay = sessions.relay
 
         def task(fn: Callable[..., Awaitable[Any]], with_node: bool = True
                  ) -> Callable[[str, Any], None]:
@@ -541,11 +543,11 @@ class DataPlane:
             SessionKick: sessions.on_skick,
             WillRegister: lambda node, msg: sessions.on_wreg(msg),
             WillDelete: lambda node, msg: sessions.on_wdel(msg),
-            SessionBytes: lambda node, msg: sessions.on_sbytes(msg),
-            SessionAck: task(sessions.on_sack, with_node=False),
-            InboundQos2: task(sessions.on_q2),
-            SessionSubscribe: task(sessions.on_ssub, with_node=False),
-            SessionUnsubscribe: task(sessions.on_sunsub, with_node=False),
+            SessionBytes: lambda node, msg: relay.on_sbytes(msg),
+            SessionAck: task(relay.on_sack, with_node=False),
+            InboundQos2: task(relay.on_q2),
+            SessionSubscribe: task(relay.on_ssub, with_node=False),
+            SessionUnsubscribe: task(relay.on_sunsub, with_node=False),
         }
 
     def _on_message(self, node: str, msg: LinkMessage) -> None:

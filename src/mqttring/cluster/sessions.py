@@ -15,13 +15,10 @@ The *home* of a client id is the owner of ``shard(client id)`` in the current vi
   it.  A clean DISCONNECT (``sclose`` without will) removes the will.
 * **Clean sessions** live at the edge (their subscriptions route straight to it).
 * **Persistent sessions** live at the home, always: their subscriptions route to the home,
-  which stores every queued QoS 1/2 message (replicated to the shard's replicas) and runs
-  the ``Session`` machine (windows, packet ids, DUP resends, QoS 2 state).  When the client
-  is connected to another node, the home ships the session's encoded output to that edge
-  (``sbytes``), and the edge forwards the client's PUBACK/PUBREC/PUBCOMP (``sack``),
-  SUBSCRIBE/UNSUBSCRIBE (``ssub``/``sunsub``, answered by the home in the byte stream, so a
-  SUBACK can never overtake nor follow the retained messages it announces) and inbound QoS 2
-  ids (``q2``).  The edge holds a ``RemoteSession`` stand-in for the protocol machine.
+  which stores every queued QoS 1/2 message and runs the ``Session`` machine.  When the
+  client is connected to another node, ``mqttring.cluster.relay`` carries the session's
+  bytes to that edge and the client's acknowledgements back (``SessionRelay``); this module
+  decides when that relay begins (an accepted ``sopen``) and ends (the registration ends).
 
 Fenced node (``mqttring.cluster.plane``): it refuses every CONNECT and every ``sopen`` (it
 cannot prove it is still the lock for any id), and the wills it owes are held back: if the
@@ -38,10 +35,9 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -58,27 +54,21 @@ from mqttring.broker.sessions import (
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
-    InboundQos2,
-    SessionAck,
-    SessionBytes,
     SessionClose,
     SessionKick,
     SessionOpen,
     SessionOpened,
-    SessionSubscribe,
-    SessionUnsubscribe,
     V5Client,
     WillDelete,
     WillRegister,
     WillSpec,
 )
+from mqttring.cluster.relay import RemoteSession, SessionRelay
 from mqttring.lsm import Durability
-from mqttring.protocol.codec import encode
-from mqttring.protocol.packets import Connect, SubAck, UnsubAck, Will
-from mqttring.protocol.packets5 import Connect5, SubAck5, UnsubAck5, Will5
+from mqttring.protocol.packets import Connect, Will
+from mqttring.protocol.packets5 import Connect5, Will5
 from mqttring.protocol.properties import PropertyId, decode_properties, encode_properties
-from mqttring.protocol.session import Message, Session
-from mqttring.protocol.session5 import ClientLimits5, retained_wanted
+from mqttring.protocol.session import Session
 from mqttring.raft.view import ClusterView
 
 if TYPE_CHECKING:
@@ -118,106 +108,6 @@ def will_from_wire(spec: WillSpec | None) -> Will | Will5 | None:
     return Will(spec.topic, spec.payload, spec.qos, spec.retain)
 
 
-class RemoteSession(Session):
-    """Edge-side stand-in for a persistent session whose home is another node.
-
-    The protocol machine at the edge talks to it like to any session; it does no I/O of its
-    own.  What the client acknowledges (PUBACK, PUBREC, PUBCOMP) is handed at once to
-    ``on_ack`` (the cluster session manager forwards it to the home, whose window it
-    frees); the inbound QoS 2 ids the client opens and releases are recorded as changes,
-    which ``ClusterSessions.persist`` forwards (durably before a PUBREC).
-    """
-
-    __slots__ = ("home", "on_ack", "pending", "q2_changes", "token")
-
-    def __init__(self, client_id: str, home: str, token: str,
-                 subscriptions: dict[str, int], inbound_qos2: Iterable[int],
-                 on_ack: Callable[[RemoteSession, int, int], None]) -> None:
-        super().__init__(client_id, False)
-        self.home = home
-        self.token = token
-        self.subscriptions = dict(subscriptions)
-        self.inbound_qos2 = dict.fromkeys(inbound_qos2)
-        self.q2_changes: dict[int, bool] = {}
-        #: Called with (this session, packet type, packet id) for each acknowledgement.
-        self.on_ack = on_ack
-        #: Bytes from the home that arrived before the connection was accepted.
-        self.pending = bytearray()
-        self.output = self.pending  # sbytes land here until attach()
-
-    def attach(self, output: bytearray, now: float = 0.0) -> None:
-        output += self.pending  # after the CONNACK that accept() just wrote
-        self.pending = output
-        self.output = output
-
-    def detach(self) -> None:
-        self.output = None
-
-    def deliver(self, message: Message, qos: int, retain: bool = False,
-                now: float = 0.0) -> None:
-        raise RuntimeError("messages for a remote session are routed to its home")
-
-    def on_puback(self, packet_id: int, pump: bool = True) -> bool:
-        self.on_ack(self, 4, packet_id)  # the home refills the window (``pump`` is its)
-        return True
-
-    def on_pubrec(self, packet_id: int) -> bool:
-        self.on_ack(self, 5, packet_id)
-        return True
-
-    def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
-        self.on_ack(self, 7, packet_id)
-        return True
-
-    def pump(self) -> None:
-        """Nothing is queued here: the home sends what the freed window lets through."""
-
-    def begin_inbound_qos2(self, packet_id: int) -> bool:
-        if packet_id in self.inbound_qos2:
-            return False
-        self.inbound_qos2[packet_id] = None
-        self.q2_changes[packet_id] = True
-        return True
-
-    def release_inbound_qos2(self, packet_id: int) -> None:
-        if packet_id in self.inbound_qos2:
-            del self.inbound_qos2[packet_id]
-            self.q2_changes[packet_id] = False
-
-    def has_changes(self) -> bool:
-        return bool(self.q2_changes)
-
-    def take_changes(self) -> tuple[dict[int, Any], dict[int, bool]]:
-        changes, self.q2_changes = self.q2_changes, {}
-        return {}, changes
-
-
-class SessionProxy:
-    """Home-side waker: ships a persistent session's output to the edge that holds it."""
-
-    __slots__ = ("client_id", "links", "node", "output", "token")
-
-    def __init__(self, links: Links, node: str, client_id: str, token: str) -> None:
-        self.links = links
-        self.node = node
-        self.client_id = client_id
-        self.token = token
-        self.output = bytearray()
-
-    def wake(self) -> None:
-        if self.output:
-            self.links.send(self.node, SessionBytes(self.client_id, self.token,
-                                                    bytes(self.output)))
-            self.output.clear()
-
-    def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
-        """Close the connection at the edge (its will is published as for any unclean
-        close: the edge reports the close, and this registration is still current), which
-        tells an MQTT 5 client ``code`` (a slow consumer's 0x97)."""
-        self.links.send(self.node, SessionKick(0, self.client_id, self.token,
-                                               0x8E if code is None else code))
-
-
 class ClusterSessions(LocalSessions):
     """The cluster's ``SessionManager``; see the module docstring."""
 
@@ -245,8 +135,9 @@ class ClusterSessions(LocalSessions):
         #: Every local connection by token, from the first moment of its CONNECT: a takeover
         #: may arrive while the connection is still waiting for its home's answer.
         self.by_token: dict[str, ClientHandler] = {}
-        self.proxies: dict[str, SessionProxy] = {}
-        self.remote: dict[tuple[str, str], RemoteSession] = {}
+        #: The session bytes and acknowledgements of persistent sessions whose client is
+        #: connected to another node than their home (``mqttring.cluster.relay``).
+        self.relay = SessionRelay(core, links)
         self._locks: dict[str, trio.Lock] = {}
         #: Tokens are ``node:life:counter``: a restarted edge must never reuse a token its
         #: previous life registered, or a home would take a new connection for the old one.
@@ -283,10 +174,7 @@ class ClusterSessions(LocalSessions):
         v5 = None if link is None else V5Client(
             link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close,
             link.client_alias_max, link.problem_info)
-        stand_in = None
-        if not clean:
-            stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
-            self.remote[(client_id, token)] = stand_in
+        stand_in = None if clean else self.relay.stand_in(client_id, home, token)
         try:
             answer = await self.links.request(
                 home, SessionOpen(0, client_id, self.node_id, token, clean,
@@ -295,7 +183,7 @@ class ClusterSessions(LocalSessions):
                 # be closed, each up to ``patience``: never give up before it answers.
                 timeout=2 * self.patience + 5.0, expect=SessionOpened)
         except (PeerUnavailable, RemoteError) as exc:
-            self.remote.pop((client_id, token), None)
+            self.relay.drop(client_id, token)
             self.by_token.pop(token, None)
             raise SessionUnavailable(f"home {home} of {client_id!r}: {exc}") from exc
         if stand_in is None:
@@ -314,7 +202,7 @@ class ClusterSessions(LocalSessions):
         handler.owed_will = owed_will
         if isinstance(session, RemoteSession):
             session.detach()
-            self.remote.pop((session.client_id, session.token), None)
+            self.relay.drop(session.client_id, session.token)
         else:
             await self.unbind(handler, session)
         handler.will = None  # the home holds the will and publishes it if owed
@@ -335,49 +223,22 @@ class ClusterSessions(LocalSessions):
         local = []
         for session in sessions:
             if isinstance(session, RemoteSession):
-                _, changes = session.take_changes()
-                if not changes:
-                    continue
-                message = InboundQos2(0, session.client_id, session.token, list(changes.items()))
-                if durability is Durability.DURABLE:
-                    await self.links.request(session.home, message)
-                else:
-                    self.links.send(session.home, message)
+                await self.relay.forward_changes(session, durability)
             else:
                 local.append(session)
         if local:
             await super().persist(local, durability)
 
-    def _forward_ack(self, session: RemoteSession, kind: int, packet_id: int) -> None:
-        """The client acknowledged a message its home sent: tell the home (it frees the
-        window and forgets the message there)."""
-        self.links.send(session.home, SessionAck(session.client_id, session.token, kind,
-                                                 packet_id))
-
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
                           options: tuple[int, ...] | None = None,
                           subscription_id: int = 0) -> bool:
-        if not isinstance(session, RemoteSession):
-            return False
-        self.links.send(session.home, SessionSubscribe(
-            session.client_id, session.token, packet_id, list(topics),
-            None if options is None else list(options), subscription_id))
-        return True
+        return self.relay.forward_subscribe(session, packet_id, topics, options,
+                                            subscription_id)
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
                             topics: tuple[str, ...]) -> bool:
-        if not isinstance(session, RemoteSession):
-            return False
-        self.links.send(session.home, SessionUnsubscribe(session.client_id, session.token,
-                                                         packet_id, list(topics)))
-        return True
-
-    def on_sbytes(self, message: SessionBytes) -> None:
-        stand_in = self.remote.get((message.client_id, message.token))
-        if stand_in is not None and stand_in.output is not None:
-            stand_in.output += message.data
-            self.core.wake(message.client_id)
+        return self.relay.forward_unsubscribe(session, packet_id, topics)
 
     def on_skick(self, node: str, message: SessionKick) -> None:
         self._kick_token(message.token, message.reason_code)
@@ -387,7 +248,7 @@ class ClusterSessions(LocalSessions):
         handler = self.by_token.pop(token, None)
         if handler is not None:
             if handler.client_id is not None:
-                self.remote.pop((handler.client_id, token), None)
+                self.relay.drop(handler.client_id, token)
             handler.will = None  # the home publishes it
             # MQTT 5: "session taken over" (if it was accepted), or the home's reason
             handler.goodbye(reason_code)
@@ -443,7 +304,7 @@ class ClusterSessions(LocalSessions):
             if previous is not None and previous.token != token:
                 log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node,
                          extra={"client_id": client_id, "event": "takeover"})
-                self._detach_proxy(client_id, previous.token)
+                self.relay.detach_proxy(client_id, previous.token)
                 if previous.node == self.node_id:
                     old = self.by_token.get(previous.token)
                     if old is not None:
@@ -485,7 +346,7 @@ class ClusterSessions(LocalSessions):
             return False  # a connection that was already replaced
         del self.registrations[client_id]
         self._replicate(client_id, WillDelete(client_id, token))
-        self._detach_proxy(client_id, token)
+        self.relay.detach_proxy(client_id, token)
         if publish_will:
             await self._publish_will(client_id, current.will, reason)
         return True
@@ -562,17 +423,6 @@ class ClusterSessions(LocalSessions):
         """Declared down: the will keepers on the majority side published these."""
         self.owed_wills.clear()
 
-    def _detach_proxy(self, client_id: str, token: str) -> None:
-        proxy = self.proxies.get(client_id)
-        if proxy is None or proxy.token != token:
-            return
-        del self.proxies[client_id]
-        if self.core.wakers.get(client_id) is proxy:
-            del self.core.wakers[client_id]
-        session = self.core.sessions.get(client_id)
-        if session is not None and session.output is proxy.output:
-            session.detach()
-
     async def on_sopen(self, node: str, message: SessionOpen) -> None:
         req, client_id, edge, token, clean = (message.req, message.client_id, message.edge,
                                               message.token, message.clean)
@@ -593,24 +443,7 @@ class ClusterSessions(LocalSessions):
                     del self.core.sessions[client_id]
                 self.links.reply(node, req, True, SessionOpened(False, [], []))
                 return
-            # The ACL's view of the client, before attach: queued messages are checked too.
-            session.access = self.core.access_for(message.username, client_id)
-            # Its protocol: an MQTT 5 client's session output is encoded as v5 here.
-            self.core.bind_protocol(session, None if v5 is None else ClientLimits5(
-                v5.max_packet_size, v5.receive_maximum, v5.topic_alias_maximum,
-                v5.problem_info))
-            proxy = SessionProxy(self.links, edge, client_id, token)
-            self.proxies[client_id] = proxy
-            self.core.wakers[client_id] = proxy
-            self.links.reply(node, req, True, SessionOpened(
-                present, list(session.subscriptions.items()), sorted(session.inbound_qos2),
-                list(session.kept_options.items()) if session.kept_options else None))
-            # Resends inflight with DUP, fills the window; drops queued messages whose
-            # wall-clock deadline passed while the client was away.
-            session.attach(proxy.output, time.time())
-            proxy.wake()
-            if session.has_changes():
-                await self.core.session_store.save_changes([session], Durability.LAZY)
+            await self.relay.serve(node, message, session, present)
         except (PeerUnavailable, RemoteError, SessionUnavailable, OSError) as exc:
             self.links.reply(node, req, False, str(exc))
         except Exception:
@@ -625,73 +458,6 @@ class ClusterSessions(LocalSessions):
         if current and message.session_expiry is not None and session is not None:
             # MQTT 5: the session's expiry runs here, at its home, by wall clock.
             await self.session_expiry_at_close(session, message.session_expiry)
-
-    def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
-        proxy = self.proxies.get(client_id)
-        session = self.core.sessions.get(client_id)
-        if proxy is None or proxy.token != token or session is None:
-            return None
-        return session, proxy
-
-    async def on_sack(self, message: SessionAck) -> None:
-        found = self._proxied(message.client_id, message.token)
-        if found is None:
-            return
-        session, proxy = found
-        acknowledge = {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}
-        acknowledge[message.packet_type](message.packet_id)
-        proxy.wake()
-        self.core.flow.room_made(message.client_id)
-        if session.has_changes():
-            await self.core.session_store.save_changes([session], Durability.LAZY)
-
-    async def on_q2(self, node: str, message: InboundQos2) -> None:
-        req = message.req
-        found = self._proxied(message.client_id, message.token)
-        if found is None:
-            self.links.reply(node, req, False, "not the registered connection")
-            return
-        session, _ = found
-        for packet_id, added in message.changes:
-            if added:
-                session.begin_inbound_qos2(packet_id)
-            else:
-                session.release_inbound_qos2(packet_id)
-        durability = Durability.DURABLE if req else Durability.LAZY
-        await self.core.session_store.save_changes([session], durability)
-        self.links.reply(node, req, True)
-
-    async def on_ssub(self, message: SessionSubscribe) -> None:
-        found = self._proxied(message.client_id, message.token)
-        if found is None:
-            return
-        session, proxy = found
-        pairs = tuple(message.topics)
-        options = None if message.options is None else tuple(message.options)
-        replay = retained_wanted(session, pairs, options)
-        codes = await self.core.subscribe(session, pairs, options, message.subscription_id)
-        if session.v5 is not None:
-            proxy.output += session.v5.encode_ack(SubAck5(message.packet_id, tuple(codes)))
-        else:
-            proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
-        proxy.wake()
-        await self.core.deliver_retained(session, pairs, codes, replay)
-
-    async def on_sunsub(self, message: SessionUnsubscribe) -> None:
-        found = self._proxied(message.client_id, message.token)
-        if found is None:
-            return
-        session, proxy = found
-        codes = [0 if f in session.subscriptions else 0x11 for f in message.topics]
-        for topic_filter in message.topics:
-            self.core.router.unsubscribe(session, topic_filter)
-        session.forget_options(message.topics)
-        await self.core.session_store.save_subscriptions(session)
-        if session.v5 is not None:
-            proxy.output += session.v5.encode_ack(UnsubAck5(message.packet_id, tuple(codes)))
-        else:
-            proxy.output += encode(UnsubAck(message.packet_id))
-        proxy.wake()
 
     # -- membership changes -----------------------------------------------------------------
 
@@ -769,3 +535,7 @@ class ClusterSessions(LocalSessions):
                 log.info("re-registering %r at %s: %s; retrying", handler.client_id, home, exc)
             await self.wait_for_view_change(0.5)
             home = self.home(handler.client_id)
+
+
+__all__ = ["ClusterSessions", "Registration", "RemoteSession", "will_from_wire",
+           "will_to_wire"]

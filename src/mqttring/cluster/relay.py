@@ -1,0 +1,328 @@
+"""Persistent sessions served across nodes: the machine at the home, the client at an edge.
+
+Theory of operation
+-------------------
+A persistent session lives at the home of its client id, always (``mqttring.cluster.sessions``
+decides which node that is and holds the id's lock and will).  Its subscriptions route to the
+home, which stores every queued QoS 1/2 message (replicated to the shard's replicas) and runs
+the ``Session`` machine (windows, packet ids, DUP resends, QoS 2 state).  When the client is
+connected to another node (the *edge*), this module relays between the two:
+
+* **home -> edge.**  A ``SessionProxy`` is the session's waker at the home: it ships the
+  encoded output to the edge (``sbytes``) and can ask the edge to close the connection
+  (``skick``).
+* **edge -> home.**  A ``RemoteSession`` is the edge's stand-in for the protocol machine.
+  It forwards the client's PUBACK/PUBREC/PUBCOMP (``sack``), SUBSCRIBE/UNSUBSCRIBE
+  (``ssub``/``sunsub``, answered by the home in the byte stream, so a SUBACK can never
+  overtake nor follow the retained messages it announces) and inbound QoS 2 ids (``q2``,
+  durably before a PUBREC).
+
+Every relayed message carries the connection's token; the home serves only the proxy of the
+registered token, so a taken-over connection's late acknowledgements change nothing.
+
+Kept apart from the registrations because it is a different question: the lock and will
+keeper decide *whether* a connection is the client id's live one; the relay only carries a
+live connection's session bytes and acknowledgements, and does no locking of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from mqttring.cluster.links import Links
+from mqttring.cluster.messages import (
+    InboundQos2,
+    SessionAck,
+    SessionBytes,
+    SessionKick,
+    SessionOpen,
+    SessionOpened,
+    SessionSubscribe,
+    SessionUnsubscribe,
+)
+from mqttring.lsm import Durability
+from mqttring.protocol.codec import encode
+from mqttring.protocol.packets import SubAck, UnsubAck
+from mqttring.protocol.packets5 import SubAck5, UnsubAck5
+from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session5 import ClientLimits5, retained_wanted
+
+if TYPE_CHECKING:
+    from mqttring.broker.core import BrokerCore
+
+
+class RemoteSession(Session):
+    """Edge-side stand-in for a persistent session whose home is another node.
+
+    The protocol machine at the edge talks to it like to any session; it does no I/O of its
+    own.  What the client acknowledges (PUBACK, PUBREC, PUBCOMP) is handed at once to
+    ``on_ack`` (``SessionRelay`` forwards it to the home, whose window it frees); the
+    inbound QoS 2 ids the client opens and releases are recorded as changes, which
+    ``ClusterSessions.persist`` has the relay forward (durably before a PUBREC).
+    """
+
+    __slots__ = ("home", "on_ack", "pending", "q2_changes", "token")
+
+    def __init__(self, client_id: str, home: str, token: str,
+                 subscriptions: dict[str, int], inbound_qos2: Iterable[int],
+                 on_ack: Callable[[RemoteSession, int, int], None]) -> None:
+        super().__init__(client_id, False)
+        self.home = home
+        self.token = token
+        self.subscriptions = dict(subscriptions)
+        self.inbound_qos2 = dict.fromkeys(inbound_qos2)
+        self.q2_changes: dict[int, bool] = {}
+        #: Called with (this session, packet type, packet id) for each acknowledgement.
+        self.on_ack = on_ack
+        #: Bytes from the home that arrived before the connection was accepted.
+        self.pending = bytearray()
+        self.output = self.pending  # sbytes land here until attach()
+
+    def attach(self, output: bytearray, now: float = 0.0) -> None:
+        output += self.pending  # after the CONNACK that accept() just wrote
+        self.pending = output
+        self.output = output
+
+    def detach(self) -> None:
+        self.output = None
+
+    def deliver(self, message: Message, qos: int, retain: bool = False,
+                now: float = 0.0) -> None:
+        raise RuntimeError("messages for a remote session are routed to its home")
+
+    def on_puback(self, packet_id: int, pump: bool = True) -> bool:
+        self.on_ack(self, 4, packet_id)  # the home refills the window (``pump`` is its)
+        return True
+
+    def on_pubrec(self, packet_id: int) -> bool:
+        self.on_ack(self, 5, packet_id)
+        return True
+
+    def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
+        self.on_ack(self, 7, packet_id)
+        return True
+
+    def pump(self) -> None:
+        """Nothing is queued here: the home sends what the freed window lets through."""
+
+    def begin_inbound_qos2(self, packet_id: int) -> bool:
+        if packet_id in self.inbound_qos2:
+            return False
+        self.inbound_qos2[packet_id] = None
+        self.q2_changes[packet_id] = True
+        return True
+
+    def release_inbound_qos2(self, packet_id: int) -> None:
+        if packet_id in self.inbound_qos2:
+            del self.inbound_qos2[packet_id]
+            self.q2_changes[packet_id] = False
+
+    def has_changes(self) -> bool:
+        return bool(self.q2_changes)
+
+    def take_changes(self) -> tuple[dict[int, Any], dict[int, bool]]:
+        changes, self.q2_changes = self.q2_changes, {}
+        return {}, changes
+
+
+class SessionProxy:
+    """Home-side waker: ships a persistent session's output to the edge that holds it."""
+
+    __slots__ = ("client_id", "links", "node", "output", "token")
+
+    def __init__(self, links: Links, node: str, client_id: str, token: str) -> None:
+        self.links = links
+        self.node = node
+        self.client_id = client_id
+        self.token = token
+        self.output = bytearray()
+
+    def wake(self) -> None:
+        if self.output:
+            self.links.send(self.node, SessionBytes(self.client_id, self.token,
+                                                    bytes(self.output)))
+            self.output.clear()
+
+    def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
+        """Close the connection at the edge (its will is published as for any unclean
+        close: the edge reports the close, and this registration is still current), which
+        tells an MQTT 5 client ``code`` (a slow consumer's 0x97)."""
+        self.links.send(self.node, SessionKick(0, self.client_id, self.token,
+                                               0x8E if code is None else code))
+
+
+class SessionRelay:
+    """Both ends of the relay on one node: the stand-ins of its connections whose sessions
+    live elsewhere (``remote``) and the proxies of the sessions it is home to whose clients
+    are connected elsewhere (``proxies``).  ``ClusterSessions`` owns it and decides when a
+    stand-in or a proxy begins and ends; the link dispatch hands it the relayed messages."""
+
+    def __init__(self, core: BrokerCore, links: Links) -> None:
+        self.core = core
+        self.links = links
+        #: Edge side: stand-ins by (client id, connection token).
+        self.remote: dict[tuple[str, str], RemoteSession] = {}
+        #: Home side: the proxy of each session served to another node, by client id.
+        self.proxies: dict[str, SessionProxy] = {}
+
+    # -- edge side --------------------------------------------------------------------------
+
+    def stand_in(self, client_id: str, home: str, token: str) -> RemoteSession:
+        """A stand-in for connection ``token``, created before its ``sopen`` is sent: the
+        home's first ``sbytes`` may arrive before its answer is handled."""
+        stand_in = RemoteSession(client_id, home, token, {}, (), self._forward_ack)
+        self.remote[(client_id, token)] = stand_in
+        return stand_in
+
+    def drop(self, client_id: str, token: str) -> None:
+        self.remote.pop((client_id, token), None)
+
+    async def forward_changes(self, session: RemoteSession, durability: Durability) -> None:
+        _, changes = session.take_changes()
+        if not changes:
+            return
+        message = InboundQos2(0, session.client_id, session.token, list(changes.items()))
+        if durability is Durability.DURABLE:
+            await self.links.request(session.home, message)
+        else:
+            self.links.send(session.home, message)
+
+    def _forward_ack(self, session: RemoteSession, kind: int, packet_id: int) -> None:
+        """The client acknowledged a message its home sent: tell the home (it frees the
+        window and forgets the message there)."""
+        self.links.send(session.home, SessionAck(session.client_id, session.token, kind,
+                                                 packet_id))
+
+    def forward_subscribe(self, session: Session, packet_id: int,
+                          topics: tuple[tuple[str, int], ...],
+                          options: tuple[int, ...] | None = None,
+                          subscription_id: int = 0) -> bool:
+        if not isinstance(session, RemoteSession):
+            return False
+        self.links.send(session.home, SessionSubscribe(
+            session.client_id, session.token, packet_id, list(topics),
+            None if options is None else list(options), subscription_id))
+        return True
+
+    def forward_unsubscribe(self, session: Session, packet_id: int,
+                            topics: tuple[str, ...]) -> bool:
+        if not isinstance(session, RemoteSession):
+            return False
+        self.links.send(session.home, SessionUnsubscribe(session.client_id, session.token,
+                                                         packet_id, list(topics)))
+        return True
+
+    def on_sbytes(self, message: SessionBytes) -> None:
+        stand_in = self.remote.get((message.client_id, message.token))
+        if stand_in is not None and stand_in.output is not None:
+            stand_in.output += message.data
+            self.core.wake(message.client_id)
+
+    # -- home side --------------------------------------------------------------------------
+
+    async def serve(self, node: str, message: SessionOpen, session: Session,
+                    present: bool) -> None:
+        """Serve ``session`` (bound, registered) to the edge that opened it, and answer the
+        ``sopen``: the answer goes out before the session's first bytes (links keep order)."""
+        client_id, v5 = message.client_id, message.v5
+        # The ACL's view of the client, before attach: queued messages are checked too.
+        session.access = self.core.access_for(message.username, client_id)
+        # Its protocol: an MQTT 5 client's session output is encoded as v5 here.
+        self.core.bind_protocol(session, None if v5 is None else ClientLimits5(
+            v5.max_packet_size, v5.receive_maximum, v5.topic_alias_maximum,
+            v5.problem_info))
+        proxy = SessionProxy(self.links, message.edge, client_id, message.token)
+        self.proxies[client_id] = proxy
+        self.core.wakers[client_id] = proxy
+        self.links.reply(node, message.req, True, SessionOpened(
+            present, list(session.subscriptions.items()), sorted(session.inbound_qos2),
+            list(session.kept_options.items()) if session.kept_options else None))
+        # Resends inflight with DUP, fills the window; drops queued messages whose
+        # wall-clock deadline passed while the client was away.
+        session.attach(proxy.output, time.time())
+        proxy.wake()
+        if session.has_changes():
+            await self.core.session_store.save_changes([session], Durability.LAZY)
+
+    def detach_proxy(self, client_id: str, token: str) -> None:
+        proxy = self.proxies.get(client_id)
+        if proxy is None or proxy.token != token:
+            return
+        del self.proxies[client_id]
+        if self.core.wakers.get(client_id) is proxy:
+            del self.core.wakers[client_id]
+        session = self.core.sessions.get(client_id)
+        if session is not None and session.output is proxy.output:
+            session.detach()
+
+    def _proxied(self, client_id: str, token: str) -> tuple[Session, SessionProxy] | None:
+        proxy = self.proxies.get(client_id)
+        session = self.core.sessions.get(client_id)
+        if proxy is None or proxy.token != token or session is None:
+            return None
+        return session, proxy
+
+    async def on_sack(self, message: SessionAck) -> None:
+        found = self._proxied(message.client_id, message.token)
+        if found is None:
+            return
+        session, proxy = found
+        acknowledge = {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}
+        acknowledge[message.packet_type](message.packet_id)
+        proxy.wake()
+        self.core.flow.room_made(message.client_id)
+        if session.has_changes():
+            await self.core.session_store.save_changes([session], Durability.LAZY)
+
+    async def on_q2(self, node: str, message: InboundQos2) -> None:
+        req = message.req
+        found = self._proxied(message.client_id, message.token)
+        if found is None:
+            self.links.reply(node, req, False, "not the registered connection")
+            return
+        session, _ = found
+        for packet_id, added in message.changes:
+            if added:
+                session.begin_inbound_qos2(packet_id)
+            else:
+                session.release_inbound_qos2(packet_id)
+        durability = Durability.DURABLE if req else Durability.LAZY
+        await self.core.session_store.save_changes([session], durability)
+        self.links.reply(node, req, True)
+
+    async def on_ssub(self, message: SessionSubscribe) -> None:
+        found = self._proxied(message.client_id, message.token)
+        if found is None:
+            return
+        session, proxy = found
+        pairs = tuple(message.topics)
+        options = None if message.options is None else tuple(message.options)
+        replay = retained_wanted(session, pairs, options)
+        codes = await self.core.subscribe(session, pairs, options, message.subscription_id)
+        if session.v5 is not None:
+            proxy.output += session.v5.encode_ack(SubAck5(message.packet_id, tuple(codes)))
+        else:
+            proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
+        proxy.wake()
+        await self.core.deliver_retained(session, pairs, codes, replay)
+
+    async def on_sunsub(self, message: SessionUnsubscribe) -> None:
+        found = self._proxied(message.client_id, message.token)
+        if found is None:
+            return
+        session, proxy = found
+        codes = [0 if f in session.subscriptions else 0x11 for f in message.topics]
+        for topic_filter in message.topics:
+            self.core.router.unsubscribe(session, topic_filter)
+        session.forget_options(message.topics)
+        await self.core.session_store.save_subscriptions(session)
+        if session.v5 is not None:
+            proxy.output += session.v5.encode_ack(UnsubAck5(message.packet_id, tuple(codes)))
+        else:
+            proxy.output += encode(UnsubAck(message.packet_id))
+        proxy.wake()
+
+
+__all__ = ["RemoteSession", "SessionProxy", "SessionRelay"]
