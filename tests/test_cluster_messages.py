@@ -84,7 +84,7 @@ any_message = st.one_of([struct_strategy(cls) for cls in MESSAGE_TYPES])
 
 def test_every_message_type_is_tagged_and_in_the_union() -> None:
     tags = [cls.__struct_config__.tag for cls in MESSAGE_TYPES]
-    assert len(set(tags)) == len(tags) == 25
+    assert len(set(tags)) == len(tags) == 26
     assert set(REQUEST_TYPES) <= set(MESSAGE_TYPES)
     for cls in REQUEST_TYPES:
         assert cls.__struct_fields__[0] == "req", cls

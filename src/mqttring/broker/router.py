@@ -293,8 +293,11 @@ class LocalRouter:
         qos = granted if granted < message.qos else message.qos
         dropped = chosen.dropped
         copy = SharedMessage(message, share)
-        if origin is not None and chosen.clean_session:
-            self.copies.watch(copy, *origin)
+        if origin is not None:
+            if chosen.clean_session:
+                self.copies.watch(copy, *origin)
+            else:  # stored with the session: nothing for the origin to keep
+                self.copies.note(*origin)
         chosen.deliver(copy, qos, False, self._clock())
         del copy  # the session holds it now, or nobody: then it is gone at once
         self._metrics.shared_placed += 1

@@ -182,17 +182,19 @@ class SharedMessage(Message):
 
 
 class CopyWatch:
-    """Tells the node that placed a copy here (another node) when the copy is gone.
+    """Tells the node that placed a copy here when the copy is gone.
 
-    A cluster's dispatcher keeps each copy it placed with a clean member on another node
-    until it hears the copy is gone, so it can place it again if that node dies first
-    (``mqttring.cluster.shared``).  A copy is gone when its session lets go of it: the client
-    acknowledged it (PUBACK, PUBCOMP), or the session ended (its copies were handed back to
-    the share then).  The ``Session`` machine has no hooks, and must not get a callback per
-    acknowledgement for the sake of shares, so this watches the copy itself: a weak
-    reference whose finalizer notes ``(dispatcher, token)`` when CPython frees the copy,
-    which happens at once when the session drops its last reference.  The finalizer only
-    appends to a list; the cluster sends what ``take`` returns, batched, on a timer.
+    A cluster's dispatcher keeps each copy it placed with a clean member until it hears the
+    copy is gone, so it can place it again if the member's node dies first (a copy with a
+    member on the dispatcher's own node is kept at a witness node too, which the dispatcher
+    tells in turn: ``mqttring.cluster.shared``, ``mqttring.cluster.witness``).  A copy is
+    gone when its session lets go of it: the client acknowledged it (PUBACK, PUBCOMP), or
+    the session ended (its copies were handed back to the share then).  The ``Session``
+    machine has no hooks, and must not get a callback per acknowledgement for the sake of
+    shares, so this watches the copy itself: a weak reference whose finalizer notes
+    ``(dispatcher, token)`` when CPython frees the copy, which happens at once when the
+    session drops its last reference.  The finalizer only appends to a list; the cluster
+    sends what ``take`` returns, batched, on a timer.
     """
 
     __slots__ = ("_gone",)
@@ -201,9 +203,11 @@ class CopyWatch:
         self._gone: dict[str, list[int]] = {}
 
     def watch(self, copy: SharedMessage, origin: str, token: int) -> None:
-        weakref.finalize(copy, self._note, origin, token).atexit = False
+        weakref.finalize(copy, self.note, origin, token).atexit = False
 
-    def _note(self, origin: str, token: int) -> None:
+    def note(self, origin: str, token: int) -> None:
+        """The copy ``(origin, token)`` is gone, or was never watched here (it went to a
+        persistent member, whose copies are stored): the origin need not keep it."""
         self._gone.setdefault(origin, []).append(token)
 
     def take(self) -> dict[str, list[int]]:

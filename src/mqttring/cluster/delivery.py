@@ -321,8 +321,8 @@ class Deliveries:
     async def _deliver_here(self, items: list[Item], outcomes: list[ShareOutcome]
                             ) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
-        served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok, t.track)
-                             for m, t in items)
+        served = self._serve(((m, t.clean, t.shards, t.share, t.offline_ok, t.track)
+                              for m, t in items), self.node_id)
         outcomes.extend((*items[i], Placement(why), 0) for i, why in served.declined)
         outcomes.extend((*items[i], Placement.SERVED, n) for i, n in served.online)
         if served.to_persist:

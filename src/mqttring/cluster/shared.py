@@ -42,8 +42,11 @@ token carried in the ``DlvEntry``) until that node reports it gone (``SharedDone
 client acknowledged it, or it was handed back as above; ``CopyWatch`` notices on the member's
 node); when the node leaves the view, what it had not reported goes to other members
 (``on_view``), at least once.  Copies for persistent members need none of this: they are
-stored at the session's home and its replicas.  What this does not cover: the owner dying
-together with the member's node, or a member on the owner's own node dying with it.
+stored at the session's home and its replicas.  A copy placed with a clean member on the
+owner's own node would die with the owner's record of it: the owner records it at a witness
+node too, before acknowledging the publisher, and the witness places it again if the owner
+dies (``mqttring.cluster.witness``).  What this does not cover: the owner dying together
+with another member's node.
 
 QoS 0 goes the same way in a task of its own, so a plain publish never waits for it.
 """
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import trio
@@ -61,8 +65,15 @@ from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage,
 from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
 from mqttring.cluster.links import Links
-from mqttring.cluster.messages import Redispatch, SharedDone, SharedEntry
+from mqttring.cluster.messages import (
+    Redispatch,
+    SharedDone,
+    SharedEntry,
+    ShareTrack,
+    TrackedEntry,
+)
 from mqttring.cluster.viewchanges import ViewChanges
+from mqttring.cluster.witness import OwnCopies, WitnessBook, choose_witness
 from mqttring.protocol.session import Message
 from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
@@ -146,7 +157,13 @@ class ShareDispatch:
         #: node -> token -> (message, share): copies placed with clean members there and
         #: not yet reported gone; placed again if that node leaves the view first.
         self.unconfirmed: dict[str, dict[int, tuple[Message, str]]] = {}
-        self._tokens = itertools.count(1)
+        #: Tokens unique across this node's restarts (a witness may still hold records of
+        #: its former life): they start at the clock, in microseconds.
+        self._tokens = itertools.count(time.time_ns() // 1000)
+        #: Copies placed with clean members here, each recorded at a witness too.
+        self.own = OwnCopies()
+        #: Other owners' records of copies with clean members (we are their witness).
+        self.witnessed = WitnessBook()
         #: (share, target) -> members online there when last asked: a target's turns in
         #: the rotation, so that each member, not each node, gets an even share.
         self.weights: dict[tuple[str, str], int] = {}
@@ -199,20 +216,32 @@ class ShareDispatch:
         target."""
         view = self.view()
         pending = self.attempts(messages, view)
+        me = self.node_id
         while pending:
             by_node: dict[str, list[tuple[ShareAttempt, Item]]] = {}
+            to_witness: dict[str, list[TrackedEntry]] = {}
             for attempt in pending:
                 step = attempt.next(view)
                 if step is None:
                     log.debug("%r: no member of %s left", attempt.message.topic, attempt.share)
                     continue
                 node, item = step
-                if node != self.node_id and item[1].clean and attempt.message.qos:
-                    item = self._track(node, attempt, item)
+                if item[1].clean and attempt.message.qos:
+                    if node != me:
+                        item = self._track(node, attempt, item)
+                    else:
+                        item = self._witness(attempt, item, view, to_witness)
                 by_node.setdefault(node, []).append((attempt, item))
             declined: dict[tuple[int, str], Placement] = {}
             attempts_of: dict[tuple[int, str], ShareAttempt] = {}
-            if len(by_node) == 1:
+            if to_witness:  # recorded at the witness before the publisher is acknowledged
+                with peer_failures_unwrapped():
+                    async with trio.open_nursery() as nursery:
+                        for witness, entries in to_witness.items():
+                            nursery.start_soon(self._record, witness, entries)
+                        for node, asked in by_node.items():
+                            nursery.start_soon(self._ask, node, asked, declined, attempts_of)
+            elif len(by_node) == 1:
                 [(node, asked)] = by_node.items()
                 await self._ask(node, asked, declined, attempts_of)
             elif by_node:
@@ -244,7 +273,10 @@ class ShareDispatch:
                 continue
             declined[key] = why
             if targets.track:
-                self.unconfirmed.get(node, {}).pop(targets.track, None)
+                if node == self.node_id:
+                    self._tell_witnesses(self.own.gone((targets.track,)))
+                else:
+                    self.unconfirmed.get(node, {}).pop(targets.track, None)
 
     # -- copies placed on other nodes, until they are gone ----------------------------------
 
@@ -262,8 +294,67 @@ class ShareDispatch:
         tracked[token] = (attempt.message, attempt.share)
         return item[0], item[1]._replace(track=token)
 
+    def _witness(self, attempt: ShareAttempt, item: Item, view: ClusterView,
+                 to_witness: dict[str, list[TrackedEntry]]) -> Item:
+        """A copy for a clean member here: tracked here and recorded at a witness (added to
+        ``to_witness``), so that it outlives this node's death."""
+        message = attempt.message
+        token = next(self._tokens)
+        witness = choose_witness(view, view.shard_for_topic(message.topic), (self.node_id,))
+        self.metrics.shared_untracked += self.own.add(
+            token, SharedMessage(message, attempt.share), witness)
+        if witness is not None:
+            to_witness.setdefault(witness, []).append(TrackedEntry(
+                token, message.topic, message.payload, message.qos, attempt.share,
+                props_to_wire(message.props)))
+        return item[0], item[1]._replace(track=token)
+
+    #: Witnesses tried in turn for one round's records before giving up (then the records
+    #: wait for the next view change, ``OwnCopies.rewitness``).
+    WITNESS_TRIES = 3
+
+    async def _record(self, witness: str, entries: list[TrackedEntry]) -> None:
+        """Record ``entries`` at ``witness``, or at the next one if it fails to answer."""
+        tried: list[str] = [self.node_id]
+        candidate: str | None = witness
+        while candidate is not None and len(tried) <= self.WITNESS_TRIES:
+            try:
+                await self.links.request(candidate, ShareTrack(0, self.node_id, entries),
+                                         self.request_timeout)
+            except (PeerUnavailable, RemoteError) as exc:
+                log.info("witness %s did not record %d copies (%s)", candidate,
+                         len(entries), exc)
+                tried.append(candidate)
+                view = self.view()
+                candidate = choose_witness(view, view.shard_for_topic(entries[0].topic),
+                                           tried)
+                continue
+            if candidate != witness:
+                self.own.moved((e.token for e in entries), candidate)
+            return
+        log.warning("no witness recorded %d copies of shares (first %r): they are lost if "
+                    "this node dies before the next view change", len(entries),
+                    entries[0].topic)
+        self.own.moved((e.token for e in entries), None)
+
+    def _tell_witnesses(self, tell: dict[str, list[int]]) -> None:
+        for witness, tokens in tell.items():
+            self.links.send(witness, SharedDone(tokens, self.node_id))
+
+    def on_track(self, node: str, msg: ShareTrack) -> None:
+        """We are ``node``'s witness for these copies: record them, then answer."""
+        copies = ((e.token, SharedMessage(Message(e.topic, e.payload, e.qos, False,
+                                                  PublishProps.from_wire(e.props)), e.share))
+                  for e in msg.entries)
+        self.metrics.shared_untracked += self.witnessed.track(node, msg.member, copies)
+        self.links.reply(node, msg.req, True)
+
     def on_done(self, node: str, msg: SharedDone) -> None:
-        """``node`` let go of copies we placed there: nothing to place again for them."""
+        """``node`` let go of copies we placed there: nothing to place again for them (or,
+        with ``origin`` set, of ``origin``'s copies we witness)."""
+        if msg.origin:
+            self.witnessed.done(msg.origin, msg.tokens)
+            return
         tracked = self.unconfirmed.get(node)
         if tracked is not None:
             for token in msg.tokens:
@@ -278,6 +369,11 @@ class ShareDispatch:
         for node in [n for n in self.unconfirmed if n not in live]:
             for message, share in self.unconfirmed.pop(node).values():
                 lost.append(SharedMessage(message, share))
+        lost.extend(self.witnessed.lost(view))
+        for witness, records in self.own.rewitness(view, self.node_id).items():
+            self.links.send(witness, ShareTrack(0, self.node_id, [
+                TrackedEntry(token, c.topic, c.payload, c.qos, c.share, props_to_wire(c.props))
+                for token, c in records]))
         if lost:
             log.info("%d copies of shares were held at nodes that left the view; placing "
                      "them again", len(lost))
@@ -287,7 +383,15 @@ class ShareDispatch:
         """Forever: tell each dispatcher which of its copies here are gone (batched)."""
         while True:
             await trio.sleep(self.DONE_INTERVAL)
-            for node, tokens in self.copies.take().items():
+            self.send_gone()
+
+    def send_gone(self) -> None:
+        """One batch of ``report_gone``: to each dispatcher the tokens of its copies gone
+        here; our own copies' tokens to their witnesses."""
+        for node, tokens in self.copies.take().items():
+            if node == self.node_id:
+                self._tell_witnesses(self.own.gone(tokens))
+            else:
                 self.links.send(node, SharedDone(tokens))
 
     # -- a member ended with copies unacknowledged ------------------------------------------
