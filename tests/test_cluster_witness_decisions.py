@@ -16,6 +16,7 @@ from mqttring.cluster import witness as witness_module
 from mqttring.cluster.errors import PeerUnavailable
 from mqttring.cluster.messages import (
     Ack,
+    Dlv,
     SharedDone,
     ShareTrack,
     TrackedEntry,
@@ -72,21 +73,30 @@ def test_witness_records_are_bounded_and_the_dropped_counted(
     assert book.track("a", "a", [(i, copy(f"jobs/{i}")) for i in range(3)]) == 1
     assert sorted(book.records["a"]) == [1, 2]
     own = OwnCopies()
-    assert [own.add(i, copy(f"jobs/{i}"), "b") for i in range(3)] == [0, 0, 1]
+    assert [own.add(i, copy(f"jobs/{i}"), "b", "a", False) for i in range(3)] == [0, 0, 1]
 
 
 def test_an_owner_tells_each_witness_of_its_copies_gone_and_moves_them_when_it_leaves(
         ) -> None:
-    meta = Metadata("a", "b", "c")
+    meta = Metadata("a", "b", "c", "d")
     own = OwnCopies()
-    own.add(1, copy("jobs/1"), "b")
-    own.add(2, copy("jobs/2"), "c")
-    own.add(3, copy("jobs/3"), "b")
-    assert own.gone([1, 2, 9]) == {"b": [1], "c": [2]}
+    own.add(1, copy("jobs/1"), "b", "a", False)  # a's own member: a tells its witness
+    own.add(2, copy("jobs/2"), "c", "a", False)
+    own.add(3, copy("jobs/3"), "b", "a", False)
+    own.add(4, copy("jobs/4"), "b", "d", True)  # d's member tells b itself
+    own.add(5, copy("jobs/5"), "b", "c", True)
+    assert own.gone([1, 2, 9], told=False) == {"b": [1], "c": [2]}
+    assert own.gone([4], told=True) == {}
     meta.down("b")
-    assert own.rewitness(meta.view(), "a") == {"c": [(3, own.records[3][0])]}
-    assert own.rewitness(meta.view(), "a") == {}  # already at c
+    moved = own.rewitness(meta.view(), "a")
+    # 3 goes to a witness that is neither a nor its member's node; so does 5 (not c).
+    assert set(moved) <= {("c", "a"), ("d", "a"), ("d", "c")}
+    assert sorted(t for records in moved.values() for t, _ in records) == [3, 5]
+    assert own.records[5][1] == "d" and not own.records[5][3]  # now a tells d
+    assert own.rewitness(meta.view(), "a") == {}  # already moved
+    assert own.gone([5], told=True) == {"d": [5]}
     meta.down("c")
+    meta.down("d")
     assert own.rewitness(meta.view(), "a") == {}  # nobody left to witness: kept here
     assert own.records[3][1] is None
 
@@ -133,12 +143,12 @@ async def test_a_witness_that_does_not_answer_is_replaced_before_the_publisher_i
     view = views[-1]
     topic = next(f"jobs/{i}" for i in range(100)
                  if choose_witness(view, view.shard_for_topic(f"jobs/{i}"), ("a",)) == "b")
-    links.answers["b"] = [PeerUnavailable("b: gone")]
+    links.witness_answers["b"] = [PeerUnavailable("b: gone")]
     with trio.fail_after(5):
         await router.shares.run([Message(topic, b"p", 1)])
     assert [n for n, _ in links.take(ShareTrack)] == ["b", "c"]
-    [(_, witness)] = router.shares.own.records.values()
-    assert witness == "c"
+    [(_, witness, member, direct)] = router.shares.own.records.values()
+    assert (witness, member, direct) == ("c", "a", False)
 
 
 async def test_a_declined_local_copy_is_cancelled_at_its_witness() -> None:
@@ -164,3 +174,71 @@ def test_a_witness_records_answers_and_places_again_when_owner_and_member_left()
     assert sorted((m.topic, m.share, type(m)) for m in lost) == [
         ("jobs/11", SHARE, SharedMessage), ("jobs/13", SHARE, SharedMessage)]
     assert router.shares.on_view(meta.view()) == []
+
+
+async def test_a_copy_on_another_node_is_recorded_at_a_third_which_the_member_tells_too(
+        ) -> None:
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.routes.add(SHARE, "b", "b")
+    await router.shares.run([Message("jobs/1", b"p", 1)])
+    [(_, dlv)] = links.take(Dlv)
+    [entry] = dlv.entries
+    assert entry.track and entry.witness == "c"  # neither the owner a nor the member's b
+    [(node, track)] = links.take(ShareTrack)
+    assert node == "c" and track.member == "b" and track.entries[0].token == entry.track
+    # b reports it gone to a, which need not tell c (b does):
+    router.shares.on_done("b", SharedDone([entry.track]))
+    assert links.take(SharedDone) == [] and router.shares.own.records == {}
+    # The member's node: it tells both the owner and the witness.
+    member = Session("m", True)
+    member.attach(bytearray())
+    at_b, b_links = make_router("b", [meta.view()], sessions={"m": member})
+    at_b.local.add_subscription(member, SHARE, 1)
+    at_b.deliveries.on_dlv("a", Dlv(0, [entry]))
+    assert len(member.inflight) == 1
+    member.inflight.clear()  # acknowledged
+    at_b.shares.send_gone()
+    assert sorted(b_links.take(SharedDone)) == [("a", SharedDone([entry.track])),
+                                               ("c", SharedDone([entry.track], "a"))]
+
+
+async def test_when_the_member_leaves_the_owner_places_again_then_tells_the_witness(
+        ) -> None:
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.routes.add(SHARE, "b", "b")
+    await router.shares.run([Message("jobs/1", b"p", 1)])
+    [(_, dlv)] = links.take(Dlv)
+    token = dlv.entries[0].track
+    links.take(ShareTrack)
+    meta.down("b")
+    views.append(meta.view())
+    lost = router.shares.on_view(views[-1])
+    assert [m.topic for m in lost] == ["jobs/1"]
+    assert links.take(SharedDone) == []  # the witness keeps it while it is placed again
+    await router.shares.redispatch(lost)
+    assert links.take(SharedDone) == [("c", SharedDone([token], "a"))]
+
+
+async def test_when_the_witness_leaves_the_owner_records_at_another_and_tells_it(
+        ) -> None:
+    meta = Metadata("a", "b", "c", "d")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.routes.add(SHARE, "b", "b")
+    topic = next(f"jobs/{i}" for i in range(200)
+                 if choose_witness(views[0], views[0].shard_for_topic(f"jobs/{i}"),
+                                   ("a", "b")) == "c")
+    await router.shares.run([Message(topic, b"p", 1)])
+    token = links.take(Dlv)[0][1].entries[0].track
+    links.take(ShareTrack)
+    meta.down("c")
+    assert router.shares.on_view(meta.view()) == []
+    [(node, track)] = links.take(ShareTrack)
+    assert node == "d" and track.member == "b" and track.entries[0].token == token
+    # b still tells the witness it was given (c, gone): a tells d.
+    router.shares.on_done("b", SharedDone([token]))
+    assert links.take(SharedDone) == [("d", SharedDone([token], "a"))]

@@ -197,18 +197,28 @@ class CopyWatch:
     sends what ``take`` returns, batched, on a timer.
     """
 
-    __slots__ = ("_gone",)
+    __slots__ = ("_gone", "_witnessed")
 
     def __init__(self) -> None:
         self._gone: dict[str, list[int]] = {}
+        self._witnessed: dict[tuple[str, str], list[int]] = {}
 
-    def watch(self, copy: SharedMessage, origin: str, token: int) -> None:
-        weakref.finalize(copy, self.note, origin, token).atexit = False
+    def watch(self, copy: SharedMessage, origin: str, token: int, witness: str = "") -> None:
+        weakref.finalize(copy, self.note, origin, token, witness).atexit = False
 
-    def note(self, origin: str, token: int) -> None:
+    def note(self, origin: str, token: int, witness: str = "") -> None:
         """The copy ``(origin, token)`` is gone, or was never watched here (it went to a
-        persistent member, whose copies are stored): the origin need not keep it."""
+        persistent member, whose copies are stored): the origin need not keep it, nor the
+        ``witness`` that also records it (if any)."""
         self._gone.setdefault(origin, []).append(token)
+        if witness:
+            self._witnessed.setdefault((witness, origin), []).append(token)
+
+    def take_witnessed(self) -> dict[tuple[str, str], list[int]]:
+        """(witness, dispatcher) -> tokens of the dispatcher's copies gone since the last
+        call, which that witness records too."""
+        gone, self._witnessed = self._witnessed, {}
+        return gone
 
     def take(self) -> dict[str, list[int]]:
         """Dispatcher -> tokens of its copies gone since the last call."""

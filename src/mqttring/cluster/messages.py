@@ -140,6 +140,10 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: The RETAIN flag it was published with: a v5 subscription with Retain As Published
     #: forwards it (single-node brokers see the publish itself).  Older senders: False.
     retain: bool = False
+    #: With ``track``: the node that records this copy too (``ShareTrack``); the receiver
+    #: reports it gone there as well (``SharedDone`` naming the sender as ``origin``), so
+    #: that it is placed again if the sender and the receiver die together.
+    witness: str = ""
 
 
 class Dlv(_Frozen, tag="dlv"):

@@ -42,11 +42,11 @@ token carried in the ``DlvEntry``) until that node reports it gone (``SharedDone
 client acknowledged it, or it was handed back as above; ``CopyWatch`` notices on the member's
 node); when the node leaves the view, what it had not reported goes to other members
 (``on_view``), at least once.  Copies for persistent members need none of this: they are
-stored at the session's home and its replicas.  A copy placed with a clean member on the
-owner's own node would die with the owner's record of it: the owner records it at a witness
-node too, before acknowledging the publisher, and the witness places it again if the owner
-dies (``mqttring.cluster.witness``).  What this does not cover: the owner dying together
-with another member's node.
+stored at the session's home and its replicas.  The owner's record dies with the owner, so
+each tracked copy (a clean member on any node, the owner's own included) is also recorded,
+before the publisher is acknowledged, at a witness node that is neither the owner nor the
+member's node; the witness places it again if the owner and the member's node both leave
+the view (``mqttring.cluster.witness``).  Two failures at once are covered, not three.
 
 QoS 0 goes the same way in a task of its own, so a plain publish never waits for it.
 """
@@ -164,6 +164,9 @@ class ShareDispatch:
         self.own = OwnCopies()
         #: Other owners' records of copies with clean members (we are their witness).
         self.witnessed = WitnessBook()
+        #: id(copy being placed again because its member's node left) -> (its witness, its
+        #: token): the witness is told to forget it once it is placed.
+        self._placing: dict[int, tuple[str, int]] = {}
         #: (share, target) -> members online there when last asked: a target's turns in
         #: the rotation, so that each member, not each node, gets an even share.
         self.weights: dict[tuple[str, str], int] = {}
@@ -216,10 +219,9 @@ class ShareDispatch:
         target."""
         view = self.view()
         pending = self.attempts(messages, view)
-        me = self.node_id
         while pending:
             by_node: dict[str, list[tuple[ShareAttempt, Item]]] = {}
-            to_witness: dict[str, list[TrackedEntry]] = {}
+            to_witness: dict[tuple[str, str], list[TrackedEntry]] = {}
             for attempt in pending:
                 step = attempt.next(view)
                 if step is None:
@@ -227,18 +229,15 @@ class ShareDispatch:
                     continue
                 node, item = step
                 if item[1].clean and attempt.message.qos:
-                    if node != me:
-                        item = self._track(node, attempt, item)
-                    else:
-                        item = self._witness(attempt, item, view, to_witness)
+                    item = self._track(node, attempt, item, view, to_witness)
                 by_node.setdefault(node, []).append((attempt, item))
             declined: dict[tuple[int, str], Placement] = {}
             attempts_of: dict[tuple[int, str], ShareAttempt] = {}
             if to_witness:  # recorded at the witness before the publisher is acknowledged
                 with peer_failures_unwrapped():
                     async with trio.open_nursery() as nursery:
-                        for witness, entries in to_witness.items():
-                            nursery.start_soon(self._record, witness, entries)
+                        for (witness, member), entries in to_witness.items():
+                            nursery.start_soon(self._record, witness, member, entries)
                         for node, asked in by_node.items():
                             nursery.start_soon(self._ask, node, asked, declined, attempts_of)
             elif len(by_node) == 1:
@@ -272,11 +271,9 @@ class ShareDispatch:
                     self.weights[(targets.share, attempt.tried)] = online
                 continue
             declined[key] = why
-            if targets.track:
-                if node == self.node_id:
-                    self._tell_witnesses(self.own.gone((targets.track,)))
-                else:
-                    self.unconfirmed.get(node, {}).pop(targets.track, None)
+            if targets.track:  # nobody holds it: its witness forgets it
+                self.unconfirmed.get(node, {}).pop(targets.track, None)
+                self._tell_witnesses(self.own.gone((targets.track,), told=False))
 
     # -- copies placed on other nodes, until they are gone ----------------------------------
 
@@ -285,41 +282,42 @@ class ShareDispatch:
     #: Seconds between the batches of ``SharedDone`` this node sends.
     DONE_INTERVAL = 0.1
 
-    def _track(self, node: str, attempt: ShareAttempt, item: Item) -> Item:
-        token = next(self._tokens)
-        tracked = self.unconfirmed.setdefault(node, {})
-        if len(tracked) >= self.MAX_UNCONFIRMED:
-            del tracked[next(iter(tracked))]
-            self.metrics.shared_untracked += 1
-        tracked[token] = (attempt.message, attempt.share)
-        return item[0], item[1]._replace(track=token)
-
-    def _witness(self, attempt: ShareAttempt, item: Item, view: ClusterView,
-                 to_witness: dict[str, list[TrackedEntry]]) -> Item:
-        """A copy for a clean member here: tracked here and recorded at a witness (added to
-        ``to_witness``), so that it outlives this node's death."""
+    def _track(self, node: str, attempt: ShareAttempt, item: Item, view: ClusterView,
+               to_witness: dict[tuple[str, str], list[TrackedEntry]]) -> Item:
+        """A copy for a clean member on ``node``: kept until reported gone (to place it
+        again if ``node`` dies first) and recorded at a witness (added to ``to_witness``),
+        so that it is placed again too if this node dies, alone or with ``node``."""
         message = attempt.message
         token = next(self._tokens)
-        witness = choose_witness(view, view.shard_for_topic(message.topic), (self.node_id,))
+        me = self.node_id
+        if node != me:  # our own node's members die with us: the witness covers them
+            tracked = self.unconfirmed.setdefault(node, {})
+            if len(tracked) >= self.MAX_UNCONFIRMED:
+                del tracked[next(iter(tracked))]
+                self.metrics.shared_untracked += 1
+            tracked[token] = (message, attempt.share)
+        witness = choose_witness(view, view.shard_for_topic(message.topic), (me, node))
         self.metrics.shared_untracked += self.own.add(
-            token, SharedMessage(message, attempt.share), witness)
-        if witness is not None:
-            to_witness.setdefault(witness, []).append(TrackedEntry(
-                token, message.topic, message.payload, message.qos, attempt.share,
-                props_to_wire(message.props)))
-        return item[0], item[1]._replace(track=token)
+            token, SharedMessage(message, attempt.share), witness, node, node != me)
+        if witness is None:
+            return item[0], item[1]._replace(track=token)
+        to_witness.setdefault((witness, node), []).append(TrackedEntry(
+            token, message.topic, message.payload, message.qos, attempt.share,
+            props_to_wire(message.props)))
+        return item[0], item[1]._replace(track=token, witness=witness if node != me else "")
 
     #: Witnesses tried in turn for one round's records before giving up (then the records
     #: wait for the next view change, ``OwnCopies.rewitness``).
     WITNESS_TRIES = 3
 
-    async def _record(self, witness: str, entries: list[TrackedEntry]) -> None:
-        """Record ``entries`` at ``witness``, or at the next one if it fails to answer."""
-        tried: list[str] = [self.node_id]
+    async def _record(self, witness: str, member: str, entries: list[TrackedEntry]) -> None:
+        """Record ``entries`` (copies with members on ``member``) at ``witness``, or at the
+        next candidate if it fails to answer."""
+        tried: list[str] = [self.node_id, member]
         candidate: str | None = witness
-        while candidate is not None and len(tried) <= self.WITNESS_TRIES:
+        while candidate is not None and len(tried) < 2 + self.WITNESS_TRIES:
             try:
-                await self.links.request(candidate, ShareTrack(0, self.node_id, entries),
+                await self.links.request(candidate, ShareTrack(0, member, entries),
                                          self.request_timeout)
             except (PeerUnavailable, RemoteError) as exc:
                 log.info("witness %s did not record %d copies (%s)", candidate,
@@ -359,6 +357,8 @@ class ShareDispatch:
         if tracked is not None:
             for token in msg.tokens:
                 tracked.pop(token, None)
+        # The member told the witness it was given; one we moved the record to since, we tell.
+        self._tell_witnesses(self.own.gone(msg.tokens, told=True))
 
     def on_view(self, view: ClusterView) -> list[SharedMessage]:
         """The copies held at nodes that left the view, with their clean members: they go
@@ -367,11 +367,16 @@ class ShareDispatch:
         live = view.live_members()
         lost: list[SharedMessage] = []
         for node in [n for n in self.unconfirmed if n not in live]:
-            for message, share in self.unconfirmed.pop(node).values():
-                lost.append(SharedMessage(message, share))
+            for token, (message, share) in self.unconfirmed.pop(node).items():
+                copy = SharedMessage(message, share)
+                lost.append(copy)
+                # Its witness keeps it until it is placed again (we may die meanwhile).
+                for witness in self.own.gone((token,), told=False):
+                    if len(self._placing) < self.MAX_UNCONFIRMED:
+                        self._placing[id(copy)] = (witness, token)
         lost.extend(self.witnessed.lost(view))
-        for witness, records in self.own.rewitness(view, self.node_id).items():
-            self.links.send(witness, ShareTrack(0, self.node_id, [
+        for (witness, member), records in self.own.rewitness(view, self.node_id).items():
+            self.links.send(witness, ShareTrack(0, member, [
                 TrackedEntry(token, c.topic, c.payload, c.qos, c.share, props_to_wire(c.props))
                 for token, c in records]))
         if lost:
@@ -390,9 +395,11 @@ class ShareDispatch:
         here; our own copies' tokens to their witnesses."""
         for node, tokens in self.copies.take().items():
             if node == self.node_id:
-                self._tell_witnesses(self.own.gone(tokens))
+                self._tell_witnesses(self.own.gone(tokens, told=False))
             else:
                 self.links.send(node, SharedDone(tokens))
+        for (witness, origin), tokens in self.copies.take_witnessed().items():
+            self.links.send(witness, SharedDone(tokens, origin))
 
     # -- a member ended with copies unacknowledged ------------------------------------------
 
@@ -401,9 +408,17 @@ class ShareDispatch:
         owns, through their owner (``Redispatch``) for the others, following view changes
         for as long as ``patience`` (an owner that died is replaced within it)."""
         self.metrics.shared_redispatched += len(messages)
-        await self._place_again(messages)
+        placed = await self._place_again(messages)
+        tell: dict[str, list[int]] = {}
+        for message in messages:
+            record = self._placing.pop(id(message), None)
+            if record is not None and placed:
+                tell.setdefault(record[0], []).append(record[1])
+        self._tell_witnesses(tell)
 
-    async def _place_again(self, messages: Sequence[SharedMessage]) -> None:
+    async def _place_again(self, messages: Sequence[SharedMessage]) -> bool:
+        """Place each with a member of its share (through the topic's owner); False if some
+        were not placed within ``patience``."""
         deadline = trio.current_time() + self.patience
         while messages:
             view = self.view()
@@ -428,10 +443,11 @@ class ShareDispatch:
             if failed and trio.current_time() >= deadline:
                 log.warning("%d copies of shares not redispatched within %.0fs (first %r)",
                             len(failed), self.patience, failed[0].topic)
-                return
+                return False
             messages = failed
             if failed:
                 await self.view_changes.wait(0.5)
+        return True
 
     async def on_redispatch(self, node: str, msg: Redispatch) -> None:
         """A peer's member ended: its copies to other members of their shares; answered

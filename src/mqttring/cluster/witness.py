@@ -6,25 +6,30 @@ The owner O of a topic places each QoS 1/2 message of a share with one member
 (``mqttring.cluster.shared``) and acknowledges the publisher once it is placed.  A clean
 member's copy lives only in its node's memory, so something must remember that the member
 has it until the client acknowledges it, to give the copy to another member if the member's
-node dies first.  For a member on another node M, O remembers (``ShareDispatch.
-unconfirmed``).  For a member on O itself that record would die with O: one failure (O's)
-would lose messages whose publisher had its PUBACK.  So O also records such a copy, before
-it acknowledges the publisher, at a *witness* W: the first live node of the topic shard's
-preference list (its replicas in ring order, then every other live node) that is neither O
-nor M.  W is usually the shard's next owner.
+node M dies first.  O remembers (``ShareDispatch.unconfirmed``), but that record dies with
+O: O dying alone loses the copies of its own members (M = O; with ``local_first`` the
+common placement), and O dying together with M loses M's.  So O also records each tracked
+copy, before it acknowledges the publisher, at a *witness* W: the first live node of the
+topic shard's preference list (its replicas in ring order, then every other live node) that
+is neither O nor M.  W is usually the shard's next owner.  Two failures at once are the
+promise, as for R=2 replicas.
 
-* O -> W ``ShareTrack`` (a request, answered once recorded) in the same round as the
-  delivery; O acknowledges the publisher only once W answered.  No witness is left (a
-  one-node cluster): nothing to record, nothing promised beyond the node's life.
-* The copy is gone (acknowledged, or handed back when the member ended): O tells W with
-  ``SharedDone(tokens, origin=O)``, batched with O's other reports every 0.1 s.  A copy the
-  member declined is cancelled the same way.  Reports may overtake the record they cancel
-  (a ``ShareTrack`` waiting behind back-pressure): W keeps a bounded set of tokens reported
-  gone before they were recorded and skips them when the record comes (tokens are unique
-  across O's restarts: they start at O's clock in microseconds).
-* O leaves the view: W places again (through the topic's new owner) every record of O's
-  whose member node has left too; with M = O that is every record of O's.
-* W leaves the view, O lives: O sends its outstanding records to a new witness.
+* O -> W ``ShareTrack(member=M)`` (a request, answered once recorded) in the round that
+  places the copies, beside the ``Dlv``; O acknowledges the publisher only once W answered
+  (a W that does not answer is replaced by the next candidate).  The ``DlvEntry`` names W.
+  No witness is left (one or two live nodes): nothing recorded, nothing more promised.
+* The copy is gone (acknowledged, or handed back when the member ended): M tells O
+  (``SharedDone``) and W (``SharedDone(origin=O)``), batched every 0.1 s; for M = O, O tells
+  W.  A copy the member declined is cancelled at W by O.  Reports may overtake the record
+  they cancel (a ``ShareTrack`` waiting behind back-pressure): W keeps a bounded set of
+  tokens reported gone before they were recorded and skips them when the record comes
+  (tokens are unique across O's restarts: they start at O's clock in microseconds).
+* M leaves, O lives: O places M's copies again, then tells W to forget them (so O dying in
+  between loses nothing).  O leaves, M lives: W keeps O's records for M until M reports
+  them gone.  O and M both left (in one view change or two): W places again (through the
+  topic's new owner) every record of O's for M; with M = O, every record of O's.
+* W leaves, O lives: O sends its outstanding records to a new witness, and from then on
+  forwards M's reports of them (M still names the old W).
 
 Decisions here are plain objects over (view, records, message) returning what to send or
 place; ``ShareDispatch`` performs them.  Both sides are bounded (``MAX_RECORDS``: past it
@@ -58,62 +63,71 @@ def choose_witness(view: ClusterView, shard: int, exclude: Iterable[str]) -> str
 
 
 class OwnCopies:
-    """Owner side: copies placed with clean members on this node, each with its witness,
-    until they are gone."""
+    """Owner side: each tracked copy (with a clean member here or on another node), with
+    its witness, until it is gone."""
 
     __slots__ = ("records",)
 
     def __init__(self) -> None:
-        #: token -> (copy, witness or None when no witness could be had).
-        self.records: dict[int, tuple[SharedMessage, str | None]] = {}
+        #: token -> (copy, witness or None when none could be had, member's node, whether
+        #: the member reports it gone to that witness itself).
+        self.records: dict[int, tuple[SharedMessage, str | None, str, bool]] = {}
 
-    def add(self, token: int, copy: SharedMessage, witness: str | None) -> int:
-        """Keep ``copy`` (recorded at ``witness``); returns how many records were forgotten
-        to make room (0 or 1)."""
+    def add(self, token: int, copy: SharedMessage, witness: str | None, member: str,
+            direct: bool) -> int:
+        """Keep ``copy``, placed with a clean member on ``member``, recorded at ``witness``
+        (``direct``: the member was told that witness, in the ``DlvEntry``); returns how many
+        records were forgotten to make room (0 or 1)."""
         records = self.records
         dropped = 0
         if len(records) >= MAX_RECORDS:
             del records[next(iter(records))]
             dropped = 1
-        records[token] = (copy, witness)
+        records[token] = (copy, witness, member, direct)
         return dropped
 
     def moved(self, tokens: Iterable[int], witness: str | None) -> None:
         """These records are at ``witness`` now (None: at none; the next view change tries
-        again), not where ``add`` said."""
+        again), not where the member was told: from now on we tell it when they are gone."""
         records = self.records
         for token in tokens:
             record = records.get(token)
             if record is not None:
-                records[token] = (record[0], witness)
+                records[token] = (record[0], witness, record[2], False)
 
-    def gone(self, tokens: Iterable[int]) -> dict[str, list[int]]:
-        """The copies are gone here: forget them; witness -> tokens to tell it."""
+    def gone(self, tokens: Iterable[int], *, told: bool) -> dict[str, list[int]]:
+        """The copies are gone (or placed again by us): forget them; witness -> tokens to
+        tell it.  ``told``: the member reported them, to the witnesses it was given too."""
         tell: dict[str, list[int]] = {}
         records = self.records
         for token in tokens:
             record = records.pop(token, None)
-            if record is not None and record[1] is not None:
+            if record is not None and record[1] is not None and not (told and record[3]):
                 tell.setdefault(record[1], []).append(token)
         return tell
 
     def rewitness(self, view: ClusterView, me: str
-                  ) -> dict[str, list[tuple[int, SharedMessage]]]:
-        """Records whose witness left ``view`` (or that had none): new witness -> records to
-        send it.  Records for which no witness is left keep None."""
+                  ) -> dict[tuple[str, str], list[tuple[int, SharedMessage]]]:
+        """Records whose witness left ``view`` (or that had none), of members still in it:
+        (new witness, member) -> records to send it.  Records for which no witness is left
+        keep None.  Records of members that left are dropped: the caller placed again what
+        it still tracked (``ShareDispatch.unconfirmed``) before."""
         live = view.live_members()
-        moved: dict[str, list[tuple[int, SharedMessage]]] = {}
+        moved: dict[tuple[str, str], list[tuple[int, SharedMessage]]] = {}
         records = self.records
-        for token, (copy, witness) in list(records.items()):
+        for token, (copy, witness, member, _) in list(records.items()):
+            if member not in live:
+                del records[token]
+                continue
             if witness is not None and witness in live:
                 continue
-            new = choose_witness(view, view.shard_for_topic(copy.topic), (me,))
+            new = choose_witness(view, view.shard_for_topic(copy.topic), (me, member))
             if new is None:
                 if witness is not None:
-                    records[token] = (copy, None)
+                    records[token] = (copy, None, member, False)
                 continue
-            records[token] = (copy, new)
-            moved.setdefault(new, []).append((token, copy))
+            records[token] = (copy, new, member, False)
+            moved.setdefault((new, member), []).append((token, copy))
         return moved
 
 
