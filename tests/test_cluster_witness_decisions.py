@@ -66,6 +66,23 @@ def test_a_witness_gives_copies_back_only_when_owner_and_member_both_left() -> N
     assert len(book) == 0
 
 
+def test_records_of_an_owner_that_left_stay_with_their_member_even_if_it_comes_back(
+        ) -> None:
+    """a dies; its member's node c lives and still reports under a's name; a restarts (the
+    same node id); then c dies: what c still held is placed again all the same."""
+    meta = Metadata("a", "b", "c")
+    book = WitnessBook()
+    book.track("a", "c", [(1, copy("jobs/1")), (2, copy("jobs/2"))])
+    meta.down("a")
+    assert book.lost(meta.view()) == []
+    book.done("a", [1])  # c: acknowledged
+    meta.join("a")  # a's next life
+    assert "a" in meta.view().live_members() and book.lost(meta.view()) == []
+    meta.down("c")
+    assert [c.topic for c in book.lost(meta.view())] == ["jobs/2"]
+    assert len(book) == 0
+
+
 def test_witness_records_are_bounded_and_the_dropped_counted(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(witness_module, "MAX_RECORDS", 2)

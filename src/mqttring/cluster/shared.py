@@ -374,7 +374,9 @@ class ShareDispatch:
                 for witness in self.own.gone((token,), told=False):
                     if len(self._placing) < self.MAX_UNCONFIRMED:
                         self._placing[id(copy)] = (witness, token)
+        dropped = self.witnessed.dropped
         lost.extend(self.witnessed.lost(view))
+        self.metrics.shared_untracked += self.witnessed.dropped - dropped
         for (witness, member), records in self.own.rewitness(view, self.node_id).items():
             self.links.send(witness, ShareTrack(0, member, [
                 TrackedEntry(token, c.topic, c.payload, c.qos, c.share, props_to_wire(c.props))

@@ -26,8 +26,10 @@ promise, as for R=2 replicas.
   (tokens are unique across O's restarts: they start at O's clock in microseconds).
 * M leaves, O lives: O places M's copies again, then tells W to forget them (so O dying in
   between loses nothing).  O leaves, M lives: W keeps O's records for M until M reports
-  them gone.  O and M both left (in one view change or two): W places again (through the
-  topic's new owner) every record of O's for M; with M = O, every record of O's.
+  them gone (orphaned: apart from O's, so that O restarting under its node id does not
+  make them look looked after again).  O and M both left (in one view change or two): W
+  places again (through the topic's new owner) every record of O's for M; with M = O,
+  every record of O's.
 * W leaves, O lives: O sends its outstanding records to a new witness, and from then on
   forwards M's reports of them (M still names the old W).
 
@@ -133,18 +135,27 @@ class OwnCopies:
 
 class WitnessBook:
     """Witness side: other owners' records of copies held by clean members, until the copy
-    is reported gone or must be placed again."""
+    is reported gone or must be placed again.
 
-    __slots__ = ("_early", "records")
+    Records of an owner that left the view while their member lives are *orphaned*: kept
+    by (owner, token) apart from the owner's, so that the owner coming back (a restart
+    keeps its node id) does not make them look looked after again; the member still reports
+    them gone under the owner's name, and they are placed again when it leaves."""
+
+    __slots__ = ("_early", "dropped", "orphans", "records")
 
     def __init__(self) -> None:
         #: origin -> token -> (member node, copy).
         self.records: dict[str, dict[int, tuple[str, SharedMessage]]] = {}
+        #: (origin that left, token) -> (member node, copy).
+        self.orphans: dict[tuple[str, int], tuple[str, SharedMessage]] = {}
         #: origin -> tokens reported gone before they were recorded (as a bounded set).
         self._early: dict[str, dict[int, None]] = {}
+        #: Records forgotten because ``MAX_RECORDS`` were kept (per origin, or orphaned).
+        self.dropped = 0
 
     def __len__(self) -> int:
-        return sum(len(r) for r in self.records.values())
+        return sum(len(r) for r in self.records.values()) + len(self.orphans)
 
     def track(self, origin: str, member: str,
               entries: Iterable[tuple[int, SharedMessage]]) -> int:
@@ -160,32 +171,44 @@ class WitnessBook:
                 del records[next(iter(records))]
                 dropped += 1
             records[token] = (member, copy)
+        self.dropped += dropped
         return dropped
 
     def done(self, origin: str, tokens: Iterable[int]) -> None:
         """These copies of ``origin``'s are gone: nothing to place again for them."""
         records = self.records.get(origin, {})
+        orphans = self.orphans
         early: dict[int, None] | None = None
         for token in tokens:
-            if records.pop(token, None) is None:
-                if early is None:
-                    early = self._early.setdefault(origin, {})
-                if len(early) >= MAX_EARLY_DONE:
-                    del early[next(iter(early))]
-                early[token] = None
+            if records.pop(token, None) is not None:
+                continue
+            if orphans and orphans.pop((origin, token), None) is not None:
+                continue
+            if early is None:
+                early = self._early.setdefault(origin, {})
+            if len(early) >= MAX_EARLY_DONE:
+                del early[next(iter(early))]
+            early[token] = None
 
     def lost(self, view: ClusterView) -> list[SharedMessage]:
         """The copies to place again under ``view``: records of origins that left it whose
-        member node left it too (forgotten here once returned)."""
+        member node left it too (forgotten here once returned); the other records of those
+        origins are orphaned (their member still reports them)."""
         live = set(view.live_members())
         lost: list[SharedMessage] = []
+        orphans = self.orphans
         for origin in [o for o in self.records if o not in live]:
-            records = self.records[origin]
-            for token, (member, copy) in list(records.items()):
+            for token, (member, copy) in self.records.pop(origin).items():
                 if member not in live:
-                    del records[token]
                     lost.append(copy)
-            if not records:
-                del self.records[origin]
-                self._early.pop(origin, None)
+                    continue
+                if len(orphans) >= MAX_RECORDS:
+                    del orphans[next(iter(orphans))]
+                    self.dropped += 1
+                orphans[(origin, token)] = (member, copy)
+            self._early.pop(origin, None)
+        for key, (member, copy) in list(orphans.items()):
+            if member not in live:
+                del orphans[key]
+                lost.append(copy)
         return lost
