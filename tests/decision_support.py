@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, NamedTuple
 
-from mqttring.cluster.messages import Ack, Delivered, LinkMessage
+from mqttring.cluster.messages import Ack, Delivered, LinkMessage, ShareTrack
 from mqttring.raft import state as sm
 from mqttring.raft.view import ClusterView
 
@@ -33,6 +33,9 @@ class RecordingLinks:
         #: async function called first, so it can change the world meanwhile, the way the
         #: peer's answer or its delay would).
         self.answers: dict[str, list[Any]] = {}
+        #: The same for the ``ShareTrack`` requests a node gets as a witness (apart, so that
+        #: a test scripting deliveries need not count the records sent beside them).
+        self.witness_answers: dict[str, list[Any]] = {}
 
     def send(self, node: str, message: LinkMessage) -> bool:
         self.sent.append((node, message))
@@ -55,7 +58,8 @@ class RecordingLinks:
         """As scripted in ``answers``, else as if ``node`` accepted all at once (the
         decisions under test are the sender's)."""
         self.sent.append((node, message))
-        scripted = self.answers.get(node)
+        scripted = (self.witness_answers if type(message) is ShareTrack
+                    else self.answers).get(node)
         if scripted:
             answer = scripted.pop(0)
             if inspect.iscoroutinefunction(answer):

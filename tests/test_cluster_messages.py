@@ -84,7 +84,7 @@ any_message = st.one_of([struct_strategy(cls) for cls in MESSAGE_TYPES])
 
 def test_every_message_type_is_tagged_and_in_the_union() -> None:
     tags = [cls.__struct_config__.tag for cls in MESSAGE_TYPES]
-    assert len(set(tags)) == len(tags) == 25
+    assert len(set(tags)) == len(tags) == 26
     assert set(REQUEST_TYPES) <= set(MESSAGE_TYPES)
     for cls in REQUEST_TYPES:
         assert cls.__struct_fields__[0] == "req", cls
@@ -111,9 +111,20 @@ def test_the_wire_form_is_a_tagged_array() -> None:
     raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, [m.DlvEntry("t", b"p", 1, [2],
                                                                             False)])]))
     # The trailing fields: shares (none here), then the MQTT 5 properties a 3.1.1 message
-    # does not have, and the RETAIN flag it was published with.
+    # does not have, the RETAIN flag it was published with, and a tracked copy's witness.
     assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False, "", False, 0,
-                                                       None, False]]]]]
+                                                       None, False, ""]]]]]
+
+
+def test_entries_of_senders_without_witnesses_still_decode() -> None:
+    """``DlvEntry.witness`` and ``SharedDone.origin`` are optional trailing fields: a frame
+    without them (an older node of the same version) decodes with their defaults."""
+    raw = msgspec.msgpack.encode([m.FRAME_VERSION, 1, 5, [
+        ["dlv", 4, [["t", b"p", 1, [], True, "$share/g/t", False, 9, None, False]]],
+        ["shdone", [9]]]])
+    dlv, done = m.decode_frame(raw).messages
+    assert dlv.entries[0].witness == "" and dlv.entries[0].track == 9
+    assert done == m.SharedDone([9]) and done.origin == ""
 
 
 def _raw_frame(*messages: Any, version: int = m.FRAME_VERSION, incarnation: Any = 1) -> bytes:

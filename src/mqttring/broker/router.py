@@ -245,14 +245,15 @@ class LocalRouter:
         self, message: Message, share: str, *, clean: bool = True,
         shards: Container[int] | None = None, offline_ok: bool = True,
         exclude: str | None = None, congested: list[Session] | None = None,
-        origin: tuple[str, int] | None = None,
+        origin: tuple[str, int] | tuple[str, int, str] | None = None,
     ) -> Placed:
         """Give ``message`` to one member of ``share`` here, chosen by the strategy among
         the members named (clean sessions if ``clean``, persistent ones of ``shards``, or
         all with ``shards`` None), online ones first; an offline persistent member only if
         ``offline_ok``.  Returns what happened, the session that got it and how many
         online members could have (a cluster weighs this node's turns by it).  ``origin``:
-        (dispatcher, token) to tell when a copy for a clean member is gone (``copies``)."""
+        (dispatcher, token[, witness]) to tell when a copy for a clean member is gone
+        (``copies``)."""
         members = self.shared.members.get(share)
         if not members:
             self._metrics.shared_declined += 1
@@ -293,8 +294,11 @@ class LocalRouter:
         qos = granted if granted < message.qos else message.qos
         dropped = chosen.dropped
         copy = SharedMessage(message, share)
-        if origin is not None and chosen.clean_session:
-            self.copies.watch(copy, *origin)
+        if origin is not None:
+            if chosen.clean_session:
+                self.copies.watch(copy, *origin)
+            else:  # stored with the session: nothing for the origin to keep
+                self.copies.note(*origin)
         chosen.deliver(copy, qos, False, self._clock())
         del copy  # the session holds it now, or nobody: then it is gone at once
         self._metrics.shared_placed += 1

@@ -182,29 +182,43 @@ class SharedMessage(Message):
 
 
 class CopyWatch:
-    """Tells the node that placed a copy here (another node) when the copy is gone.
+    """Tells the node that placed a copy here when the copy is gone.
 
-    A cluster's dispatcher keeps each copy it placed with a clean member on another node
-    until it hears the copy is gone, so it can place it again if that node dies first
-    (``mqttring.cluster.shared``).  A copy is gone when its session lets go of it: the client
-    acknowledged it (PUBACK, PUBCOMP), or the session ended (its copies were handed back to
-    the share then).  The ``Session`` machine has no hooks, and must not get a callback per
-    acknowledgement for the sake of shares, so this watches the copy itself: a weak
-    reference whose finalizer notes ``(dispatcher, token)`` when CPython frees the copy,
-    which happens at once when the session drops its last reference.  The finalizer only
-    appends to a list; the cluster sends what ``take`` returns, batched, on a timer.
+    A cluster's dispatcher keeps each copy it placed with a clean member until it hears the
+    copy is gone, so it can place it again if the member's node dies first (a copy with a
+    member on the dispatcher's own node is kept at a witness node too, which the dispatcher
+    tells in turn: ``mqttring.cluster.shared``, ``mqttring.cluster.witness``).  A copy is
+    gone when its session lets go of it: the client acknowledged it (PUBACK, PUBCOMP), or
+    the session ended (its copies were handed back to the share then).  The ``Session``
+    machine has no hooks, and must not get a callback per acknowledgement for the sake of
+    shares, so this watches the copy itself: a weak reference whose finalizer notes
+    ``(dispatcher, token)`` when CPython frees the copy, which happens at once when the
+    session drops its last reference.  The finalizer only appends to a list; the cluster
+    sends what ``take`` returns, batched, on a timer.
     """
 
-    __slots__ = ("_gone",)
+    __slots__ = ("_gone", "_witnessed")
 
     def __init__(self) -> None:
         self._gone: dict[str, list[int]] = {}
+        self._witnessed: dict[tuple[str, str], list[int]] = {}
 
-    def watch(self, copy: SharedMessage, origin: str, token: int) -> None:
-        weakref.finalize(copy, self._note, origin, token).atexit = False
+    def watch(self, copy: SharedMessage, origin: str, token: int, witness: str = "") -> None:
+        weakref.finalize(copy, self.note, origin, token, witness).atexit = False
 
-    def _note(self, origin: str, token: int) -> None:
+    def note(self, origin: str, token: int, witness: str = "") -> None:
+        """The copy ``(origin, token)`` is gone, or was never watched here (it went to a
+        persistent member, whose copies are stored): the origin need not keep it, nor the
+        ``witness`` that also records it (if any)."""
         self._gone.setdefault(origin, []).append(token)
+        if witness:
+            self._witnessed.setdefault((witness, origin), []).append(token)
+
+    def take_witnessed(self) -> dict[tuple[str, str], list[int]]:
+        """(witness, dispatcher) -> tokens of the dispatcher's copies gone since the last
+        call, which that witness records too."""
+        gone, self._witnessed = self._witnessed, {}
+        return gone
 
     def take(self) -> dict[str, list[int]]:
         """Dispatcher -> tokens of its copies gone since the last call."""

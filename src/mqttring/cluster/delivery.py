@@ -71,6 +71,8 @@ class NodeTargets(NamedTuple):
     offline_ok: bool = False
     #: Non-zero: the dispatcher's token for a copy it tracks (``DlvEntry.track``).
     track: int = 0
+    #: The node that records that tracked copy too (``DlvEntry.witness``).
+    witness: str = ""
 
 
 #: Node -> its targets, for one topic under one view.
@@ -203,7 +205,7 @@ class Deliveries:
             entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
                                 t.offline_ok, t.track,
                                 props=None if m.props is None else m.props.to_wire(),
-                                retain=m.retain)
+                                retain=m.retain, witness=t.witness)
                        for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
@@ -277,7 +279,7 @@ class Deliveries:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool, int]],
+    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool, int, str]],
                sender: str | None = None) -> _Served:
         """Deliver a batch to this node's sessions, in order, without yielding."""
         holds = self.holds
@@ -289,7 +291,8 @@ class Deliveries:
         declined: list[tuple[int, int]] = []
         online: list[tuple[int, int]] = []
         with self.local.wakes_deferred():
-            for index, (message, clean, shards, share, offline_ok, track) in enumerate(batch):
+            for index, (message, clean, shards, share, offline_ok, track, witness
+                        ) in enumerate(batch):
                 held = shards
                 if shards and not all(holds(s) for s in shards):
                     # Still loading here, or gone (the view moved it in flight): serve the
@@ -302,7 +305,8 @@ class Deliveries:
                     placed, session, ready = self.local.deliver_to_share(
                         message, share, clean=clean, shards=held, offline_ok=offline_ok,
                         congested=congested,
-                        origin=(sender, track) if track and sender is not None else None)
+                        origin=(sender, track, witness) if track and sender is not None
+                        else None)
                     if placed is not Placement.SERVED:
                         declined.append((index, int(placed)))
                         continue
@@ -321,8 +325,8 @@ class Deliveries:
     async def _deliver_here(self, items: list[Item], outcomes: list[ShareOutcome]
                             ) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
-        served = self._serve((m, t.clean, t.shards, t.share, t.offline_ok, t.track)
-                             for m, t in items)
+        served = self._serve(((m, t.clean, t.shards, t.share, t.offline_ok, t.track,
+                               t.witness) for m, t in items), self.node_id)
         outcomes.extend((*items[i], Placement(why), 0) for i, why in served.declined)
         outcomes.extend((*items[i], Placement.SERVED, n) for i, n in served.online)
         if served.to_persist:
@@ -336,7 +340,8 @@ class Deliveries:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
         served = self._serve(((Message(e.topic, e.payload, e.qos, e.retain,
                                        PublishProps.from_wire(e.props)), e.clean, e.shards,
-                               e.share, e.offline_ok, e.track) for e in msg.entries), node)
+                               e.share, e.offline_ok, e.track, e.witness)
+                              for e in msg.entries), node)
         req = msg.req
         if req == 0:
             return

@@ -140,6 +140,10 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: The RETAIN flag it was published with: a v5 subscription with Retain As Published
     #: forwards it (single-node brokers see the publish itself).  Older senders: False.
     retain: bool = False
+    #: With ``track``: the node that records this copy too (``ShareTrack``); the receiver
+    #: reports it gone there as well (``SharedDone`` naming the sender as ``origin``), so
+    #: that it is placed again if the sender and the receiver die together.
+    witness: str = ""
 
 
 class Dlv(_Frozen, tag="dlv"):
@@ -205,6 +209,33 @@ class SharedDone(_Frozen, tag="shdone"):
     it no longer places them again when the sender dies.  Never answered."""
 
     tokens: list[int]
+    #: Set: the tokens are this node's, not the receiver's: the receiver is their witness
+    #: (``ShareTrack``) and forgets its records of them.
+    origin: str = ""
+
+
+class TrackedEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One copy a witness records (``ShareTrack``): the owner's token and the message."""
+
+    token: int
+    topic: str
+    payload: bytes
+    qos: QoS
+    share: str
+    props: Props | None = None
+
+
+class ShareTrack(_Frozen, tag="shtrack"):
+    """The owner of topics -> their witness (``mqttring.cluster.witness``): it placed these
+    copies with clean members on node ``member``, which hold them unacknowledged.  Sent in
+    the round that places them; the owner acknowledges the publisher only once this is
+    answered.  The receiver records them (bounded) and answers; it forgets each when told
+    it is gone (``SharedDone`` naming the sender as ``origin``), and places them again
+    (through the topic's owner) if the sender and ``member`` both leave the view first."""
+
+    req: int
+    member: str
+    entries: list[TrackedEntry]
 
 
 # -- routes (``mqttring.cluster.routes``, anti-entropy in ``router``) ------------------------
@@ -542,7 +573,7 @@ class Ack(_Frozen, tag="ack"):
 
 #: Every message a link carries.
 LinkMessage: TypeAlias = (
-    Pub | Dlv | Batch | Redispatch | SharedDone | RouteAdd | RouteDel | RouteSync
+    Pub | Dlv | Batch | Redispatch | SharedDone | ShareTrack | RouteAdd | RouteDel | RouteSync
     | RouteDigest | RoutePull | Handoff | RetainedQuery | Repl | CatchUp | SessionOpen
     | SessionClose | SessionKick
     | WillRegister | WillDelete | SessionBytes | SessionAck | InboundQos2 | SessionSubscribe
@@ -550,8 +581,8 @@ LinkMessage: TypeAlias = (
 )
 #: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
 Request: TypeAlias = (
-    Pub | Dlv | Redispatch | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl | CatchUp
-    | SessionOpen | SessionKick | InboundQos2
+    Pub | Dlv | Redispatch | ShareTrack | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl
+    | CatchUp | SessionOpen | SessionKick | InboundQos2
 )
 
 
@@ -641,9 +672,11 @@ __all__ = [
     "SessionUnsubscribe",
     "ShardOps",
     "ShardRows",
+    "ShareTrack",
     "SharedDone",
     "SharedEntry",
     "StoredOp",
+    "TrackedEntry",
     "WillDelete",
     "WillRegister",
     "WillSpec",

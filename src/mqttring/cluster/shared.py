@@ -42,8 +42,11 @@ token carried in the ``DlvEntry``) until that node reports it gone (``SharedDone
 client acknowledged it, or it was handed back as above; ``CopyWatch`` notices on the member's
 node); when the node leaves the view, what it had not reported goes to other members
 (``on_view``), at least once.  Copies for persistent members need none of this: they are
-stored at the session's home and its replicas.  What this does not cover: the owner dying
-together with the member's node, or a member on the owner's own node dying with it.
+stored at the session's home and its replicas.  The owner's record dies with the owner, so
+each tracked copy (a clean member on any node, the owner's own included) is also recorded,
+before the publisher is acknowledged, at a witness node that is neither the owner nor the
+member's node; the witness places it again if the owner and the member's node both leave
+the view (``mqttring.cluster.witness``).  Two failures at once are covered, not three.
 
 QoS 0 goes the same way in a task of its own, so a plain publish never waits for it.
 """
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import trio
@@ -61,8 +65,15 @@ from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage,
 from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
 from mqttring.cluster.links import Links
-from mqttring.cluster.messages import Redispatch, SharedDone, SharedEntry
+from mqttring.cluster.messages import (
+    Redispatch,
+    SharedDone,
+    SharedEntry,
+    ShareTrack,
+    TrackedEntry,
+)
 from mqttring.cluster.viewchanges import ViewChanges
+from mqttring.cluster.witness import OwnCopies, WitnessBook, choose_witness
 from mqttring.protocol.session import Message
 from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
@@ -146,7 +157,16 @@ class ShareDispatch:
         #: node -> token -> (message, share): copies placed with clean members there and
         #: not yet reported gone; placed again if that node leaves the view first.
         self.unconfirmed: dict[str, dict[int, tuple[Message, str]]] = {}
-        self._tokens = itertools.count(1)
+        #: Tokens unique across this node's restarts (a witness may still hold records of
+        #: its former life): they start at the clock, in microseconds.
+        self._tokens = itertools.count(time.time_ns() // 1000)
+        #: Copies placed with clean members here, each recorded at a witness too.
+        self.own = OwnCopies()
+        #: Other owners' records of copies with clean members (we are their witness).
+        self.witnessed = WitnessBook()
+        #: id(copy being placed again because its member's node left) -> (its witness, its
+        #: token): the witness is told to forget it once it is placed.
+        self._placing: dict[int, tuple[str, int]] = {}
         #: (share, target) -> members online there when last asked: a target's turns in
         #: the rotation, so that each member, not each node, gets an even share.
         self.weights: dict[tuple[str, str], int] = {}
@@ -201,18 +221,26 @@ class ShareDispatch:
         pending = self.attempts(messages, view)
         while pending:
             by_node: dict[str, list[tuple[ShareAttempt, Item]]] = {}
+            to_witness: dict[tuple[str, str], list[TrackedEntry]] = {}
             for attempt in pending:
                 step = attempt.next(view)
                 if step is None:
                     log.debug("%r: no member of %s left", attempt.message.topic, attempt.share)
                     continue
                 node, item = step
-                if node != self.node_id and item[1].clean and attempt.message.qos:
-                    item = self._track(node, attempt, item)
+                if item[1].clean and attempt.message.qos:
+                    item = self._track(node, attempt, item, view, to_witness)
                 by_node.setdefault(node, []).append((attempt, item))
             declined: dict[tuple[int, str], Placement] = {}
             attempts_of: dict[tuple[int, str], ShareAttempt] = {}
-            if len(by_node) == 1:
+            if to_witness:  # recorded at the witness before the publisher is acknowledged
+                with peer_failures_unwrapped():
+                    async with trio.open_nursery() as nursery:
+                        for (witness, member), entries in to_witness.items():
+                            nursery.start_soon(self._record, witness, member, entries)
+                        for node, asked in by_node.items():
+                            nursery.start_soon(self._ask, node, asked, declined, attempts_of)
+            elif len(by_node) == 1:
                 [(node, asked)] = by_node.items()
                 await self._ask(node, asked, declined, attempts_of)
             elif by_node:
@@ -243,8 +271,9 @@ class ShareDispatch:
                     self.weights[(targets.share, attempt.tried)] = online
                 continue
             declined[key] = why
-            if targets.track:
+            if targets.track:  # nobody holds it: its witness forgets it
                 self.unconfirmed.get(node, {}).pop(targets.track, None)
+                self._tell_witnesses(self.own.gone((targets.track,), told=False))
 
     # -- copies placed on other nodes, until they are gone ----------------------------------
 
@@ -253,21 +282,83 @@ class ShareDispatch:
     #: Seconds between the batches of ``SharedDone`` this node sends.
     DONE_INTERVAL = 0.1
 
-    def _track(self, node: str, attempt: ShareAttempt, item: Item) -> Item:
+    def _track(self, node: str, attempt: ShareAttempt, item: Item, view: ClusterView,
+               to_witness: dict[tuple[str, str], list[TrackedEntry]]) -> Item:
+        """A copy for a clean member on ``node``: kept until reported gone (to place it
+        again if ``node`` dies first) and recorded at a witness (added to ``to_witness``),
+        so that it is placed again too if this node dies, alone or with ``node``."""
+        message = attempt.message
         token = next(self._tokens)
-        tracked = self.unconfirmed.setdefault(node, {})
-        if len(tracked) >= self.MAX_UNCONFIRMED:
-            del tracked[next(iter(tracked))]
-            self.metrics.shared_untracked += 1
-        tracked[token] = (attempt.message, attempt.share)
-        return item[0], item[1]._replace(track=token)
+        me = self.node_id
+        if node != me:  # our own node's members die with us: the witness covers them
+            tracked = self.unconfirmed.setdefault(node, {})
+            if len(tracked) >= self.MAX_UNCONFIRMED:
+                del tracked[next(iter(tracked))]
+                self.metrics.shared_untracked += 1
+            tracked[token] = (message, attempt.share)
+        witness = choose_witness(view, view.shard_for_topic(message.topic), (me, node))
+        self.metrics.shared_untracked += self.own.add(
+            token, SharedMessage(message, attempt.share), witness, node, node != me)
+        if witness is None:
+            return item[0], item[1]._replace(track=token)
+        to_witness.setdefault((witness, node), []).append(TrackedEntry(
+            token, message.topic, message.payload, message.qos, attempt.share,
+            props_to_wire(message.props)))
+        return item[0], item[1]._replace(track=token, witness=witness if node != me else "")
+
+    #: Witnesses tried in turn for one round's records before giving up (then the records
+    #: wait for the next view change, ``OwnCopies.rewitness``).
+    WITNESS_TRIES = 3
+
+    async def _record(self, witness: str, member: str, entries: list[TrackedEntry]) -> None:
+        """Record ``entries`` (copies with members on ``member``) at ``witness``, or at the
+        next candidate if it fails to answer."""
+        tried: list[str] = [self.node_id, member]
+        candidate: str | None = witness
+        while candidate is not None and len(tried) < 2 + self.WITNESS_TRIES:
+            try:
+                await self.links.request(candidate, ShareTrack(0, member, entries),
+                                         self.request_timeout)
+            except (PeerUnavailable, RemoteError) as exc:
+                log.info("witness %s did not record %d copies (%s)", candidate,
+                         len(entries), exc)
+                tried.append(candidate)
+                view = self.view()
+                candidate = choose_witness(view, view.shard_for_topic(entries[0].topic),
+                                           tried)
+                continue
+            if candidate != witness:
+                self.own.moved((e.token for e in entries), candidate)
+            return
+        log.warning("no witness recorded %d copies of shares (first %r): they are lost if "
+                    "this node dies before the next view change", len(entries),
+                    entries[0].topic)
+        self.own.moved((e.token for e in entries), None)
+
+    def _tell_witnesses(self, tell: dict[str, list[int]]) -> None:
+        for witness, tokens in tell.items():
+            self.links.send(witness, SharedDone(tokens, self.node_id))
+
+    def on_track(self, node: str, msg: ShareTrack) -> None:
+        """We are ``node``'s witness for these copies: record them, then answer."""
+        copies = ((e.token, SharedMessage(Message(e.topic, e.payload, e.qos, False,
+                                                  PublishProps.from_wire(e.props)), e.share))
+                  for e in msg.entries)
+        self.metrics.shared_untracked += self.witnessed.track(node, msg.member, copies)
+        self.links.reply(node, msg.req, True)
 
     def on_done(self, node: str, msg: SharedDone) -> None:
-        """``node`` let go of copies we placed there: nothing to place again for them."""
+        """``node`` let go of copies we placed there: nothing to place again for them (or,
+        with ``origin`` set, of ``origin``'s copies we witness)."""
+        if msg.origin:
+            self.witnessed.done(msg.origin, msg.tokens)
+            return
         tracked = self.unconfirmed.get(node)
         if tracked is not None:
             for token in msg.tokens:
                 tracked.pop(token, None)
+        # The member told the witness it was given; one we moved the record to since, we tell.
+        self._tell_witnesses(self.own.gone(msg.tokens, told=True))
 
     def on_view(self, view: ClusterView) -> list[SharedMessage]:
         """The copies held at nodes that left the view, with their clean members: they go
@@ -276,8 +367,20 @@ class ShareDispatch:
         live = view.live_members()
         lost: list[SharedMessage] = []
         for node in [n for n in self.unconfirmed if n not in live]:
-            for message, share in self.unconfirmed.pop(node).values():
-                lost.append(SharedMessage(message, share))
+            for token, (message, share) in self.unconfirmed.pop(node).items():
+                copy = SharedMessage(message, share)
+                lost.append(copy)
+                # Its witness keeps it until it is placed again (we may die meanwhile).
+                for witness in self.own.gone((token,), told=False):
+                    if len(self._placing) < self.MAX_UNCONFIRMED:
+                        self._placing[id(copy)] = (witness, token)
+        dropped = self.witnessed.dropped
+        lost.extend(self.witnessed.lost(view))
+        self.metrics.shared_untracked += self.witnessed.dropped - dropped
+        for (witness, member), records in self.own.rewitness(view, self.node_id).items():
+            self.links.send(witness, ShareTrack(0, member, [
+                TrackedEntry(token, c.topic, c.payload, c.qos, c.share, props_to_wire(c.props))
+                for token, c in records]))
         if lost:
             log.info("%d copies of shares were held at nodes that left the view; placing "
                      "them again", len(lost))
@@ -287,8 +390,18 @@ class ShareDispatch:
         """Forever: tell each dispatcher which of its copies here are gone (batched)."""
         while True:
             await trio.sleep(self.DONE_INTERVAL)
-            for node, tokens in self.copies.take().items():
+            self.send_gone()
+
+    def send_gone(self) -> None:
+        """One batch of ``report_gone``: to each dispatcher the tokens of its copies gone
+        here; our own copies' tokens to their witnesses."""
+        for node, tokens in self.copies.take().items():
+            if node == self.node_id:
+                self._tell_witnesses(self.own.gone(tokens, told=False))
+            else:
                 self.links.send(node, SharedDone(tokens))
+        for (witness, origin), tokens in self.copies.take_witnessed().items():
+            self.links.send(witness, SharedDone(tokens, origin))
 
     # -- a member ended with copies unacknowledged ------------------------------------------
 
@@ -297,9 +410,17 @@ class ShareDispatch:
         owns, through their owner (``Redispatch``) for the others, following view changes
         for as long as ``patience`` (an owner that died is replaced within it)."""
         self.metrics.shared_redispatched += len(messages)
-        await self._place_again(messages)
+        placed = await self._place_again(messages)
+        tell: dict[str, list[int]] = {}
+        for message in messages:
+            record = self._placing.pop(id(message), None)
+            if record is not None and placed:
+                tell.setdefault(record[0], []).append(record[1])
+        self._tell_witnesses(tell)
 
-    async def _place_again(self, messages: Sequence[SharedMessage]) -> None:
+    async def _place_again(self, messages: Sequence[SharedMessage]) -> bool:
+        """Place each with a member of its share (through the topic's owner); False if some
+        were not placed within ``patience``."""
         deadline = trio.current_time() + self.patience
         while messages:
             view = self.view()
@@ -324,10 +445,11 @@ class ShareDispatch:
             if failed and trio.current_time() >= deadline:
                 log.warning("%d copies of shares not redispatched within %.0fs (first %r)",
                             len(failed), self.patience, failed[0].topic)
-                return
+                return False
             messages = failed
             if failed:
                 await self.view_changes.wait(0.5)
+        return True
 
     async def on_redispatch(self, node: str, msg: Redispatch) -> None:
         """A peer's member ended: its copies to other members of their shares; answered
