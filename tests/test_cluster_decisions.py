@@ -38,6 +38,7 @@ from mqttring.cluster.messages import (
     RoutePull,
     RouteSync,
 )
+from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.router import MAX_HOPS, ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
 from mqttring.cluster.viewchanges import ViewChanges
@@ -63,9 +64,10 @@ def make_router(node: str, views: list[ClusterView], *,
     deliveries = Deliveries(node, local, links, lambda: views[-1],  # type: ignore[arg-type]
                             lambda sessions: None, spawn, holds, ViewChanges(),
                             patience=30.0, request_timeout=35.0)
+    registry = RouteRegistry(node, links, lambda: views[-1], spawn,  # type: ignore[arg-type]
+                             routes_wait=0.2)
     router = ClusterRouter(node, local, RetainedStore(None, NUM_SHARDS), links,  # type: ignore[arg-type]
-                           lambda: views[-1], BrokerMetrics(), deliveries, spawn,
-                           routes_wait=0.2)
+                           lambda: views[-1], BrokerMetrics(), deliveries, spawn, registry)
     return router, links
 
 
@@ -117,15 +119,15 @@ def test_a_dead_node_takes_its_own_routes_but_not_session_shard_routes() -> None
     assert table.nodes_for("x/y") == set()
 
 
-# -- ClusterRouter anti-entropy -----------------------------------------------------------
+# -- RouteRegistry anti-entropy -----------------------------------------------------------
 
 
 def test_every_view_change_sends_each_peer_its_full_route_set() -> None:
     meta = Metadata("a", "b", "c")
     views = [meta.view()]
     router, links = make_router("a", views)
-    router.local_filters[("sensors/#", "a")] = 1
-    router.local_filters[("only/exact", "a")] = 1
+    router.registry.local_filters[("sensors/#", "a")] = 1
+    router.registry.local_filters[("only/exact", "a")] = 1
     router.on_view(ClusterView(0, None, 1, 1), views[-1])
     sets = {node: set(msg.routes) for node, msg in links.take(RouteSync)}
     assert set(sets) == {"b", "c"}
@@ -140,11 +142,11 @@ def test_a_differing_digest_pulls_the_full_set() -> None:
     meta = Metadata("a", "b")
     views = [meta.view()]
     router, links = make_router("b", views)
-    router.on_rsync("a", RouteSync(views[-1].epoch, [("x/#", "a")], []))
-    router.on_rdig("a", RouteDigest(views[-1].epoch, route_digest([("x/#", "a")]), []))
+    router.registry.on_rsync("a", RouteSync(views[-1].epoch, [("x/#", "a")], []))
+    router.registry.on_rdig("a", RouteDigest(views[-1].epoch, route_digest([("x/#", "a")]), []))
     assert links.take(RoutePull) == []
-    router.on_rdig("a", RouteDigest(views[-1].epoch,
-                                    route_digest([("x/#", "a"), ("y", "a")]), []))
+    router.registry.on_rdig("a", RouteDigest(views[-1].epoch,
+                                             route_digest([("x/#", "a"), ("y", "a")]), []))
     assert links.take(RoutePull) == [("a", RoutePull())]
 
 
@@ -156,19 +158,20 @@ def test_session_shard_routes_survive_the_move_between_homes() -> None:
     views = [meta.view()]
     router, links = make_router("c", views)
     route = ("+/temp", "s:7")
-    router.on_rsync("a", RouteSync(5, [route, ("x", "a")], [7]))  # a: home of shard 7
+    router.registry.on_rsync("a", RouteSync(5, [route, ("x", "a")], [7]))  # a: home of shard 7
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("a", RouteSync(6, [("x", "a")], []))  # a unloaded shard 7: silent on it
+    # a unloaded shard 7: silent on it
+    router.registry.on_rsync("a", RouteSync(6, [("x", "a")], []))
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("b", RouteSync(6, [], []))  # b owns 7 but is still loading it
+    router.registry.on_rsync("b", RouteSync(6, [], []))  # b owns 7 but is still loading it
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("b", RouteSync(6, [route], [7]))  # loaded: b asserts the same route
+    router.registry.on_rsync("b", RouteSync(6, [route], [7]))  # loaded: b asserts the same route
     assert router.routes.nodes_for("k/temp") == {"s:7"}
-    router.on_rsync("b", RouteSync(7, [], [7]))  # its last subscriber left
+    router.registry.on_rsync("b", RouteSync(7, [], [7]))  # its last subscriber left
     assert router.routes.nodes_for("k/temp") == set()
     # the digest covers the home's shards too
-    router.on_rsync("b", RouteSync(7, [route], [7]))
-    router.on_rdig("b", RouteDigest(7, route_digest([route]), [7]))
+    router.registry.on_rsync("b", RouteSync(7, [route], [7]))
+    router.registry.on_rdig("b", RouteDigest(7, route_digest([route]), [7]))
     assert links.take(RoutePull) == []
 
 
@@ -179,10 +182,11 @@ def test_a_route_set_from_a_newer_view_never_removes_routes_we_still_need() -> N
     views = [meta.view()]
     router, _ = make_router("a", views)
     epoch = views[-1].epoch
-    router.on_rsync("b", RouteSync(epoch, [("t/1", "b"), ("x/#", "b")], []))
-    router.on_rsync("b", RouteSync(epoch + 1, [("x/#", "b")], []))  # a newer view than ours
+    router.registry.on_rsync("b", RouteSync(epoch, [("t/1", "b"), ("x/#", "b")], []))
+    # a newer view than ours
+    router.registry.on_rsync("b", RouteSync(epoch + 1, [("x/#", "b")], []))
     assert router.routes.nodes_for("t/1") == {"b"}
-    router.on_rsync("b", RouteSync(epoch, [("x/#", "b")], []))  # same view: exact set
+    router.registry.on_rsync("b", RouteSync(epoch, [("x/#", "b")], []))  # same view: exact set
     assert router.routes.nodes_for("t/1") == set()
 
 
@@ -197,8 +201,8 @@ def test_a_node_that_becomes_a_shards_replica_holds_its_own_routes_for_it() -> N
     view = views[-1]
     topic = next(t for t in (f"t/{i}" for i in range(1000))
                  if "a" not in view.replicas(view.shard_for_topic(t)))
-    router.local_filters[(topic, "s:3")] = 1  # a persistent session homed here subscribes
-    router.local_filters[(topic, "a")] = 1  # and a clean one connected here
+    router.registry.local_filters[(topic, "s:3")] = 1  # a persistent session homed here subscribes
+    router.registry.local_filters[(topic, "a")] = 1  # and a clean one connected here
     meta.down("b")
     meta.down("c")
     views.append(meta.view())
@@ -214,22 +218,22 @@ def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     router.on_view(ClusterView(0, None, 1, 1), views[-1])
     view = views[-1]
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
-    assert not router.routes_complete(shard, view)
-    router.on_rsync("b", RouteSync(view.epoch, [], []))
-    assert not router.routes_complete(shard, view)
-    router.on_rsync("c", RouteSync(view.epoch, [], []))
-    assert router.routes_complete(shard, view)
+    assert not router.registry.routes_complete(shard, view)
+    router.registry.on_rsync("b", RouteSync(view.epoch, [], []))
+    assert not router.registry.routes_complete(shard, view)
+    router.registry.on_rsync("c", RouteSync(view.epoch, [], []))
+    assert router.registry.routes_complete(shard, view)
     # c is declared down: it no longer counts.  It restarts: its new life must sync again.
     meta.down("c")
     views.append(meta.view())
     router.on_view(view, views[-1])
-    assert router.routes_complete(shard, views[-1])
+    assert router.registry.routes_complete(shard, views[-1])
     meta.join("c")
     views.append(meta.view())
     router.on_view(views[-2], views[-1])
-    assert not router.routes_complete(shard, views[-1])
-    router.on_rsync("c", RouteSync(views[-1].epoch, [], []))
-    assert router.routes_complete(shard, views[-1])
+    assert not router.registry.routes_complete(shard, views[-1])
+    router.registry.on_rsync("c", RouteSync(views[-1].epoch, [], []))
+    assert router.registry.routes_complete(shard, views[-1])
 
 
 async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> None:
@@ -240,9 +244,9 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
     view = views[-1]
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     with pytest.raises(RoutesIncomplete):
-        await router._await_routes(shard)
-    router.on_rsync("b", RouteSync(view.epoch, [], []))
-    assert await router._await_routes(shard) is view
+        await router.registry.await_routes(shard)
+    router.registry.on_rsync("b", RouteSync(view.epoch, [], []))
+    assert await router.registry.await_routes(shard) is view
 
 
 # -- routing across an epoch change -------------------------------------------------------

@@ -270,7 +270,7 @@ class RouteSync(_Frozen, tag="rsync"):
     The receiver replaces exactly what the sender had registered with it in its own name,
     and, for each session shard in ``homes`` (those the sender is the loaded home of), what
     is registered in that home's name (``registrar_for``); it records that the sender's
-    routes are complete as of ``epoch`` (``ClusterRouter.routes_complete``).
+    routes are complete as of ``epoch`` (``RouteRegistry.routes_complete``).
     """
 
     epoch: int

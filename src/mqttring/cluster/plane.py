@@ -6,7 +6,7 @@ replication, the cluster router and the cluster session manager around the node'
 ``ClusterView``:
 
 * links follow the membership;
-* routes whose target changed are re-sent (``ClusterRouter.on_view``);
+* routes whose target changed are re-sent (``RouteRegistry.on_view``);
 * shards this node now owns have their persistent sessions loaded from the local store (a
   replica already holds their data) and their routes registered; shards it no longer owns
   are unloaded and their clients sent to reconnect to the new home;
@@ -75,6 +75,7 @@ from mqttring.cluster.messages import (
     WillRegister,
     WireMessage,
 )
+from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.relay import RemoteSession
 from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter, request_timeout
@@ -156,9 +157,11 @@ class DataPlane:
                                      self._persist, self.spawn, self.held.__contains__,
                                      self.view_changes, patience=patience,
                                      request_timeout=request_timeout(patience, patience))
+        registry = RouteRegistry(self.node_id, self.links, self.current_view, self.spawn,
+                                 lambda: self.held, routes_wait=patience)
         self.router = ClusterRouter(self.node_id, local, self.retained, self.links,
                                     self.current_view, self.metrics, self.deliveries,
-                                    self.spawn, lambda: self.held, routes_wait=patience)
+                                    self.spawn, registry)
         return self.router
 
     def make_sessions(self, core: BrokerCore) -> ClusterSessions:
@@ -202,7 +205,7 @@ class DataPlane:
 
     def _on_link_connected(self, node: str) -> None:
         if self.view.epoch and not self.fenced:
-            self.router.sync_to(node)
+            self.router.registry.sync_to(node)
 
     async def _guard_quorum(self) -> None:
         """Fence this node while it cannot prove it is in the majority's view."""
@@ -234,14 +237,14 @@ class DataPlane:
         log.warning("node %s: back in the majority's view (epoch %d); serving again",
                     self.node_id, self.view.epoch)
         self.spawn(self.sessions.publish_owed_wills)
-        for node in self.router.sync_peers(self.view):
-            self.router.sync_to(node)
+        for node in self.router.registry.sync_peers(self.view):
+            self.router.registry.sync_to(node)
 
     async def _anti_entropy(self) -> None:
         while True:
             await trio.sleep(self.config.route_sync_interval)
             if not self.fenced:
-                self.router.send_digests()
+                self.router.registry.send_digests()
 
     async def _persist(self, sessions: list[Session]) -> None:
         await self.sessions.persist(sessions, Durability.DURABLE)
@@ -531,12 +534,12 @@ class DataPlane:
             Redispatch: task(router.on_redispatch),
             SharedDone: router.on_shared_done,
             ShareTrack: lambda node, msg: router.shares.on_track(node, msg),
-            RouteAdd: router.on_route,
-            RouteDel: router.on_route,
+            RouteAdd: router.registry.on_route,
+            RouteDel: router.registry.on_route,
             Handoff: task(self.on_hoff),
-            RouteSync: router.on_rsync,
-            RouteDigest: router.on_rdig,
-            RoutePull: router.on_rpull,
+            RouteSync: router.registry.on_rsync,
+            RouteDigest: router.registry.on_rdig,
+            RoutePull: router.registry.on_rpull,
             RetainedQuery: task(router.on_retained_query),
             Repl: task(replicator.on_repl),
             CatchUp: task(replicator.serve_catch_up),

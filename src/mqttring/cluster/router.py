@@ -26,18 +26,11 @@ Shared subscriptions (``$share/{group}/{filter}``) are routed by ``ShareDispatch
 asks that node alone; ``accept`` runs it beside the ordinary deliveries, and its
 acknowledgement waits for both.  Without shares the cost is one attribute check.
 
-Subscriptions register node-level routes (``radd``/``rdel``) as described in
-``mqttring.cluster.routes``; ``subscribe`` returns only when the route is registered where
-publishes will look for it, so a client's SUBACK means what it says on every node.
-
-Routes heal themselves (anti-entropy): after every view change and every link
-(re)connection this node sends each peer the full set of routes it should hold for us
-(``rsync``), and every ``route_sync_interval`` a digest of it (``rdig``), which the peer
-answers with ``rpull`` when its copy differs.  An owner refuses to *acknowledge* a QoS >= 1
-publish on a shard until every peer that was live when it became the shard's replica has
-sent it a full route set since (``routes_complete``): until then the publisher waits, and
-past ``routes_wait`` it gets no PUBACK at all, rather than an acknowledgement for a message
-that may have missed a subscriber.
+Node-level routes are kept true by ``RouteRegistry`` (``mqttring.cluster.registry``),
+handed in: it registers subscriptions (``subscribe`` returns only once the route is
+registered where publishes will look for it) and heals the route table after view changes
+and lost messages.  Its one effect on publishes: an owner acknowledges a QoS >= 1 publish
+only once ``routes_complete`` holds for its shard, and past ``routes_wait`` not at all.
 """
 
 from __future__ import annotations
@@ -65,7 +58,6 @@ from mqttring.cluster.errors import (
     PeerFailure,
     PeerUnavailable,
     RemoteError,
-    RoutesIncomplete,
     peer_failures_unwrapped,
 )
 from mqttring.cluster.links import Links
@@ -79,26 +71,15 @@ from mqttring.cluster.messages import (
     RetainedQuery,
     RetainedRow,
     RetainedRows,
-    RouteAdd,
-    RouteDel,
-    RouteDigest,
-    RoutePull,
-    RouteSync,
     SharedDone,
 )
-from mqttring.cluster.routes import (
-    RouteKey,
-    RouteTable,
-    registrar_for,
-    route_digest,
-    route_shard,
-)
+from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
 from mqttring.protocol.session import Message, Session
 from mqttring.protocol.session5 import PublishProps, props_to_wire
-from mqttring.raft.view import ClusterView, MemberState
+from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.router")
 
@@ -144,13 +125,9 @@ class ClusterRouter:
         metrics: BrokerMetrics,
         deliveries: Deliveries,
         spawn: Callable[..., None],
-        held: Callable[[], Iterable[int]] = tuple,
-        *,
-        routes_wait: float = 10.0,
+        registry: RouteRegistry,
     ) -> None:
         self.node_id = node_id
-        #: How long an owner holds back an acknowledgement while its routes are incomplete.
-        self.routes_wait = routes_wait
         #: Owner -> nodes with subscribers; its patience bounds our forwards too.
         self.deliveries = deliveries
         #: Shared with ``deliveries``: both retry by the newer view.
@@ -161,31 +138,16 @@ class ClusterRouter:
         self.view = view
         self.metrics = metrics
         self.spawn = spawn
-        #: Every shard ``deliveries.holds`` is true for: whose session routes we assert
-        #: (``rsync``).
-        self.held = held
-        self.routes = RouteTable()
-        #: Local subscriptions per (filter, route target); a route is registered while > 0.
-        self.local_filters: dict[tuple[str, str], int] = {}
+        #: Registers our subscriptions and keeps ``routes`` true (``cluster.registry``).
+        self.registry = registry
+        #: The registry's table, read per message (``route``).
+        self.routes = registry.routes
         #: topic -> its ``Route``: valid for one (epoch, routes version); spares the hash,
         #: the wildcard trie walk and the resolution per message.
         self._route_cache: dict[str, Route] = {}
         self._cache_key: tuple[int, int] = (-1, -1)
         #: Set by the server when ``config.archive`` lists topic filters (owner side only).
         self.archive: TelemetryArchive | None = None
-        # Anti-entropy state (see the module docstring).
-        #: peer -> view epoch of the last full route set it sent us (this incarnation of it).
-        self.synced: dict[str, int] = {}
-        #: peer -> (incarnation, epoch from which we have seen it in that incarnation).
-        self.peer_since: dict[str, tuple[int, int]] = {}
-        #: shard -> epoch from which this node holds it as a replica (routes must be complete).
-        self.replica_since: dict[int, int] = {}
-        self._routes_changed = trio.Event()
-        #: Bumped whenever the set of locally wanted routes changes (digest cache key).
-        self._local_version = 0
-        self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
-        self.route_syncs_sent = 0
-        self.route_repairs = 0
         #: One member per share and message (``mqttring.cluster.shared``).
         self.shares = ShareDispatch(node_id, local.chooser.strategy, self.routes.shares_for,
                                     deliveries.deliver, view, links, self.view_changes,
@@ -304,8 +266,8 @@ class ClusterRouter:
         accepted: retained updates stored (one write), every node with subscribers served
         (one ``Dlv`` per node)."""
         for shard in {self.route(m.topic, view).shard for m in messages if m.qos}:
-            if not self.routes_complete(shard, view):
-                view = await self._await_routes(shard)
+            if not self.registry.routes_complete(shard, view):
+                view = await self.registry.await_routes(shard)
         retained = [m for m in messages if m.retain]
         if retained:
             await self.retained_store.update_many(retained, epoch=view.epoch)
@@ -468,51 +430,6 @@ class ClusterRouter:
     def on_shared_done(self, node: str, msg: SharedDone) -> None:
         self.shares.on_done(node, msg)
 
-    def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
-        registrar = registrar_for(msg.target, node)
-        if type(msg) is RouteAdd:
-            self.routes.add(msg.topic_filter, msg.target, registrar)
-        else:
-            self.routes.remove(msg.topic_filter, msg.target, registrar)
-        self.links.reply(node, msg.req, True)
-
-    def on_rsync(self, node: str, msg: RouteSync) -> None:
-        """A peer's full route set for us: it replaces what that peer registered here in
-        its own name, and, for each session shard it is the loaded home of, what is
-        registered in that home's name."""
-        by_registrar: dict[str, set[RouteKey]] = {node: set()}
-        for shard in msg.homes:
-            by_registrar[f"home:{shard}"] = set()
-        for key in msg.routes:
-            keys = by_registrar.get(registrar_for(key[1], node))
-            if keys is not None:
-                keys.add(key)
-        # A set computed under a newer view than ours may leave out routes that our view
-        # still needs (a shard we still own, that the sender already sees elsewhere): add
-        # what it has, remove nothing; our own view change drops what we no longer hold,
-        # and the next digest round settles the rest.
-        remove = msg.epoch <= self.view().epoch
-        added = removed = 0
-        for registrar, keys in by_registrar.items():
-            a, r = self.routes.replace(registrar, keys, remove)
-            added, removed = added + a, removed + r
-        if added or removed:
-            log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
-            self.route_repairs += 1
-        self.synced[node] = msg.epoch
-        self._signal_routes()
-
-    def on_rdig(self, node: str, msg: RouteDigest) -> None:
-        """A peer's digest of its route set for us: ask for the set if ours differs."""
-        ours = self.routes.digest_of(node)
-        for shard in msg.homes:
-            ours ^= self.routes.digest_of(f"home:{shard}")
-        if ours != msg.digest:
-            self.links.send(node, RoutePull())
-
-    def on_rpull(self, node: str, msg: RoutePull) -> None:
-        self.sync_to(node)
-
     async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
         rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props))
                 for m in self._owned_retained(msg.topic_filter)]
@@ -521,26 +438,18 @@ class ClusterRouter:
     # -- subscriptions ----------------------------------------------------------------------
 
     def route_target(self, session: Session) -> str:
-        """Clean sessions live here; persistent ones at the owner of their shard."""
-        if session.clean_session:
-            return self.node_id
-        return f"s:{self.view().shard_for_client(session.client_id)}"
+        return self.registry.route_target(session)
 
     async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         new = topic_filter not in session.subscriptions
         self.local.add_subscription(session, topic_filter, qos)
         if new:
-            key = (topic_filter, self.route_target(session))
-            count = self.local_filters.get(key, 0)
-            self.local_filters[key] = count + 1
-            if count == 0:
-                self._local_version += 1
-                await self._register(key, "radd")
+            await self.registry.add((topic_filter, self.route_target(session)))
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
         if topic_filter in session.subscriptions:
             self.local.unsubscribe(session, topic_filter)
-            self._release((topic_filter, self.route_target(session)))
+            self.registry.release((topic_filter, self.route_target(session)))
 
     def forget(self, session: Session, *, moving: bool = False) -> None:
         """Drop a session's subscriptions here.  ``moving``: its shard moved to another
@@ -551,65 +460,16 @@ class ClusterRouter:
         self.local.drop_subscriptions(session)
         announce = not (moving and target.startswith("s:"))
         for topic_filter in list(session.subscriptions):
-            self._release((topic_filter, target), announce)
+            self.registry.release((topic_filter, target), announce)
         if lost:  # it ended with copies of shares unacknowledged: to other members
             self.spawn(self.shares.redispatch, lost)
-
-    def _release(self, key: tuple[str, str], announce: bool = True) -> None:
-        count = self.local_filters.get(key, 0) - 1
-        if count > 0:
-            self.local_filters[key] = count
-            return
-        self.local_filters.pop(key, None)
-        self._local_version += 1
-        if announce:
-            self.spawn(self._register, key, "rdel")
-
-    def _route_targets(self, topic_filter: str, view: ClusterView) -> list[str]:
-        """Nodes that must hold a filter's route: every replica of its one shard (so a
-        promoted replica already knows them), or every live node for a wildcard filter."""
-        shard = route_shard(topic_filter, view)
-        if shard is None:
-            return list(view.live_members()) or [self.node_id]
-        return list(view.replicas(shard)) or [self.node_id]
-
-    async def _register(self, key: tuple[str, str], kind: str,
-                        nodes: list[str] | None = None) -> None:
-        topic_filter, target = key
-        if kind == "rdel" and key in self.local_filters:
-            return  # subscribed again before the removal went out
-        view = self.view()
-        async with trio.open_nursery() as nursery:
-            for node in nodes or self._route_targets(topic_filter, view):
-                nursery.start_soon(self._register_at, node, kind, topic_filter, target)
-
-    async def _register_at(self, node: str, kind: str, topic_filter: str, target: str) -> None:
-        if node == self.node_id:
-            registrar = registrar_for(target, self.node_id)
-            if kind == "radd":
-                self.routes.add(topic_filter, target, registrar)
-            else:
-                self.routes.remove(topic_filter, target, registrar)
-            return
-        try:
-            change = RouteAdd if kind == "radd" else RouteDel
-            await self.links.request(node, change(0, topic_filter, target))
-        except (PeerUnavailable, RemoteError) as exc:
-            # Not lost: the next digest round (or the rsync after the link or the view
-            # changes) finds the difference and repairs it.
-            log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
 
     def restore(self, sessions: list[Session]) -> None:
         self.local.restore(sessions)
         for session in sessions:
             target = self.route_target(session)
             for topic_filter in session.subscriptions:
-                key = (topic_filter, target)
-                count = self.local_filters.get(key, 0)
-                self.local_filters[key] = count + 1
-                if count == 0:
-                    self._local_version += 1
-                    self.spawn(self._register, key, "radd")
+                self.registry.add_soon((topic_filter, target))
 
     # -- retained ---------------------------------------------------------------------------
 
@@ -624,7 +484,7 @@ class ClusterRouter:
         if topic_filter.startswith("$SYS"):
             return await self.local.retained(topic_filter)  # each node's own vital signs
         view = self.view()
-        targets = self._route_targets(topic_filter, view)
+        targets = self.registry.route_targets(topic_filter, view)
         found: dict[str, Message] = {}
 
         async def ask(node: str) -> None:
@@ -654,101 +514,13 @@ class ClusterRouter:
         self.view_changes.notify()
 
     def on_view(self, old: ClusterView, new: ClusterView) -> None:
-        """Drop routes to nodes that left; send every peer its full route set again."""
+        """Wake what waits on ownership; re-place copies of shares held at nodes that
+        left; have the registry drop their routes and send every peer its route set."""
         self.notify_changed()
-        me = self.node_id
-        live = set(new.live_members())
-        for node in old.members:
-            if node not in live:
-                self.routes.drop_node(node)
-            if node not in new.members:
-                self.routes.drop_registrar(node)
-                self.synced.pop(node, None)
-                self.peer_since.pop(node, None)
-        held = {s for s in range(new.num_shards) if me in new.replicas(s)}
-        self.routes.drop_exact_where(held, new)
-        # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
-        # replica of (its former replicas all gone) needs the exact routes of our own
-        # subscribers too, which ``subscribe`` registered only where it was held then.
-        for topic_filter, target in self.local_filters:
-            if me in self._route_targets(topic_filter, new):
-                self.routes.add(topic_filter, target, registrar_for(target, me))
         lost = self.shares.on_view(new)
         if lost:  # copies held by clean members of a node that died: to other members
             self.spawn(self.shares.redispatch, lost)
-        for shard in list(self.replica_since):
-            if shard not in held:
-                del self.replica_since[shard]
-        for shard in held:
-            self.replica_since.setdefault(shard, new.epoch)
-        for node in self.sync_peers(new):
-            incarnation = new.members[node].incarnation
-            seen = self.peer_since.get(node)
-            if seen is None or seen[0] != incarnation:
-                self.peer_since[node] = (incarnation, new.epoch)
-            self.sync_to(node, new)
-        self._signal_routes()
-
-    # -- anti-entropy -----------------------------------------------------------------------
-
-    def sync_peers(self, view: ClusterView) -> list[str]:
-        """Peers that may hold routes for us: every member not marked down."""
-        return [n for n, m in view.members.items()
-                if n != self.node_id and m.state is not MemberState.DOWN]
-
-    def expected_at(self, node: str, view: ClusterView) -> set[RouteKey]:
-        """The routes ``node`` should hold on our behalf under ``view``."""
-        return {key for key in self.local_filters if node in self._route_targets(key[0], view)}
-
-    def sync_to(self, node: str, view: ClusterView | None = None) -> None:
-        """Send ``node`` the full set of routes it should hold for us."""
-        view = view or self.view()
-        if node not in view.members:
-            return
-        keys = self.expected_at(node, view)
-        self.links.send_control(node, RouteSync(view.epoch, sorted(keys), sorted(self.held())))
-        self.route_syncs_sent += 1
-
-    def send_digests(self) -> None:
-        """One anti-entropy round: a digest of our route set to every peer."""
-        view = self.view()
-        for node in self.sync_peers(view):
-            homes = sorted(self.held())
-            key = (view.epoch, self._local_version, len(homes))
-            cached = self._digest_cache.get(node)
-            if cached is None or cached[0] != key:
-                digest = route_digest(self.expected_at(node, view))
-                cached = self._digest_cache[node] = (key, digest)
-            self.links.send(node, RouteDigest(view.epoch, cached[1], homes))
-
-    def routes_complete(self, shard: int, view: ClusterView) -> bool:
-        """Has every live peer told us its routes since we became this shard's replica?"""
-        since = self.replica_since.get(shard)
-        if since is None:
-            return True  # not a replica here (forwarding or a view in flight): not our call
-        synced = self.synced
-        for node, (_, first) in self.peer_since.items():
-            if synced.get(node, -1) < max(since, first):
-                member = view.members.get(node)
-                if member is not None and member.state is MemberState.UP:
-                    return False
-        return True
-
-    def _signal_routes(self) -> None:
-        event, self._routes_changed = self._routes_changed, trio.Event()
-        event.set()
-
-    async def _await_routes(self, shard: int) -> ClusterView:
-        """Wait (bounded by ``routes_wait``) until the shard's routes are known complete."""
-        with trio.move_on_after(self.routes_wait):
-            while True:
-                view = self.view()
-                if self.routes_complete(shard, view):
-                    return view
-                await self._routes_changed.wait()
-        missing = sorted(n for n in self.peer_since
-                         if self.synced.get(n, -1) < self.replica_since.get(shard, 0))
-        raise RoutesIncomplete(f"shard {shard}: no route set yet from {missing}")
+        self.registry.on_view(old, new)
 
     async def publish_local(self, message: Message) -> None:
         """Node-local traffic ($SYS): this node's subscribers only, never the cluster."""

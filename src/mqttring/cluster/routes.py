@@ -32,7 +32,7 @@ ordinary ones (``shared``): an ordinary lookup never sees them, and ``shares_for
 owner each matching share with its targets, from which it picks one per message
 (``mqttring.cluster.shared``).
 
-Anti-entropy (``ClusterRouter``): each node knows exactly which routes it should hold at each
+Anti-entropy (``RouteRegistry``): each node knows exactly which routes it should hold at each
 peer, so it can send the full set (``rsync``) and the receiver replaces what that registrar
 had.  Full sets go out after every view change and every link (re)connection; in between, a
 periodic digest (``rdig``, an order-independent hash of the set) lets the receiver notice a
@@ -204,7 +204,7 @@ class RouteTable:
                 remove: bool = True) -> tuple[int, int]:
         """Make ``keys`` exactly what ``registrar`` holds here (anti-entropy); (added, removed).
 
-        ``remove=False`` only adds (see ``ClusterRouter.on_rsync``)."""
+        ``remove=False`` only adds (see ``RouteRegistry.on_rsync``)."""
         current = self._by_registrar.get(registrar, set())
         stale = current - keys if remove else set()
         fresh = keys - current

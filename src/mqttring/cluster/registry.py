@@ -1,0 +1,300 @@
+"""``RouteRegistry``: where node-level routes are registered, and how they heal.
+
+Apart from ``ClusterRouter`` because it answers a different question.  The router asks,
+per message, "where does this go?" and reads the ``RouteTable`` for the answer; this module
+keeps that table true: it registers this node's subscriptions where publishes will look for
+them, accepts what peers register here, and repairs both after view changes and lost
+messages.  Its state (counts of local filters, which peer synced when) is never read on the
+publish path except through ``routes_complete``, the one question the owner asks before it
+acknowledges.
+
+Registration
+------------
+A subscription registers a node-level route (``radd``/``rdel``, see
+``mqttring.cluster.routes``) at every replica of its filter's shard, or at every live node for
+a wildcard filter; ``add`` returns only once that is done, so a client's SUBACK means what it
+says on every node.  Local subscriptions are counted per (filter, route target): only the
+first registers, only the last withdraws.
+
+Anti-entropy
+------------
+After every view change and every link (re)connection this node sends each peer the full set
+of routes it should hold for us (``rsync``), and every ``route_sync_interval`` a digest of it
+(``rdig``), which the peer answers with ``rpull`` when its copy differs.  An owner refuses to
+*acknowledge* a QoS >= 1 publish on a shard until every peer that was live when it became the
+shard's replica has sent it a full route set since (``routes_complete``): until then the
+publisher waits, and past ``routes_wait`` it gets no PUBACK at all, rather than an
+acknowledgement for a message that may have missed a subscriber.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import trio
+
+from mqttring.cluster.errors import PeerUnavailable, RemoteError, RoutesIncomplete
+from mqttring.cluster.links import Links
+from mqttring.cluster.messages import RouteAdd, RouteDel, RouteDigest, RoutePull, RouteSync
+from mqttring.cluster.routes import (
+    RouteKey,
+    RouteTable,
+    registrar_for,
+    route_digest,
+    route_shard,
+)
+from mqttring.protocol.session import Session
+from mqttring.raft.view import ClusterView, MemberState
+
+log = logging.getLogger("mqttring.cluster.registry")
+
+
+class RouteRegistry:
+    def __init__(
+        self,
+        node_id: str,
+        links: Links,
+        view: Callable[[], ClusterView],
+        spawn: Callable[..., None],
+        held: Callable[[], Iterable[int]] = tuple,
+        *,
+        routes_wait: float = 10.0,
+    ) -> None:
+        self.node_id = node_id
+        self.links = links
+        self.view = view
+        self.spawn = spawn
+        #: How long an owner holds back an acknowledgement while its routes are incomplete.
+        self.routes_wait = routes_wait
+        #: Every shard ``deliveries.holds`` is true for: whose session routes we assert
+        #: (``rsync``).
+        self.held = held
+        self.routes = RouteTable()
+        #: Local subscriptions per (filter, route target); a route is registered while > 0.
+        self.local_filters: dict[tuple[str, str], int] = {}
+        # Anti-entropy state (see the module docstring).
+        #: peer -> view epoch of the last full route set it sent us (this incarnation of it).
+        self.synced: dict[str, int] = {}
+        #: peer -> (incarnation, epoch from which we have seen it in that incarnation).
+        self.peer_since: dict[str, tuple[int, int]] = {}
+        #: shard -> epoch from which this node holds it as a replica (routes must be complete).
+        self.replica_since: dict[int, int] = {}
+        self._routes_changed = trio.Event()
+        #: Bumped whenever the set of locally wanted routes changes (digest cache key).
+        self._local_version = 0
+        self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
+        self.route_syncs_sent = 0
+        self.route_repairs = 0
+
+    # -- this node's subscriptions ----------------------------------------------------------
+
+    def route_target(self, session: Session) -> str:
+        """Clean sessions live here; persistent ones at the owner of their shard."""
+        if session.clean_session:
+            return self.node_id
+        return f"s:{self.view().shard_for_client(session.client_id)}"
+
+    async def add(self, key: tuple[str, str]) -> None:
+        """One more local subscription to ``key``; the first registers it, and returns
+        once it is registered."""
+        count = self.local_filters.get(key, 0)
+        self.local_filters[key] = count + 1
+        if count == 0:
+            self._local_version += 1
+            await self._register(key, "radd")
+
+    def add_soon(self, key: tuple[str, str]) -> None:
+        """``add`` without waiting for the registration (sessions restored at load)."""
+        count = self.local_filters.get(key, 0)
+        self.local_filters[key] = count + 1
+        if count == 0:
+            self._local_version += 1
+            self.spawn(self._register, key, "radd")
+
+    def release(self, key: tuple[str, str], announce: bool = True) -> None:
+        """One local subscription to ``key`` fewer; the last withdraws it (``announce``)."""
+        count = self.local_filters.get(key, 0) - 1
+        if count > 0:
+            self.local_filters[key] = count
+            return
+        self.local_filters.pop(key, None)
+        self._local_version += 1
+        if announce:
+            self.spawn(self._register, key, "rdel")
+
+    def route_targets(self, topic_filter: str, view: ClusterView) -> list[str]:
+        """Nodes that must hold a filter's route: every replica of its one shard (so a
+        promoted replica already knows them), or every live node for a wildcard filter."""
+        shard = route_shard(topic_filter, view)
+        if shard is None:
+            return list(view.live_members()) or [self.node_id]
+        return list(view.replicas(shard)) or [self.node_id]
+
+    async def _register(self, key: tuple[str, str], kind: str,
+                        nodes: list[str] | None = None) -> None:
+        topic_filter, target = key
+        if kind == "rdel" and key in self.local_filters:
+            return  # subscribed again before the removal went out
+        view = self.view()
+        async with trio.open_nursery() as nursery:
+            for node in nodes or self.route_targets(topic_filter, view):
+                nursery.start_soon(self._register_at, node, kind, topic_filter, target)
+
+    async def _register_at(self, node: str, kind: str, topic_filter: str, target: str) -> None:
+        if node == self.node_id:
+            registrar = registrar_for(target, self.node_id)
+            if kind == "radd":
+                self.routes.add(topic_filter, target, registrar)
+            else:
+                self.routes.remove(topic_filter, target, registrar)
+            return
+        try:
+            change = RouteAdd if kind == "radd" else RouteDel
+            await self.links.request(node, change(0, topic_filter, target))
+        except (PeerUnavailable, RemoteError) as exc:
+            # Not lost: the next digest round (or the rsync after the link or the view
+            # changes) finds the difference and repairs it.
+            log.info("route %s %r at %s not confirmed: %s", kind, topic_filter, node, exc)
+
+    # -- inbound messages -------------------------------------------------------------------
+
+    def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
+        registrar = registrar_for(msg.target, node)
+        if type(msg) is RouteAdd:
+            self.routes.add(msg.topic_filter, msg.target, registrar)
+        else:
+            self.routes.remove(msg.topic_filter, msg.target, registrar)
+        self.links.reply(node, msg.req, True)
+
+    def on_rsync(self, node: str, msg: RouteSync) -> None:
+        """A peer's full route set for us: it replaces what that peer registered here in
+        its own name, and, for each session shard it is the loaded home of, what is
+        registered in that home's name."""
+        by_registrar: dict[str, set[RouteKey]] = {node: set()}
+        for shard in msg.homes:
+            by_registrar[f"home:{shard}"] = set()
+        for key in msg.routes:
+            keys = by_registrar.get(registrar_for(key[1], node))
+            if keys is not None:
+                keys.add(key)
+        # A set computed under a newer view than ours may leave out routes that our view
+        # still needs (a shard we still own, that the sender already sees elsewhere): add
+        # what it has, remove nothing; our own view change drops what we no longer hold,
+        # and the next digest round settles the rest.
+        remove = msg.epoch <= self.view().epoch
+        added = removed = 0
+        for registrar, keys in by_registrar.items():
+            a, r = self.routes.replace(registrar, keys, remove)
+            added, removed = added + a, removed + r
+        if added or removed:
+            log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
+            self.route_repairs += 1
+        self.synced[node] = msg.epoch
+        self._signal_routes()
+
+    def on_rdig(self, node: str, msg: RouteDigest) -> None:
+        """A peer's digest of its route set for us: ask for the set if ours differs."""
+        ours = self.routes.digest_of(node)
+        for shard in msg.homes:
+            ours ^= self.routes.digest_of(f"home:{shard}")
+        if ours != msg.digest:
+            self.links.send(node, RoutePull())
+
+    def on_rpull(self, node: str, msg: RoutePull) -> None:
+        self.sync_to(node)
+
+    # -- membership changes -----------------------------------------------------------------
+
+    def on_view(self, old: ClusterView, new: ClusterView) -> None:
+        """Drop routes to nodes that left; send every peer its full route set again."""
+        me = self.node_id
+        live = set(new.live_members())
+        for node in old.members:
+            if node not in live:
+                self.routes.drop_node(node)
+            if node not in new.members:
+                self.routes.drop_registrar(node)
+                self.synced.pop(node, None)
+                self.peer_since.pop(node, None)
+        held = {s for s in range(new.num_shards) if me in new.replicas(s)}
+        self.routes.drop_exact_where(held, new)
+        # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
+        # replica of (its former replicas all gone) needs the exact routes of our own
+        # subscribers too, which ``add`` registered only where it was held then.
+        for topic_filter, target in self.local_filters:
+            if me in self.route_targets(topic_filter, new):
+                self.routes.add(topic_filter, target, registrar_for(target, me))
+        for shard in list(self.replica_since):
+            if shard not in held:
+                del self.replica_since[shard]
+        for shard in held:
+            self.replica_since.setdefault(shard, new.epoch)
+        for node in self.sync_peers(new):
+            incarnation = new.members[node].incarnation
+            seen = self.peer_since.get(node)
+            if seen is None or seen[0] != incarnation:
+                self.peer_since[node] = (incarnation, new.epoch)
+            self.sync_to(node, new)
+        self._signal_routes()
+
+    # -- anti-entropy -----------------------------------------------------------------------
+
+    def sync_peers(self, view: ClusterView) -> list[str]:
+        """Peers that may hold routes for us: every member not marked down."""
+        return [n for n, m in view.members.items()
+                if n != self.node_id and m.state is not MemberState.DOWN]
+
+    def expected_at(self, node: str, view: ClusterView) -> set[RouteKey]:
+        """The routes ``node`` should hold on our behalf under ``view``."""
+        return {key for key in self.local_filters if node in self.route_targets(key[0], view)}
+
+    def sync_to(self, node: str, view: ClusterView | None = None) -> None:
+        """Send ``node`` the full set of routes it should hold for us."""
+        view = view or self.view()
+        if node not in view.members:
+            return
+        keys = self.expected_at(node, view)
+        self.links.send_control(node, RouteSync(view.epoch, sorted(keys), sorted(self.held())))
+        self.route_syncs_sent += 1
+
+    def send_digests(self) -> None:
+        """One anti-entropy round: a digest of our route set to every peer."""
+        view = self.view()
+        for node in self.sync_peers(view):
+            homes = sorted(self.held())
+            key = (view.epoch, self._local_version, len(homes))
+            cached = self._digest_cache.get(node)
+            if cached is None or cached[0] != key:
+                digest = route_digest(self.expected_at(node, view))
+                cached = self._digest_cache[node] = (key, digest)
+            self.links.send(node, RouteDigest(view.epoch, cached[1], homes))
+
+    def routes_complete(self, shard: int, view: ClusterView) -> bool:
+        """Has every live peer told us its routes since we became this shard's replica?"""
+        since = self.replica_since.get(shard)
+        if since is None:
+            return True  # not a replica here (forwarding or a view in flight): not our call
+        synced = self.synced
+        for node, (_, first) in self.peer_since.items():
+            if synced.get(node, -1) < max(since, first):
+                member = view.members.get(node)
+                if member is not None and member.state is MemberState.UP:
+                    return False
+        return True
+
+    def _signal_routes(self) -> None:
+        event, self._routes_changed = self._routes_changed, trio.Event()
+        event.set()
+
+    async def await_routes(self, shard: int) -> ClusterView:
+        """Wait (bounded by ``routes_wait``) until the shard's routes are known complete."""
+        with trio.move_on_after(self.routes_wait):
+            while True:
+                view = self.view()
+                if self.routes_complete(shard, view):
+                    return view
+                await self._routes_changed.wait()
+        missing = sorted(n for n in self.peer_since
+                         if self.synced.get(n, -1) < self.replica_since.get(shard, 0))
+        raise RoutesIncomplete(f"shard {shard}: no route set yet from {missing}")
