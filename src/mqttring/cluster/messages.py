@@ -20,15 +20,37 @@ at the tail of a link queue (the hot path: no copy per PUBLISH).
 
 Each docstring says who sends the message, when, and what the receiver must do; the same
 table is in docs/design.md ("Messages on the data links").
+
+Layout: the messages between a session's edge and its home, and the will messages, are in
+``mqttring.cluster.messages_sessions``; the base class and shared field types in
+``mqttring.cluster.messages_base``.  This module imports and re-exports them, so every
+message is still named ``mqttring.cluster.messages.X``, and it alone holds the
+``LinkMessage`` union, the ``Frame`` and its codec: the wire format is defined here once.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import msgspec
 
 from mqttring.cluster.errors import PeerProtocolError
+from mqttring.cluster.messages_base import FrozenMessage, Props, QoS, RouteKey, WireMessage
+from mqttring.cluster.messages_sessions import (
+    InboundQos2,
+    SessionAck,
+    SessionBytes,
+    SessionClose,
+    SessionKick,
+    SessionOpen,
+    SessionOpened,
+    SessionSubscribe,
+    SessionUnsubscribe,
+    V5Client,
+    WillDelete,
+    WillRegister,
+    WillSpec,
+)
 
 #: Version of the frame format; a frame of any other version is refused.  Version 1 was the
 #: untyped map of positional lists; version 2 had a ``Dlv`` that was refused whole when the
@@ -38,44 +60,6 @@ from mqttring.cluster.errors import PeerProtocolError
 #: ordinary one and know neither ``Redispatch`` nor ``SharedDone``).
 #: Nodes of different versions refuse each other's links.
 FRAME_VERSION = 5
-
-QoS = Annotated[int, msgspec.Meta(ge=0, le=2)]
-#: A route as the route table keys it: (topic filter, target: a node id or ``s:<shard>``).
-RouteKey: TypeAlias = tuple[str, str]
-#: The MQTT 5 properties of a message (``session5.PublishProps.to_wire()``): forwarded
-#: property bytes, message expiry deadline (wall-clock UNIX seconds, 0: none), publisher's
-#: client id (No Local).  None for a 3.1.1 message (one msgpack nil on the wire: msgspec
-#: does not omit defaults of array-like structs).
-Props: TypeAlias = tuple[bytes, float, str]
-
-
-class WireMessage(msgspec.Struct, array_like=True, gc=False):
-    """Base of every link message: the codec options live here, once.
-
-    ``gc=False``: messages hold only strings, bytes, numbers and lists of them, never a
-    reference back, so the cycle collector need not track the thousands per second the
-    links carry.
-    """
-
-
-class _Frozen(WireMessage, frozen=True):
-    """A message never changed after it is built (all but ``Batch``)."""
-
-
-class WillSpec(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """A client's will as the will keepers hold it (``mqttring.protocol.packets.Will``).
-
-    ``props`` and ``delay`` are MQTT 5's: the will properties as encoded in a CONNECT (the
-    Will Delay Interval in them already bounded by the session expiry), and that delay in
-    seconds (for logs and readers that do not decode the properties); None and 0 for a
-    3.1.1 will."""
-
-    topic: str
-    payload: bytes
-    qos: QoS
-    retain: bool
-    props: bytes | None = None
-    delay: int = 0
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
@@ -92,7 +76,7 @@ class PubEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     props: Props | None = None
 
 
-class Pub(_Frozen, tag="pub"):
+class Pub(FrozenMessage, tag="pub"):
     """Edge -> owner of the topics' shards: route these publishes (QoS >= 1, or RETAIN).
 
     One ``Pub`` carries what one connection had waiting (up to its ``publish_window``), in
@@ -146,7 +130,7 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     witness: str = ""
 
 
-class Dlv(_Frozen, tag="dlv"):
+class Dlv(FrozenMessage, tag="dlv"):
     """Owner -> a node with subscribers: deliver these, in order, to your local sessions;
     never route them again.
 
@@ -191,7 +175,7 @@ class SharedEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     props: Props | None = None
 
 
-class Redispatch(_Frozen, tag="shre"):
+class Redispatch(FrozenMessage, tag="shre"):
     """A node where a member of a share ended (its session closed, clean) with copies it had
     not acknowledged -> the owner of their topics' shards: give each to another member of
     its share (``mqttring.cluster.shared``).  The receiver dispatches them as it would a
@@ -202,7 +186,7 @@ class Redispatch(_Frozen, tag="shre"):
     entries: list[SharedEntry]
 
 
-class SharedDone(_Frozen, tag="shdone"):
+class SharedDone(FrozenMessage, tag="shdone"):
     """A node -> the node that placed copies of shares with its clean members (``DlvEntry.
     track``): these copies are gone (acknowledged by the client, or handed back to the
     share when the member ended), sent in batches on a timer.  The receiver forgets them:
@@ -225,7 +209,7 @@ class TrackedEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     props: Props | None = None
 
 
-class ShareTrack(_Frozen, tag="shtrack"):
+class ShareTrack(FrozenMessage, tag="shtrack"):
     """The owner of topics -> their witness (``mqttring.cluster.witness``): it placed these
     copies with clean members on node ``member``, which hold them unacknowledged.  Sent in
     the round that places them; the owner acknowledges the publisher only once this is
@@ -238,10 +222,10 @@ class ShareTrack(_Frozen, tag="shtrack"):
     entries: list[TrackedEntry]
 
 
-# -- routes (``mqttring.cluster.routes``, anti-entropy in ``router``) ------------------------
+# -- routes (``mqttring.cluster.routes``, anti-entropy in ``registry``) ----------------------
 
 
-class RouteAdd(_Frozen, tag="radd"):
+class RouteAdd(FrozenMessage, tag="radd"):
     """A node with a new local subscription -> every node that must hold its route (the
     replicas of the filter's shard, or every live node for a wildcard filter).
 
@@ -254,7 +238,7 @@ class RouteAdd(_Frozen, tag="radd"):
     target: str
 
 
-class RouteDel(_Frozen, tag="rdel"):
+class RouteDel(FrozenMessage, tag="rdel"):
     """Like ``RouteAdd``, when the last local subscription of a filter goes: the receiver
     removes the sender's registration of the route (others' stay) and answers."""
 
@@ -263,7 +247,7 @@ class RouteDel(_Frozen, tag="rdel"):
     target: str
 
 
-class RouteSync(_Frozen, tag="rsync"):
+class RouteSync(FrozenMessage, tag="rsync"):
     """Every node -> each live peer, after every view change and link (re)connection, and
     on ``RoutePull``: the full set of routes the peer should hold for the sender.
 
@@ -278,7 +262,7 @@ class RouteSync(_Frozen, tag="rsync"):
     homes: list[int]
 
 
-class RouteDigest(_Frozen, tag="rdig"):
+class RouteDigest(FrozenMessage, tag="rdig"):
     """Every node -> each live peer, every ``route_sync_interval``: a digest of the route set
     the peer should hold for the sender; the receiver answers ``RoutePull`` if its own copy
     has another digest."""
@@ -289,11 +273,11 @@ class RouteDigest(_Frozen, tag="rdig"):
     homes: list[int]
 
 
-class RoutePull(_Frozen, tag="rpull"):
+class RoutePull(FrozenMessage, tag="rpull"):
     """The answer to a ``RouteDigest`` that did not match: the receiver sends ``RouteSync``."""
 
 
-class Handoff(_Frozen, tag="hoff"):
+class Handoff(FrozenMessage, tag="hoff"):
     """New owner of shards -> their previous owner, still alive: confirm you let go.
 
     The receiver answers once its view has reached ``epoch`` (so it takes no more
@@ -307,7 +291,7 @@ class Handoff(_Frozen, tag="hoff"):
     epoch: int
 
 
-class RetainedQuery(_Frozen, tag="retq"):
+class RetainedQuery(FrozenMessage, tag="retq"):
     """A node whose client subscribed -> the owners that may hold matching retained
     messages: the receiver answers with ``RetainedRows`` of the shards it owns."""
 
@@ -337,7 +321,7 @@ class ShardOps(msgspec.Struct, array_like=True, frozen=True, gc=False):
     ops: list[StoredOp]
 
 
-class Repl(_Frozen, tag="repl"):
+class Repl(FrozenMessage, tag="repl"):
     """Owner of shards -> each other replica of them: apply these writes.
 
     The receiver writes them (durably if ``durable``), keeps its in-memory mirrors in step,
@@ -349,7 +333,7 @@ class Repl(_Frozen, tag="repl"):
     durable: bool
 
 
-class CatchUp(_Frozen, tag="cu"):
+class CatchUp(FrozenMessage, tag="cu"):
     """A node catching up on a shard -> its owner: the next chunk of ``db`` rows of
     ``shard`` after key ``after`` (empty: from the start).  The receiver answers with
     ``ShardRows`` (fewer than a chunk means the end)."""
@@ -360,148 +344,7 @@ class CatchUp(_Frozen, tag="cu"):
     after: bytes
 
 
-# -- sessions (``mqttring.cluster.sessions``) ------------------------------------------------
-
-
-class V5Client(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """What the home of an MQTT 5 client's persistent session needs from its CONNECT to
-    run the session: the client's Maximum Packet Size (0: none) and Receive Maximum (the
-    inflight window towards it), and whether it asked for a Clean Start (with a session
-    to keep: the old one is discarded, the new one kept)."""
-
-    max_packet_size: int
-    receive_maximum: int
-    clean_start: bool
-    #: Clean Start 0 with a Session Expiry Interval of 0 (``resume_until_close``): resume
-    #: the kept session if there is one, else start a persistent one; either ends when this
-    #: connection closes (the edge's ``SessionClose`` says expiry 0).  False from older
-    #: senders, which asked for a clean session instead.
-    until_close: bool = False
-    #: Outbound topic aliases the home may use on this connection (the client's maximum
-    #: capped by the edge's ``topic_alias_maximum_out``), and the client's Request Problem
-    #: Information (reason strings in the SUBACKs the home encodes).
-    topic_alias_maximum: int = 0
-    problem_info: bool = True
-
-
-class SessionOpen(_Frozen, tag="sopen"):
-    """Edge -> home of a client id, on CONNECT (and again with the same token when the home
-    moves under a live clean session).
-
-    The home serializes registrations of one id, takes over any other connection with it
-    (``SessionKick``, publishes its will), keeps the will, binds the session and answers
-    ``SessionOpened``; a fenced home refuses.
-    """
-
-    req: int
-    client_id: str
-    edge: str
-    token: str
-    clean: bool
-    will: WillSpec | None
-    #: The CONNECT's username: the home applies the ACL (``acl_file``, the same on every
-    #: node) to what it delivers to a persistent session.  Defaults for older senders.
-    username: str | None = None
-    #: MQTT 5: the client speaks v5 (the home encodes its session's output as v5); None
-    #: for a 3.1.1 client.
-    v5: V5Client | None = None
-
-
-class SessionClose(_Frozen, tag="sclose"):
-    """Edge -> home when a connection ends: unregister it if ``token`` is still the
-    registered one, and publish its will if ``publish_will`` (no clean DISCONNECT)."""
-
-    client_id: str
-    token: str
-    publish_will: bool
-    #: MQTT 5: the Session Expiry Interval in force when the connection ended (CONNECT's,
-    #: or the one its DISCONNECT set); the home keeps the session that long.  None: 3.1.1.
-    session_expiry: int | None = None
-
-
-class SessionKick(_Frozen, tag="skick"):
-    """Home -> the edge of a connection that was taken over (or whose session's home shed
-    it as a slow consumer): close connection ``token`` (its will is the home's to publish),
-    then answer.  The home lets the new connection
-    in only after that answer, or once the view declares the edge down (a cut-off edge
-    has fenced itself by then): never two live connections for one client id."""
-
-    req: int
-    client_id: str
-    token: str
-    #: MQTT 5: the DISCONNECT reason the edge tells the client: 0x8E "session taken over"
-    #: (also what older senders meant), 0x97 a slow consumer shed by its home.
-    reason_code: int = 0x8E
-
-
-class WillRegister(_Frozen, tag="wreg"):
-    """Home -> the other replicas of a client's shard, on every registration (and to a new
-    replica): keep this copy, so the will outlives the home."""
-
-    client_id: str
-    node: str
-    token: str
-    will: WillSpec | None
-    clean: bool
-
-
-class WillDelete(_Frozen, tag="wdel"):
-    """Home -> the other replicas: forget the copy if ``token`` is still the one held."""
-
-    client_id: str
-    token: str
-
-
-class SessionBytes(_Frozen, tag="sbytes"):
-    """Home of a persistent session -> the edge its client is connected to: the session's
-    encoded output; the edge appends it to connection ``token``'s output, if still open."""
-
-    client_id: str
-    token: str
-    data: bytes
-
-
-class SessionAck(_Frozen, tag="sack"):
-    """Edge -> home: the client acknowledged an outbound message; the home applies it to the
-    session machine (``packet_type``: 4 PUBACK, 5 PUBREC, 7 PUBCOMP)."""
-
-    client_id: str
-    token: str
-    packet_type: Literal[4, 5, 7]
-    packet_id: int
-
-
-class InboundQos2(_Frozen, tag="q2"):
-    """Edge -> home: inbound QoS 2 packet ids begun (True) or released (False) by the
-    client; the home stores them (durably and answering when ``req`` is set)."""
-
-    req: int
-    client_id: str
-    token: str
-    changes: list[tuple[int, bool]]
-
-
-class SessionSubscribe(_Frozen, tag="ssub"):
-    """Edge -> home: the client's SUBSCRIBE; the home subscribes the session, writes the
-    SUBACK and then the retained messages into the session's byte stream."""
-
-    client_id: str
-    token: str
-    packet_id: int
-    topics: list[tuple[str, int]]
-    #: MQTT 5: the subscription options byte of each filter, and the subscription
-    #: identifier (0: none); the home answers with a v5 SUBACK.  None for 3.1.1.
-    options: list[int] | None = None
-    subscription_id: int = 0
-
-
-class SessionUnsubscribe(_Frozen, tag="sunsub"):
-    """Edge -> home: the client's UNSUBSCRIBE; the home unsubscribes and writes UNSUBACK."""
-
-    client_id: str
-    token: str
-    packet_id: int
-    topics: list[str]
+# -- sessions and wills: ``mqttring.cluster.messages_sessions`` (imported above) --------------
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -515,34 +358,21 @@ class RetainedRow(msgspec.Struct, array_like=True, frozen=True, gc=False):
     props: Props | None = None
 
 
-class RetainedRows(_Frozen, tag="retained"):
+class RetainedRows(FrozenMessage, tag="retained"):
     """The answer to ``RetainedQuery``."""
 
     rows: list[RetainedRow]
 
 
-class ShardRows(_Frozen, tag="rows"):
+class ShardRows(FrozenMessage, tag="rows"):
     """The answer to ``CatchUp``: ``(key, value)`` rows in key order (values as in
     ``StoredOp``)."""
 
     rows: list[tuple[bytes, Any]]
 
 
-class SessionOpened(_Frozen, tag="opened"):
-    """The answer to ``SessionOpen``: what the edge's stand-in of a persistent session
-    needs (empty for a clean session)."""
-
-    present: bool
-    subscriptions: list[tuple[str, int]]
-    inbound_qos2: list[int]
-    #: The v5 subscription options the home keeps while a 3.1.1 client holds the session
-    #: (``Session.kept_options``): the edge tags the client's publishes with its id when
-    #: any says No Local, so the home can tell the client's own messages.
-    kept_options: list[tuple[str, int]] | None = None
-
-
 #: What an ``Ack`` may carry besides a refusal's reason.
-class Delivered(_Frozen, tag="delivered"):
+class Delivered(FrozenMessage, tag="delivered"):
     """The answer to ``Dlv``: for each entry whose session shards the receiver did not all
     hold, (its index in ``entries``, those shards); their sessions got nothing, the owner
     delivers to them where they are now.  Empty in the common case."""
@@ -559,7 +389,7 @@ class Delivered(_Frozen, tag="delivered"):
 Reply: TypeAlias = RetainedRows | ShardRows | SessionOpened | Delivered
 
 
-class Ack(_Frozen, tag="ack"):
+class Ack(FrozenMessage, tag="ack"):
     """Any node -> the sender of a request (``req`` != 0): the answer to it.
 
     ``ok`` False means refused, ``body`` then says why.  Handled inside ``Links``: it wakes
@@ -677,6 +507,7 @@ __all__ = [
     "SharedEntry",
     "StoredOp",
     "TrackedEntry",
+    "V5Client",
     "WillDelete",
     "WillRegister",
     "WillSpec",
