@@ -47,6 +47,7 @@ from mqttring.protocol.packets import (
     UnsubAck,
     Unsubscribe,
 )
+from mqttring.protocol.properties import encode_vbi
 from mqttring.protocol.topics import validate_topic_filter, validate_topic_name
 
 __all__ = [
@@ -77,15 +78,7 @@ def encode_remaining_length(length: int) -> bytes:
         raise PacketTooLarge(
             RULE_LENGTH, f"remaining length {length} exceeds {MAX_REMAINING_LENGTH}"
         )
-    out = bytearray()
-    while True:
-        byte = length & 0x7F
-        length >>= 7
-        if length:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return encode_vbi(length)  # the same variable byte integer as MQTT 5's (section 1.5.5)
 
 
 def _frame(first_byte: int, body: bytes) -> bytes:
@@ -209,18 +202,26 @@ def _encode_connect(packet: Connect) -> bytes:
     flags = 0x02 if packet.clean_session else 0
     parts = [_encode_str(name), bytes((level,)), b"", _pack_u16(packet.keepalive)]
     parts.append(_encode_str(packet.client_id))
-    will = packet.will
+    return _connect_tail(parts, flags, packet.will, None, packet.username, packet.password)
+
+
+def _connect_tail(parts: list[bytes], flags: int, will: Any, will_properties: bytes | None,
+                  username: str | None, password: bytes | None) -> bytes:
+    """The rest of a CONNECT after the client id, for 3.1.1 and MQTT 5 alike (5 puts the
+    will's encoded properties before its topic); ``parts[2]`` is the connect flags' place."""
     if will is not None:
         validate_topic_name(will.topic)
         flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+        if will_properties is not None:
+            parts.append(will_properties)
         parts.append(_encode_str(will.topic))
         parts.append(_encode_bin(will.payload))
-    if packet.username is not None:
+    if username is not None:
         flags |= 0x80
-        parts.append(_encode_str(packet.username))
-    if packet.password is not None:
+        parts.append(_encode_str(username))
+    if password is not None:
         flags |= 0x40
-        parts.append(_encode_bin(packet.password))
+        parts.append(_encode_bin(password))
     parts[2] = bytes((flags,))
     return _frame(0x10, b"".join(parts))
 

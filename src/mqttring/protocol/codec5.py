@@ -17,7 +17,7 @@ from collections.abc import Callable
 from struct import Struct
 from typing import Any
 
-from mqttring.protocol.codec import _encode_bin, _encode_str, _frame
+from mqttring.protocol.codec import _connect_tail, _encode_str, _frame
 from mqttring.protocol.decoder5 import PacketDecoder5, decode5
 from mqttring.protocol.errors import MalformedPacket
 from mqttring.protocol.packets import PingReq, PingResp
@@ -69,20 +69,9 @@ def _encode_connect(packet: Connect5) -> bytes:
     parts = [_encode_str("MQTT"), b"\x05", b"", _pack_u16(packet.keepalive),
              encode_properties(packet.properties, "CONNECT"), _encode_str(packet.client_id)]
     will = packet.will
-    if will is not None:
-        validate_topic_name(will.topic)
-        flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
-        parts.append(encode_properties(will.properties, "WILL"))
-        parts.append(_encode_str(will.topic))
-        parts.append(_encode_bin(will.payload))
-    if packet.username is not None:
-        flags |= 0x80
-        parts.append(_encode_str(packet.username))
-    if packet.password is not None:
-        flags |= 0x40
-        parts.append(_encode_bin(packet.password))
-    parts[2] = bytes((flags,))
-    return _frame(0x10, b"".join(parts))
+    return _connect_tail(parts, flags, will,
+                         None if will is None else encode_properties(will.properties, "WILL"),
+                         packet.username, packet.password)
 
 
 def _encode_connack(packet: ConnAck5) -> bytes:
