@@ -23,7 +23,7 @@ def config(tmp_path: Path, **kw) -> BrokerConfig:
 
 async def test_one_node_cluster_view_subscribe_pin_restart(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    service = MetadataService(cfg)
+    service = MetadataService(cfg, tls=None)
     async with trio.open_nursery() as nursery:
         view = await nursery.start(service.run)
         assert view is service.view()
@@ -43,7 +43,7 @@ async def test_one_node_cluster_view_subscribe_pin_restart(tmp_path: Path) -> No
         assert service.view().shard_for_client("c1") == pushed.shard_for_client("c1")
         nursery.cancel_scope.cancel()
     # Restart from the same data dir: the journal brings the metadata back.
-    again = MetadataService(cfg)
+    again = MetadataService(cfg, tls=None)
     async with trio.open_nursery() as nursery:
         view = await nursery.start(again.run)
         with trio.fail_after(5):
@@ -71,7 +71,7 @@ def listening_ipv4(port: int) -> set[str]:
 async def test_raft_listens_only_on_the_address_it_is_given(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     port = int(cfg.raft.rsplit(":", 1)[1])  # type: ignore[union-attr]
-    service = MetadataService(cfg)
+    service = MetadataService(cfg, tls=None)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         listening = listening_ipv4(port)
@@ -80,7 +80,7 @@ async def test_raft_listens_only_on_the_address_it_is_given(tmp_path: Path) -> N
 
 
 async def test_mark_caught_up_refuses_shards_not_targeted(tmp_path: Path) -> None:
-    service = MetadataService(config(tmp_path), catch_up=CatchUp.DATA_PLANE)
+    service = MetadataService(config(tmp_path), tls=None, catch_up=CatchUp.DATA_PLANE)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         result = await service.mark_caught_up([0, 1, 999])

@@ -21,6 +21,7 @@ from mqttring.broker.router import Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import SessionManager
 from mqttring.broker.shard_writes import ShardWriter
+from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig
 from mqttring.lsm import LsmStore
 from mqttring.rpc import RpcServer
@@ -71,7 +72,9 @@ class ClusterMember(Protocol):
         """
 
 
-#: Builds the member for a node; called once the node store is open.
-ClusterFactory = Callable[[BrokerConfig, LsmStore, BrokerMetrics], ClusterMember]
+#: Builds the member for a node; called once the node store is open, with the cluster's
+#: mutual-TLS contexts as the node loaded them at start-up (None: plain TCP).
+ClusterFactory = Callable[[BrokerConfig, LsmStore, BrokerMetrics, ClusterTls | None],
+                          ClusterMember]
 
 __all__ = ["ClusterFactory", "ClusterMember"]

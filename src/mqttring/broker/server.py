@@ -170,7 +170,7 @@ class BrokerNode:
                 if self._cluster_factory is None:
                     raise ConfigError("this node was built without cluster support; use "
                                       "mqttring.MqttRingBroker for a cluster member")
-                plane = self._cluster_factory(config, store, self.metrics)
+                plane = self._cluster_factory(config, store, self.metrics, files.cluster_tls)
                 self.plane = plane
                 core = BrokerCore(config, plane.session_store, self.metrics,
                                   router=plane.make_router, manager=plane.make_sessions,

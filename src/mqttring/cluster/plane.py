@@ -81,6 +81,7 @@ from mqttring.cluster.replication import SHARD_DATABASES, ShardReplicator
 from mqttring.cluster.router import ClusterRouter, request_timeout
 from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
+from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
@@ -103,11 +104,12 @@ class DataPlane:
     its router and session manager (``make_router``/``make_sessions``), which need the core.
     """
 
-    def __init__(self, config: BrokerConfig, store: LsmStore, metrics: BrokerMetrics) -> None:
+    def __init__(self, config: BrokerConfig, store: LsmStore, metrics: BrokerMetrics,
+                 tls: ClusterTls | None) -> None:
         self.config = config
         self.node_id = config.node_id
         self.metrics = metrics
-        self.metadata = MetadataService(config)
+        self.metadata = MetadataService(config, tls=tls)
         self.admin = self.metadata.rpc
         key = derive_key(cluster_secret(config), RPC_KEY_PURPOSE)
         self.links = Links(self.node_id, key, self._on_message,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import trio
 
+from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.errors import describe_error
 from mqttring.raft.service import CatchUp, CommitError, MetadataService
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             node_weight=args.weight,
         )
         catch_up = CatchUp.DATA_PLANE if args.manual_catch_up else CatchUp.NOTHING_TO_COPY
-        service = MetadataService(config, catch_up=catch_up)
+        service = MetadataService(config, tls=cluster_tls(config), catch_up=catch_up)
         service.advertised_mqtt = None  # no MQTT listener here
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

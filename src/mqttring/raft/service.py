@@ -53,7 +53,7 @@ from typing import Any
 
 import trio
 
-from mqttring.cluster_tls import cluster_tls
+from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error
 from mqttring.logs import WaitLog
@@ -99,7 +99,8 @@ def default_raft_address(cluster: str) -> str:
 class MetadataService:
     """See the module docstring; the public surface is the five methods below."""
 
-    def __init__(self, config: BrokerConfig, *, catch_up: CatchUp = CatchUp.DATA_PLANE,
+    def __init__(self, config: BrokerConfig, *, tls: ClusterTls | None,
+                 catch_up: CatchUp = CatchUp.DATA_PLANE,
                  timeouts: RaftTimeouts = DEFAULT_TIMEOUTS) -> None:
         if config.cluster is None:
             raise ConfigError("a cluster member needs a cluster address")
@@ -117,8 +118,9 @@ class MetadataService:
         self.timeouts = replace(timeouts, leader_fallback=min(timeouts.leader_fallback,
                                                               config.failure_grace / 4))
         self._rpc_key = derive_key(secret, RPC_KEY_PURPOSE)
-        #: Mutual TLS on the cluster address, when configured (``mqttring.cluster_tls``).
-        self.tls = cluster_tls(config)
+        #: Mutual TLS on the cluster address, when configured (``mqttring.cluster_tls``):
+        #: loaded once by the node (``mqttring.broker.files``) and handed in.
+        self.tls = tls
         #: The context for connections this node makes to members (None: plain TCP).
         self.client_tls = None if self.tls is None else self.tls.client
         self._raft = RaftBridge(config.raft or "", derive_key(secret, RAFT_PASSWORD_PURPOSE).hex(),
