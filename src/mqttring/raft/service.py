@@ -43,12 +43,10 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib.util
-import json
 import logging
 import math
 import shutil
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -59,6 +57,8 @@ from mqttring.errors import describe_error
 from mqttring.logs import WaitLog
 from mqttring.raft import state as sm
 from mqttring.raft.bridge import CommitError, RaftBridge
+from mqttring.raft.liveness import FailureDetector, QuorumProof
+from mqttring.raft.peers import PeersFile
 from mqttring.raft.replicated import DEFAULT_TIMEOUTS, RAFT_PASSWORD_PURPOSE, RaftTimeouts
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 from mqttring.rpc import (
@@ -133,12 +133,12 @@ class MetadataService:
         self._view_changed = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._membership_lock = trio.Lock()
-        self._last_seen: dict[str, float] = {}
-        self._leader_since: float | None = None
+        #: The leader's record of heartbeats (``liveness.py``).
+        self._detector = FailureDetector(config.failure_grace)
         self._left = trio.Event()
-        self._saved_members: object = None
-        #: trio time of the latest proof that this node is in the majority's view.
-        self._quorum_at: float | None = None
+        self._peers = PeersFile(config.data_dir, self.node_id)
+        #: The latest proof that this node is in the majority's view (``liveness.py``).
+        self._quorum = QuorumProof(self.timeouts.leader_fallback)
         #: Set once ``leave`` starts: losing the proof of quorum is then expected, not news.
         self._leaving = False
         self.rpc = RpcServer(self._rpc_key, self.node_id,
@@ -162,9 +162,10 @@ class MetadataService:
         me = self._view.members.get(self.node_id)
         if me is None or me.state not in (MemberState.UP, MemberState.LEAVING):
             return False
+        now = trio.current_time()
         if self._raft.is_leader():
-            self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
-        return self._quorum_at is not None and trio.current_time() - self._quorum_at <= within
+            self._quorum.proved(now)
+        return self._quorum.holds(now, within)
 
     @property
     def incarnation(self) -> int:
@@ -270,7 +271,7 @@ class MetadataService:
                 send.send_nowait(view)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(send)
-        self._save_peers(view)
+        self._peers.save(view)
 
     async def _wait_view(self) -> None:
         await self._view_changed.wait()
@@ -284,38 +285,8 @@ class MetadataService:
                 return member.node_id
         return None
 
-    def _peers_file(self) -> Path | None:
-        if self.config.data_dir is None:
-            return None
-        return self.config.data_dir / "raft" / "peers.json"
-
-    def _save_peers(self, view: ClusterView) -> None:
-        """Remember the members so that a restart knows whom to rejoin through."""
-        path = self._peers_file()
-        if path is None or self.node_id not in view.members or view.members == self._saved_members:
-            return
-        self._saved_members = view.members
-        peers = {m.node_id: {"cluster": m.cluster, "raft": m.raft}
-                 for m in view.members.values()}
-        try:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"epoch": view.epoch, "members": peers}))
-            tmp.replace(path)
-        except OSError as exc:
-            log.warning("cannot save %s: %s", path, exc)
-
-    def _load_peers(self) -> dict[str, dict[str, str]]:
-        path = self._peers_file()
-        if path is None or not path.exists():
-            return {}
-        try:
-            return dict(json.loads(path.read_text())["members"])
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("ignoring unreadable %s: %s", path, exc)
-            return {}
-
     async def _start_raft(self) -> None:
-        peers = self._load_peers()
+        peers = self._peers.load()
         self._join_via = [self.config.join] if self.config.join else []
         self._join_via += [p["cluster"] for n, p in sorted(peers.items()) if n != self.node_id]
         raft_peers = [p["raft"] for n, p in peers.items() if n != self.node_id]
@@ -335,7 +306,7 @@ class MetadataService:
             me = self._view.members.get(self.node_id)
             if me is not None and me.state is MemberState.UP and me.incarnation >= incarnation:
                 # Just admitted (or bootstrapped) by a leader: that is a proof of quorum.
-                self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
+                self._quorum.proved(trio.current_time())
                 return self._view
             await self._wait_view()
 
@@ -401,7 +372,7 @@ class MetadataService:
                 with contextlib.suppress(trio.TooSlowError):
                     await self._join()
                     # Admitted again by the leader: that is a proof of quorum.
-                    self._quorum_at = trio.current_time() - self.timeouts.leader_fallback
+                    self._quorum.proved(trio.current_time())
                 continue
             leader = view.members.get(view.leader or "")
             if leader is None or leader.node_id == self.node_id:
@@ -418,7 +389,7 @@ class MetadataService:
                                                          "incarnation": self.incarnation},
                                            timeout=2.0)
                 if answer.get("leader") and answer.get("member_up"):
-                    self._quorum_at = sent - self.timeouts.leader_fallback
+                    self._quorum.proved(sent)
             except (OSError, RpcError, EOFError, AuthError, trio.TooSlowError,
                     trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 # (AuthError: the leader refused our certificate, say an expired one; we go
@@ -454,24 +425,17 @@ class MetadataService:
         while True:
             await trio.sleep(self.config.heartbeat_interval / 2)
             if not self._raft.is_leader():
-                self._leader_since = None
+                self._detector.not_leading()
                 continue
-            now = trio.current_time()
-            if self._leader_since is None:
-                # A new leader has no history: everyone gets a full grace period.
-                self._leader_since = now
-                self._last_seen.clear()
-            for member in self._view.members.values():
-                if member.node_id == self.node_id or member.state is MemberState.DOWN:
-                    continue
-                seen = self._last_seen.get(member.node_id, self._leader_since)
-                if now - seen > self.config.failure_grace:
-                    log.warning("no heartbeat from %s for %.1fs: marking it down",
-                                member.node_id, now - seen)
-                    try:
-                        await self._raft.commit(sm.cmd_down(member.node_id, member.incarnation))
-                    except (CommitError, trio.TooSlowError) as exc:
-                        log.info("could not mark %s down: %s", member.node_id, exc)
+            due = self._detector.silent(trio.current_time(), self._view.members.values(),
+                                        self.node_id)
+            for member, quiet in due:
+                log.warning("no heartbeat from %s for %.1fs: marking it down",
+                            member.node_id, quiet)
+                try:
+                    await self._raft.commit(sm.cmd_down(member.node_id, member.incarnation))
+                except (CommitError, trio.TooSlowError) as exc:
+                    log.info("could not mark %s down: %s", member.node_id, exc)
 
     async def _claim_empty_shards(self) -> None:
         """NOTHING_TO_COPY: this node holds no shard data, so catching up is immediate."""
@@ -532,12 +496,12 @@ class MetadataService:
                 raise RpcError(f"{old.node_id} is a member with raft address {old.raft}; "
                                "remove it before rejoining from another address")
             # The grace period starts now, not when this leader took over.
-            self._last_seen[info["node_id"]] = trio.current_time()
+            self._detector.heard(info["node_id"], trio.current_time())
             await self._raft.commit(sm.cmd_joining(info))
             if info["raft"] not in self._raft.nodes():
                 await self._raft.change_membership("add", info["raft"])
             result = await self._raft.commit(sm.cmd_up(info["node_id"]))
-            self._last_seen[info["node_id"]] = trio.current_time()
+            self._detector.heard(info["node_id"], trio.current_time())
         log.info("%s joined with incarnation %s", info["node_id"], result["incarnation"])
         return {"incarnation": result["incarnation"], "epoch": result["epoch"]}
 
@@ -560,7 +524,7 @@ class MetadataService:
         """Note the member alive; tell it whether this is the leader and counts it up, so a
         follower can tell a live majority from a deposed leader on its side of a split."""
         node_id = str(body["node_id"])
-        self._last_seen[node_id] = trio.current_time()
+        self._detector.heard(node_id, trio.current_time())
         member = self._view.members.get(node_id)
         member_up = (member is not None and member.state is not MemberState.DOWN
                      and member.incarnation == body.get("incarnation"))

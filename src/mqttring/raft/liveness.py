@@ -1,0 +1,73 @@
+"""Who is alive, decided without I/O: the leader's failure detector and a node's quorum proof.
+
+``MetadataService`` runs the loops (heartbeats out, the leader's periodic check, the
+fencing watch) and feeds these two objects the facts with trio's clock; they only decide,
+so the rules below are unit-tested without processes or sockets.
+
+* ``FailureDetector`` (leader only): a member whose last heartbeat is older than
+  ``failure_grace`` is due to be marked down.  A node that has just become leader has no
+  record of anyone, so every member gets a full grace period from that moment: a new
+  leader never marks a live member down for silence it did not witness.
+* ``QuorumProof``: the latest moment this node proved it is in the majority's view, dated
+  ``leader_fallback`` back (a deposed leader on the minority side believes it leads for up
+  to that long; ``service.py``'s module docstring has the whole argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mqttring.raft.view import Member, MemberState
+
+
+class FailureDetector:
+    """The leader's record of heartbeats (see the module docstring)."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self._last_seen: dict[str, float] = {}
+        self._leading_since: float | None = None
+
+    def heard(self, node_id: str, now: float) -> None:
+        """A heartbeat (or a join) from ``node_id`` at ``now``."""
+        self._last_seen[node_id] = now
+
+    def not_leading(self) -> None:
+        """This node is not the leader: when it leads again, it starts with no record."""
+        self._leading_since = None
+
+    def silent(self, now: float, members: Iterable[Member], me: str
+               ) -> list[tuple[Member, float]]:
+        """The members (not ``me``, not down already) silent for longer than the grace, each
+        with how long; called while leading."""
+        if self._leading_since is None:
+            self._leading_since = now
+            self._last_seen.clear()
+        due = []
+        for member in members:
+            if member.node_id == me or member.state is MemberState.DOWN:
+                continue
+            quiet = now - self._last_seen.get(member.node_id, self._leading_since)
+            if quiet > self.grace:
+                due.append((member, quiet))
+        return due
+
+
+class QuorumProof:
+    """When this node last proved that it belongs to the majority's view."""
+
+    def __init__(self, leader_fallback: float) -> None:
+        self.leader_fallback = leader_fallback
+        self._at: float | None = None
+
+    def proved(self, at: float) -> None:
+        """A proof had at ``at``: being leader then, admitted by a leader then, or a
+        heartbeat *sent* then and answered by a leader that counts this node up."""
+        self._at = at - self.leader_fallback
+
+    def holds(self, now: float, within: float) -> bool:
+        """Proved at most ``within`` seconds before ``now`` (dating included)."""
+        return self._at is not None and now - self._at <= within
+
+
+__all__ = ["FailureDetector", "QuorumProof"]

@@ -1,0 +1,55 @@
+"""``<data_dir>/raft/peers.json``: the members a restarting node rejoins through.
+
+A node that restarts has no ``--join`` of its own to rely on (the node it first joined
+through may be gone); it asks the members it last knew.  The file is rewritten, atomically,
+whenever the membership changes; an unreadable one is ignored with a warning (the node then
+needs ``--join``), never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from mqttring.raft.view import ClusterView
+
+log = logging.getLogger("mqttring.raft.service")
+
+
+class PeersFile:
+    """One node's ``peers.json`` (none without a data directory: nothing is remembered)."""
+
+    def __init__(self, data_dir: Path | None, node_id: str) -> None:
+        self.path = None if data_dir is None else data_dir / "raft" / "peers.json"
+        self.node_id = node_id
+        self._saved: object = None
+
+    def save(self, view: ClusterView) -> None:
+        """Remember ``view``'s members, if this node is one and they changed."""
+        path = self.path
+        if path is None or self.node_id not in view.members or view.members == self._saved:
+            return
+        self._saved = view.members
+        peers = {m.node_id: {"cluster": m.cluster, "raft": m.raft}
+                 for m in view.members.values()}
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"epoch": view.epoch, "members": peers}))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot save %s: %s", path, exc)
+
+    def load(self) -> dict[str, dict[str, str]]:
+        """node id -> {"cluster": address, "raft": address}; empty if none or unreadable."""
+        path = self.path
+        if path is None or not path.exists():
+            return {}
+        try:
+            return dict(json.loads(path.read_text())["members"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return {}
+
+
+__all__ = ["PeersFile"]
