@@ -1,8 +1,9 @@
 """``MetadataService``: one node's membership in the cluster metadata, for trio code.
 
 It owns the pysyncobj node (through ``RaftBridge``, ``bridge.py``), the cluster RPC server
-on ``config.cluster``, and three small loops: heartbeats to the leader, the leader's failure
-detector, and a watcher that notices leader changes (which are not log entries).  Readers
+on ``config.cluster``, and small loops: heartbeats to the leader, the leader's failure
+detector, the quorum watch, and a watcher that notices leader changes (which are not log
+entries); what the detector and the quorum proof decide is in ``liveness.py``.  Readers
 get immutable ``ClusterView`` snapshots: ``view()`` returns the latest, ``subscribe()``
 pushes each new one.  Nothing here blocks the trio loop: the bridge awaits pysyncobj's
 callbacks, and each view applied on the Raft thread comes back through
