@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mqttring.raft.view import ClusterView
 
+#: The service's logger, not this module's: the lines keep the name they had before the split.
 log = logging.getLogger("mqttring.raft.service")
 
 
