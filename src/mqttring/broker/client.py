@@ -14,7 +14,10 @@ PUBLISHes of a batch together (one round trip per owner, one group commit), so a
 with many publishes in flight is not held to one round trip per message: while one batch
 is being accepted the next one gathers.  Batches are accepted one
 after another and acknowledged in order, so PUBACK/PUBREC leave in the order the PUBLISHes
-came [MQTT-4.6.0-2/3] and messages keep their order.
+came [MQTT-4.6.0-2/3] and messages keep their order.  Events that never wait for this
+connection's next packets (QoS 0 publishes, subscriptions: ``_handled_inline``) the reader of
+a single node hands to the core itself while no acceptor is busy, a scheduler pass less per
+QoS 0 message (a cluster node's subscription waits for other nodes: its acceptor does it).
 
 A writer task is started when output appears and ends when the buffer is
 empty; it sends everything queued while it was busy (many deliveries, acks) in one write.
@@ -46,7 +49,14 @@ import trio
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.parking import ParkingLot
 from mqttring.broker.transport import TcpTransport, Transport
-from mqttring.protocol.connection import ConnState, Event, PublishReceived, ServerConnection
+from mqttring.protocol.connection import (
+    ConnState,
+    Event,
+    PublishReceived,
+    ServerConnection,
+    SubscribeRequested,
+    UnsubscribeRequested,
+)
 from mqttring.protocol.errors import MQTTError
 from mqttring.protocol.packets import Will
 from mqttring.protocol.session import Session
@@ -343,6 +353,7 @@ class ClientHandler:
         flow = core.flow
         window = core.limits.publish_window
         window_bytes = core.limits.publish_window_bytes
+        inline = core.router.answers_locally
         transport = self.transport
         park_after = core.limits.park_idle_after if self._parking is not None else 0.0
         if conn.state is ConnState.AWAIT_CONNECT:
@@ -386,6 +397,10 @@ class ClientHandler:
                 self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
             if self.session is not None:
                 flow.room_made(self.session.client_id)  # its acks may have made room
+            if inline and not self._accepting and received and _handled_inline(received):
+                if await self._handle(received):
+                    return False
+                continue
             for event in received:
                 while self._busy >= window or self._busy_bytes >= window_bytes:
                     await self._wait_progress()
@@ -406,32 +421,38 @@ class ClientHandler:
         """Hand the waiting events to the core in order, as many as there are at a time;
         exit when none is left.  Stops the reader once the core closed the connection (a
         refused CONNECT)."""
-        core = self.core
-        conn = self.conn
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
                 size, self._pending_bytes = self._pending_bytes, 0
                 try:
-                    await core.handle(self, batch)
+                    ended = await self._handle(batch)
                 finally:
                     self._busy -= len(batch)
                     self._busy_bytes -= size
                     self._signal_progress()
-                if conn.pending_output:
-                    self.wake()
-                if conn.closed and not conn.disconnected:
-                    # Refused (CONNACK != 0) or taken over: stop reading once the answer is
-                    # flushed (the writer ends the connection when its buffer is empty).
-                    self._pending, self._pending_bytes = [], 0
-                    self._closing = True
-                    if not self._writing and not conn.pending_output:
-                        self._end()
+                if ended:
                     return
         finally:
             self._accepting = False
             self._signal_progress()
             self._arm(timer)
+
+    async def _handle(self, batch: list[Event]) -> bool:
+        """Hand ``batch`` to the core.  True if the core closed the connection (a refused
+        CONNECT, a takeover): reading stops once the answer is flushed (the writer ends the
+        connection when its buffer is empty)."""
+        conn = self.conn
+        await self.core.handle(self, batch)
+        if conn.pending_output:
+            self.wake()
+        if conn.closed and not conn.disconnected:
+            self._pending, self._pending_bytes = [], 0
+            self._closing = True
+            if not self._writing and not conn.pending_output:
+                self._end()
+            return True
+        return False
 
     async def _writer(self) -> None:
         """Drain the output buffer, one send per batch, then exit (idle costs no task)."""
@@ -455,3 +476,26 @@ class ClientHandler:
             self.kick(f"write failed: {exc}")
         finally:
             self._writing = False
+
+
+def _handled_inline(events: list[Event]) -> bool:
+    """Whether the reader may hand ``events`` to the core itself (when no acceptor is busy,
+    and on a node whose router ``answers_locally``) instead of starting the acceptor task:
+    it saves that task's scheduler pass on the path of every QoS 0 message (latency).
+
+    Only events whose handling never waits for this connection's own next packets: a
+    SUBSCRIBE or UNSUBSCRIBE, and a PUBLISH at QoS 0, not retained, without MQTT 5
+    properties (no owner's answer, no group commit, no congested subscriber to wait for).
+    Subscriptions go the same way as QoS 0 publishes so that both keep taking the same
+    number of scheduler passes from the socket to the core, which is what keeps a
+    SUBSCRIBE ahead of another client's PUBLISH that arrived after it
+    (``broker/scheduling.py``)."""
+    for event in events:
+        kind = type(event)
+        if kind is PublishReceived:
+            message = event.message  # type: ignore[union-attr]
+            if message.qos or message.retain or message.props is not None:
+                return False
+        elif kind is not SubscribeRequested and kind is not UnsubscribeRequested:
+            return False
+    return True

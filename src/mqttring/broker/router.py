@@ -73,6 +73,10 @@ class PublishRefused(Exception):
 class Router(Protocol):
     #: The telemetry archive the owner side appends to (None when not configured).
     archive: TelemetryArchive | None
+    #: True: a subscription change and a plain QoS 0 publish (not retained, no MQTT 5
+    #: properties) never wait for another node, so a connection's reader may hand them to
+    #: the core itself (``mqttring.broker.client``) without going unanswered for long.
+    answers_locally: bool
 
     async def publish(self, message: Message) -> None:
         """Route one application message; returns once it is accepted (see module doc)."""
@@ -99,6 +103,8 @@ class Router(Protocol):
 
 
 class LocalRouter:
+    answers_locally = True
+
     def __init__(
         self,
         sessions: dict[str, Session],

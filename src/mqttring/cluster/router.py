@@ -115,6 +115,11 @@ def request_timeout(routes_wait: float, delivery_patience: float) -> float:
 
 
 class ClusterRouter:
+    #: A subscription waits for its routes to be registered at other nodes (and a
+    #: persistent session's write for its replicas): a reader waiting on that would leave
+    #: its client's PINGREQs unanswered through a partition.
+    answers_locally = False
+
     def __init__(
         self,
         node_id: str,
