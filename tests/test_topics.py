@@ -364,6 +364,7 @@ class IndexMachine(RuleBasedStateMachine):
     @invariant()
     def size_and_pruning(self) -> None:
         assert len(self.index) == len(self.model)
+        assert self.index.count_outside_dollar() == len(list(self.index.match("#")))
         assert dict(self.index.items()) == self.model
         nodes = 0
         stack = [self.index._root]

@@ -304,7 +304,7 @@ class RetainedStore:
 
     def count_user_topics(self) -> int:
         """Retained topics outside ``$SYS`` (the ``#`` filter skips ``$`` topics)."""
-        return sum(1 for _ in self._index.match("#"))
+        return self._index.count_outside_dollar()
 
     def matching(
         self, topic_filter: str, owned: Callable[[int], bool] | None = None
