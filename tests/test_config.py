@@ -75,6 +75,8 @@ def refused(tmp_path: Path, text: str) -> str:
      "limits.queued_message_ttl = -5: expected a number >= 0"),
     ("[limits]\nmax_outgoing_buffer = -1",
      "limits.max_outgoing_buffer = -1: expected an integer >= 1"),
+    ("[limits]\nmax_client_id_bytes = 500",
+     "limits.max_client_id_bytes = 500: expected an integer in 23..499"),
     ("[store]\nlazy_sync_ms = -1", "store.lazy_sync_ms = -1: expected an integer >= 0"),
     ("[store]\nmap_size = 0", "store.map_size = 0: expected an integer >= 65536"),
     ('archive = ["sensors/#/x"]',

@@ -52,6 +52,10 @@ __all__ = ["ENV_PREFIX", "BrokerConfig", "ConfigError", "Limits", "StoreSettings
 #: ``MQTTRING_NODE_ID``, ``MQTTRING_LIMITS__MAX_INFLIGHT``: see ``environment_overrides``.
 ENV_PREFIX = "MQTTRING_"
 SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
+#: The longest client id a persistent session's store keys can hold: LMDB's 511-byte key
+#: limit less the shard (2 bytes), the id's length (2) and a queued message's sequence (8)
+#: (``mqttring.broker.session_store``; a test writes one that long).
+MAX_CLIENT_ID_BYTES = 511 - 2 - 2 - 8
 
 
 def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -166,6 +170,10 @@ class Limits:
     #: asking for 0 or more is told this value (Server Keep Alive), a 3.1.1 client is
     #: refused (CONNACK 2).  65535 = any.
     max_keepalive: Annotated[int, Meta(ge=1, le=65535)] = 65535
+    #: Longest client id accepted, in UTF-8 bytes; a longer one is refused (CONNACK 2,
+    #: MQTT 5: 0x85).  MQTT obliges a server to take 1..23 bytes; the ceiling is what a
+    #: persistent session's store keys can hold (LMDB keys end at 511 bytes).
+    max_client_id_bytes: Annotated[int, Meta(ge=23, le=MAX_CLIENT_ID_BYTES)] = MAX_CLIENT_ID_BYTES
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -113,7 +113,8 @@ class ClientHandler:
         #: The keepalive deadline a parked connection resumes with.
         self._resume_deadline: float | None = None
         self.conn = ServerConnection(core.limits.max_packet_size, core.limits5,
-                                     core.limits.max_keepalive)
+                                     core.limits.max_keepalive,
+                                     core.limits.max_client_id_bytes)
         self.session: Session | None = None
         self.client_id: str | None = None
         #: UNIX time the CONNECT was accepted (0 before): the HTTP API's "connected since".

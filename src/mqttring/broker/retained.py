@@ -27,6 +27,11 @@ A clear (empty payload, [MQTT-3.3.1-10]) is versioned too: it is stored as a *to
 ``[topic, None, 0, epoch, seq]``, not as a Delete, or an older Put replayed later would
 resurrect the topic.  Readers treat tombstones as absent (index, queries, export).  Rows
 written before versions existed (``[topic, payload, qos]``) read as version ``(0, 0)``.
+Keys: the shard, then the topic's UTF-8 bytes.  LMDB keys end at 511 bytes and MQTT topics at
+65,535, so a topic longer than ``NAMED_TOPIC_BYTES`` is keyed by ``0xFF`` (a byte UTF-8 never
+starts with) and a 32-byte BLAKE2b digest of it instead; the row carries the topic anyway.
+Every node derives the same key from the same topic, so replicas and copies agree.
+
 Tombstones are never garbage-collected yet (one small row per cleared topic, plus its
 version in memory): collecting them safely needs a bound on how late a replay may arrive.
 
@@ -46,10 +51,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from hashlib import blake2b
 from typing import Any
 
 from mqttring.broker.shard_writes import LocalShardWriter, Op, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.lsm.ops import MAX_KEY_SIZE
 from mqttring.protocol.session import Message
 from mqttring.protocol.session5 import PublishProps
 from mqttring.protocol.topics import TopicIndex
@@ -58,6 +65,19 @@ from mqttring.ring.hashing import shard_of
 log = logging.getLogger("mqttring.retained")
 
 _DB = "retained"
+
+#: Longest topic, in UTF-8 bytes, stored under its own name (the 2-byte shard comes first).
+NAMED_TOPIC_BYTES = MAX_KEY_SIZE - 2
+_DIGEST_MARK = b"\xff"
+
+
+def topic_key(shard: int, topic: str) -> bytes:
+    """The store key of a retained topic (see the module docstring, "Keys")."""
+    raw = topic.encode("utf-8")
+    if len(raw) > NAMED_TOPIC_BYTES:
+        raw = _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
+    return shard_key(shard, raw)
+
 
 #: ``(epoch, seq)``: compared as a tuple, the epoch first.
 Version = tuple[int, int]
@@ -126,12 +146,15 @@ class RetainedStore:
         self._last_seq = 0
         #: Updates and replicated/copied rows dropped for being older than the row held.
         self.stale_rejected = 0
+        #: Digest-keyed topics held (``topic_key``), by key without its shard: a Delete
+        #: names only the key, and a digest cannot be read back.
+        self._digested: dict[bytes, str] = {}
 
     def __len__(self) -> int:
         return len(self._index)
 
     def _key(self, topic: str) -> bytes:
-        return shard_key(self.shard_for_topic(topic), topic.encode("utf-8"))
+        return topic_key(self.shard_for_topic(topic), topic)
 
     def version(self, topic: str) -> Version | None:
         """The version held for ``topic`` (a tombstone's too), or None if none is held."""
@@ -151,6 +174,10 @@ class RetainedStore:
         held = self._versions.get(topic)
         if held is not None and held >= version:
             return False
+        if held is None and len(topic) > NAMED_TOPIC_BYTES // 4:  # 4 bytes at most per char
+            key = topic_key(0, topic)
+            if key[2:3] == _DIGEST_MARK:
+                self._digested[key[2:]] = topic
         self._versions[topic] = version
         if payload:
             self._index.set(topic, Message(topic, payload, qos, True, props))
@@ -177,8 +204,7 @@ class RetainedStore:
         """
         if row is None:
             if topic is not None:
-                self._versions.pop(topic, None)
-                self._index.discard(topic)
+                self._forget(topic)
             return True
         return self._apply(*parse_row(row), row_props(row))
 
@@ -202,11 +228,18 @@ class RetainedStore:
     def forget_shards(self, keep: Callable[[int], bool]) -> None:
         """Drop from memory the topics of shards this node no longer holds."""
         for topic in [t for t in self._versions if not keep(self.shard_for_topic(t))]:
-            del self._versions[topic]
-            self._index.discard(topic)
+            self._forget(topic)
 
-    @staticmethod
-    def topic_of_key(key: bytes) -> str:
+    def _forget(self, topic: str) -> None:
+        self._versions.pop(topic, None)
+        self._index.discard(topic)
+        if len(topic) > NAMED_TOPIC_BYTES // 4:
+            self._digested.pop(topic_key(0, topic)[2:], None)
+
+    def topic_of_key(self, key: bytes) -> str | None:
+        """The topic a stored key belongs to; None for a digest of no topic held here."""
+        if key[2:3] == _DIGEST_MARK:
+            return self._digested.get(key[2:])
         return key[2:].decode("utf-8")
 
     def _stamp(self, topic: str, epoch: int) -> Version | None:
@@ -259,7 +292,9 @@ class RetainedStore:
         per message.  ``$SYS/`` topics stay node-local (see ``update``).
         """
         stamp_epoch = self._epoch() if epoch is None else epoch
-        written: dict[str, Version] = {}
+        # topic -> (version, stored row); the row is built from the message just applied,
+        # which is what memory now holds (no second walk of the index per topic).
+        written: dict[str, tuple[Version, list[Any]]] = {}
         durable = False
         for message in messages:
             topic = message.topic
@@ -272,27 +307,32 @@ class RetainedStore:
                 log.warning("retained update of %r in epoch %d is older than the row held %s; "
                             "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
                 continue
-            self._apply(topic, message.payload or None, message.qos, version, message.props)
-            written[topic] = version
+            payload = message.payload or None
+            if self._apply(topic, payload, message.qos, version, message.props):
+                row = make_row(topic, payload, message.qos, version, message.props)
+            else:
+                row = self._held_row(topic, version)
+            written[topic] = (version, row)
             durable = durable or message.qos > 0
         if self._writer is None:
             return
         durability = Durability.DURABLE if durable else Durability.LAZY
+        shard_for_topic = self.shard_for_topic
         while written:
             batches: dict[int, list[Op]] = {}
-            for topic, version in written.items():
-                batches.setdefault(self.shard_for_topic(topic), []).append(
-                    Put(_DB, self._key(topic), self._held_row(topic, version)))
+            for topic, (_version, row) in written.items():
+                shard = shard_for_topic(topic)
+                batches.setdefault(shard, []).append(Put(_DB, topic_key(shard, topic), row))
             await self._writer.write(list(batches.items()), durability)
             # A newer update of a topic may have been queued to the store *before* this
             # one (a cluster writer starts the local write in a task of its own, and trio
             # does not keep their order).  Writing the newest row again after this one
             # completes puts it last; replicas drop it as not newer than what they hold.
-            newer: dict[str, Version] = {}
-            for topic, version in written.items():
+            newer: dict[str, tuple[Version, list[Any]]] = {}
+            for topic, (version, _row) in written.items():
                 held = self._versions.get(topic)
                 if held is not None and held > version:
-                    newer[topic] = held
+                    newer[topic] = (held, self._held_row(topic, held))
             written = newer
 
     def _held_row(self, topic: str, version: Version) -> list[Any]:

@@ -119,6 +119,7 @@ class ServerConnection:
         "connect",
         "disconnected",
         "limits5",
+        "max_client_id_bytes",
         "max_keepalive",
         "packets_received",
         "publishes_received",
@@ -128,13 +129,16 @@ class ServerConnection:
 
     def __init__(self, max_packet_size: int = 268_435_455,
                  limits5: ServerLimits5 = DEFAULT_LIMITS5,
-                 max_keepalive: int = NO_KEEPALIVE_LIMIT) -> None:
+                 max_keepalive: int = NO_KEEPALIVE_LIMIT,
+                 max_client_id_bytes: int = 65535) -> None:
         self._decoder: PacketDecoder = PacketDecoder(max_packet_size)
         #: The MQTT 5.0 side of the connection once a v5 CONNECT arrived; None: 3.1.1.
         self._v5: V5Link | None = None
         self.limits5 = limits5
         #: Longest keep alive a client may ask for (``max_keepalive``; 65535: any).
         self.max_keepalive = max_keepalive
+        #: Longest client id accepted, in UTF-8 bytes (``limits.max_client_id_bytes``).
+        self.max_client_id_bytes = max_client_id_bytes
         #: An acknowledgement in the current read freed a window slot (``_drain`` refills).
         self._freed = False
         self._out = bytearray()
@@ -295,8 +299,16 @@ class ServerConnection:
             # 3.1.1 has no Server Keep Alive: refused as mosquitto does (max_keepalive).
             self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
             return None
+        if self._client_id_too_long(packet.client_id):
+            # The server MAY refuse client ids longer than 23 bytes [MQTT-3.1.3-5].
+            self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
+            return None
         self.state = ConnState.CONNECTING
         return ConnectRequested(packet)
+
+    def _client_id_too_long(self, client_id: str) -> bool:
+        limit = self.max_client_id_bytes
+        return len(client_id) > limit // 4 and len(client_id.encode("utf-8")) > limit
 
     def _on_connect5(self, packet: Connect5) -> ConnectRequested | None:
         self.connect = packet
@@ -306,6 +318,9 @@ class ServerConnection:
         if PropertyId.AUTHENTICATION_METHOD in packet.properties:
             # Enhanced authentication (section 4.12): no method is supported here.
             self.refuse_v5(ReasonCode.BAD_AUTHENTICATION_METHOD)
+            return None
+        if self._client_id_too_long(packet.client_id):
+            self.refuse_v5(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return None
         self.state = ConnState.CONNECTING
         return ConnectRequested(packet)
