@@ -170,6 +170,10 @@ class Limits:
     #: asking for 0 or more is told this value (Server Keep Alive), a 3.1.1 client is
     #: refused (CONNACK 2).  65535 = any.
     max_keepalive: Annotated[int, Meta(ge=1, le=65535)] = 65535
+    #: Seconds an MQTT 3.1.1 persistent session (CleanSession 0) is kept after its
+    #: connection closes, as if it had asked for this MQTT 5 Session Expiry Interval
+    #: (mosquitto's ``persistent_client_expiration``).  0 = until its client returns.
+    persistent_session_expiry: Annotated[int, Meta(ge=0, le=0xFFFFFFFF)] = 0
     #: Longest client id accepted, in UTF-8 bytes; a longer one is refused (CONNACK 2,
     #: MQTT 5: 0x85).  MQTT obliges a server to take 1..23 bytes; the ceiling is what a
     #: persistent session's store keys can hold (LMDB keys end at 511 bytes).

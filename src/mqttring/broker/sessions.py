@@ -78,6 +78,17 @@ def effective_will(will: Will | Will5 | None, link: V5Link | None) -> Will | Wil
     return replace(will, properties=props)
 
 
+def expiry_at_close(link: V5Link | None, persistent_session_expiry: int) -> int | None:
+    """The Session Expiry Interval a persistent session runs on once its connection closes:
+    an MQTT 5 client's own; for MQTT 3.1.1, which has none, ``limits.persistent_session_
+    expiry`` (mosquitto's ``persistent_client_expiration``), or None (0: kept until its
+    client returns, as 3.1.1 says) so that devices gone for good do not keep their sessions
+    and queues forever where an operator says so."""
+    if link is not None:
+        return link.session_expiry
+    return persistent_session_expiry or None
+
+
 def will_delay(will: Will | Will5) -> int:
     """Seconds a will waits before it is published (0 for a 3.1.1 will)."""
     return will.delay if type(will) is Will5 else 0
@@ -208,9 +219,8 @@ class LocalSessions:
         client_id = session.client_id
         if session.output is handler.conn.output:
             session.detach()
-        link = handler.conn.v5
-        if link is not None and await self.session_expiry_at_close(session,
-                                                                   link.session_expiry):
+        expiry = expiry_at_close(handler.conn.v5, core.limits.persistent_session_expiry)
+        if expiry is not None and await self.session_expiry_at_close(session, expiry):
             return
         if session.clean_session:
             if core.sessions.get(client_id) is session:
@@ -220,8 +230,8 @@ class LocalSessions:
             await core.session_store.save_changes([session], Durability.LAZY)
 
     async def session_expiry_at_close(self, session: Session, expiry: int) -> bool:
-        """MQTT 5: a persistent session's connection ended with this Session Expiry
-        Interval in force: keep the session that long (wall clock, so any node and a
+        """A persistent session's connection ended with this Session Expiry Interval in
+        force (``expiry_at_close``): keep the session that long (wall clock, so any node and a
         restart agree: ``Session.ends_at``, stored), forever, or, for 0 (a DISCONNECT set
         it), end it now.  True if the session ended."""
         core = self.core

@@ -46,6 +46,7 @@ from mqttring.broker.sessions import (
     LocalSessions,
     SessionUnavailable,
     effective_will,
+    expiry_at_close,
     fresh_start,
     resume_until_close,
     will_delay,
@@ -206,9 +207,9 @@ class ClusterSessions(LocalSessions):
         else:
             await self.unbind(handler, session)
         handler.will = None  # the home holds the will and publishes it if owed
-        link = handler.conn.v5
-        await self._end_registration(session.client_id, handler.token, owed_will,
-                                     None if link is None else link.session_expiry)
+        await self._end_registration(
+            session.client_id, handler.token, owed_will,
+            expiry_at_close(handler.conn.v5, self.core.limits.persistent_session_expiry))
 
     async def _end_registration(self, client_id: str, token: str, publish_will: bool,
                                 session_expiry: int | None = None) -> None:
