@@ -105,7 +105,10 @@ def test_the_owners_own_member_dying_with_it_loses_no_acknowledged_message(
         try:
             assert stubborn.connect(unique("stubborn")).return_code == 0
             assert stubborn.subscribe([(share, 1)]) == [1]
-            other = SurvivingMember(clients, cluster.port("c"), "m@c")
+            # Its session must live on c: one homed at b would be a member *at b*, and
+            # local_first would share the messages between it and the stubborn member.
+            other = SurvivingMember(clients, cluster.port("c"), "m@c",
+                                    view.client_homed_at("c", f"{prefix}-m"))
             assert other.subscribe(share) == [1]
             publisher = clients.connected(cluster.port("a"), name="publisher@a")
             n = 30
