@@ -178,7 +178,7 @@ class DataPlane:
     # -- what the node asks of its membership ----------------------------------------------
 
     def advertise_mqtt(self, address: str) -> None:
-        self.metadata.advertised_mqtt = address
+        self.metadata.advertise_mqtt(address)
 
     def owned_shards(self) -> list[int]:
         return sorted(self.held)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         catch_up = CatchUp.DATA_PLANE if args.manual_catch_up else CatchUp.NOTHING_TO_COPY
         service = MetadataService(config, tls=cluster_tls(config), catch_up=catch_up)
-        service.advertised_mqtt = None  # no MQTT listener here
+        service.advertise_mqtt(None)  # no MQTT listener here
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

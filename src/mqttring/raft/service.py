@@ -127,8 +127,8 @@ class MetadataService:
         self._raft = RaftBridge(config.raft or "", derive_key(secret, RAFT_PASSWORD_PURPOSE).hex(),
                                 config.data_dir, self.timeouts)
         self._cluster_address = config.cluster
-        #: MQTT address announced to other members (node.py may set the bound one).
-        self.advertised_mqtt = config.mqtt
+        #: MQTT address announced to other members (``advertise_mqtt``).
+        self._advertised_mqtt: str | None = config.mqtt or None
         self._view = EMPTY_VIEW
         self._subscribers: list[trio.MemorySendChannel[ClusterView]] = []
         self._view_changed = trio.Event()
@@ -345,9 +345,15 @@ class MetadataService:
                     return answer
                 await trio.sleep(0.2)
 
+    def advertise_mqtt(self, address: str | None) -> None:
+        """The MQTT address this member announces when it bootstraps or joins (so, before
+        ``run``): the bound one once the listener is up (a configured port 0 names none),
+        None for a member that serves no MQTT (``mqttring.raft.member``)."""
+        self._advertised_mqtt = address
+
     def _member_info(self) -> dict[str, Any]:
         return sm.member_info(self.node_id, self._cluster_address, self.config.raft or "",
-                              self.advertised_mqtt, self.config.node_weight)
+                              self._advertised_mqtt, self.config.node_weight)
 
     # -- loops ------------------------------------------------------------------------
 
