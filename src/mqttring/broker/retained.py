@@ -71,12 +71,18 @@ NAMED_TOPIC_BYTES = MAX_KEY_SIZE - 2
 _DIGEST_MARK = b"\xff"
 
 
-def topic_key(shard: int, topic: str) -> bytes:
-    """The store key of a retained topic (see the module docstring, "Keys")."""
+def _topic_part(topic: str) -> bytes:
+    """What follows the shard in a retained topic's key: its name, or the digest mark and
+    a digest of a name too long for a key (module docstring, "Keys")."""
     raw = topic.encode("utf-8")
     if len(raw) > NAMED_TOPIC_BYTES:
-        raw = _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
-    return shard_key(shard, raw)
+        return _DIGEST_MARK + blake2b(raw, digest_size=32).digest()
+    return raw
+
+
+def topic_key(shard: int, topic: str) -> bytes:
+    """The store key of a retained topic (see the module docstring, "Keys")."""
+    return shard_key(shard, _topic_part(topic))
 
 
 #: ``(epoch, seq)``: compared as a tuple, the epoch first.
@@ -175,9 +181,9 @@ class RetainedStore:
         if held is not None and held >= version:
             return False
         if held is None and len(topic) > NAMED_TOPIC_BYTES // 4:  # 4 bytes at most per char
-            key = topic_key(0, topic)
-            if key[2:3] == _DIGEST_MARK:
-                self._digested[key[2:]] = topic
+            part = _topic_part(topic)
+            if part[:1] == _DIGEST_MARK:
+                self._digested[part] = topic
         self._versions[topic] = version
         if payload:
             self._index.set(topic, Message(topic, payload, qos, True, props))
@@ -234,7 +240,7 @@ class RetainedStore:
         self._versions.pop(topic, None)
         self._index.discard(topic)
         if len(topic) > NAMED_TOPIC_BYTES // 4:
-            self._digested.pop(topic_key(0, topic)[2:], None)
+            self._digested.pop(_topic_part(topic), None)
 
     def topic_of_key(self, key: bytes) -> str | None:
         """The topic a stored key belongs to; None for a digest of no topic held here."""
@@ -308,11 +314,10 @@ class RetainedStore:
                             "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
                 continue
             payload = message.payload or None
-            if self._apply(topic, payload, message.qos, version, message.props):
-                row = make_row(topic, payload, message.qos, version, message.props)
-            else:
-                row = self._held_row(topic, version)
-            written[topic] = (version, row)
+            # Always installed: ``_stamp`` returned a version newer than the one held.
+            self._apply(topic, payload, message.qos, version, message.props)
+            written[topic] = (version, make_row(topic, payload, message.qos, version,
+                                                message.props))
             durable = durable or message.qos > 0
         if self._writer is None:
             return
