@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ from mqttring.analytics import ExportError
 from mqttring.analytics.progress import ProgressBar
 from mqttring.analytics.schemas import (
     EXPORT_SCHEMA_VERSION,
+    FOLDS,
     TABLES,
     decode_row,
     schema_description,
@@ -213,6 +215,27 @@ def _selected_rows(node: NodeSnapshot, db: str,
             yield shard, key, value
 
 
+def _table_rows(table: str, node_id: str, stored: Iterable[tuple[int, bytes, Any]],
+                seen: list[int], progress: ProgressBar) -> Iterator[tuple]:
+    """One shard's table rows from its stored rows, counting those in ``seen[0]`` (data or
+    not: the snapshot manifest counts tombstones, which are not exported).  Streamed, except
+    for a table in ``FOLDS``, whose shard is decoded whole first."""
+    fold = FOLDS.get(table)
+    folding: list[Any] = []
+    for _shard, key, value in stored:
+        seen[0] += 1
+        row = decode_row(table, node_id, key, value)
+        progress.advance(1)
+        if row is None:
+            continue
+        if fold is None:
+            yield row
+        else:
+            folding.append(row)
+    if fold is not None:
+        yield from fold(folding)
+
+
 def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str],
                   tmp: Path, progress: ProgressBar) -> list[dict[str, Any]]:
     db, schema, _decoder = TABLES[table]
@@ -224,45 +247,30 @@ def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str]
         if entry is None:  # a manifest may omit a database: no rows of it, nothing to export
             continue
         expected = entry.shard_rows
-        current: _ShardFile | None = None
-        current_shard = -1
-        #: Stored rows of ``current_shard`` seen, data or not (tombstones are not exported
-        #: but the snapshot manifest counts them).
-        seen = 0
-
-        def finish(f: _ShardFile | None, shard: int, seen: int, node: NodeSnapshot = node,
-                   expected: dict[int, int] = expected) -> None:
-            if seen != expected.get(shard, 0):
-                raise ExportError(f"{table}: shard {shard} of {node.node_id}: read {seen} "
-                                  f"rows, the snapshot manifest says {expected.get(shard, 0)}")
-            if f is None:
-                return  # only rows without data (tombstones): no file for this shard
-            f.close()
-            files.append({"path": f"{table}/{f.path.name}", "shard": shard,
-                          "node_id": node.node_id, "rows": f.rows,
-                          "bytes": f.path.stat().st_size, "sha256": _sha256(f.path)})
-
-        try:
-            for shard, key, value in _selected_rows(node, db, mine):
-                if shard != current_shard:
-                    if current_shard >= 0:
-                        finished, current = current, None
-                        finish(finished, current_shard, seen)
-                    current_shard, seen = shard, 0
-                seen += 1
-                row = decode_row(table, node.node_id, key, value)
-                if row is not None:
+        by_shard = itertools.groupby(_selected_rows(node, db, mine), key=lambda r: r[0])
+        for shard, stored in by_shard:
+            seen = [0]
+            current: _ShardFile | None = None
+            try:
+                for row in _table_rows(table, node.node_id, stored, seen, progress):
                     if current is None:
                         current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
                     current.add(row)
-                progress.advance(1)
-            if current_shard >= 0:
-                finished, current = current, None
-                finish(finished, current_shard, seen)
-        except BaseException:
-            if current is not None:
-                current.abandon()
-            raise
+                if seen[0] != expected.get(shard, 0):
+                    raise ExportError(f"{table}: shard {shard} of {node.node_id}: read "
+                                      f"{seen[0]} rows, the snapshot manifest says "
+                                      f"{expected.get(shard, 0)}")
+            except BaseException:
+                if current is not None:
+                    current.abandon()
+                raise
+            if current is None:
+                continue  # only rows without data (tombstones): no file for this shard
+            current.close()
+            files.append({"path": f"{table}/{current.path.name}", "shard": shard,
+                          "node_id": node.node_id, "rows": current.rows,
+                          "bytes": current.path.stat().st_size,
+                          "sha256": _sha256(current.path)})
     files.sort(key=lambda f: f["shard"])
     return files
 

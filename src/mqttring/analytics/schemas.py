@@ -17,7 +17,8 @@ raises ``ExportError`` naming the table and key instead of writing a half-filled
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -113,12 +114,55 @@ def retained_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple | No
     return (node_id, shard, topic, bytes(payload), len(payload), int(qos))
 
 
-def session_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
+#: Second and third key bytes of a subscription row in ``sessions``
+#: (``mqttring.broker.session_store``): no client id has this length.
+_SUBSCRIPTION_ROW = b"\xff\xff"
+#: Shard, marker, BLAKE2b-128 of the client id and of the filter.
+_SUBSCRIPTION_KEY_BYTES = 2 + 2 + 16 + 16
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionRow:
+    """One subscription stored in its own row: ``fold_sessions`` puts it into its session's
+    row, which is why the sessions table is decoded a shard at a time."""
+
+    client_id: str
+    filter: str
+    qos: int
+
+
+def session_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple | SubscriptionRow:
+    """A session header (subscriptions inline only in version 1 headers) or one of its
+    subscription rows."""
+    if key[2:4] == _SUBSCRIPTION_ROW:
+        if len(key) != _SUBSCRIPTION_KEY_BYTES:
+            raise ValueError("subscription key is not shard + marker + two 16-byte digests")
+        if len(value) not in (3, 4):  # 4: MQTT 5 subscription options (not exported)
+            raise ValueError(f"{len(value)} fields, expected 3 or 4")
+        return SubscriptionRow(str(value[0]), str(value[1]), int(value[2]))
     client_id, end = _client_id(key)
     if end != len(key):
         raise ValueError("trailing bytes after the client id")
-    subs = [{"filter": str(f), "qos": int(q)} for f, q in value["subs"]]
+    subs = [{"filter": str(f), "qos": int(q)} for f, q in value.get("subs", ())]
     return (node_id, shard, client_id, subs, len(subs))
+
+
+def fold_sessions(rows: Iterable[tuple | SubscriptionRow]) -> list[tuple]:
+    """One shard's decoded ``sessions`` rows as the table's rows: each session with its
+    subscriptions, sorted by filter.  A subscription whose session header is missing
+    belongs to no session (the store ignores it too) and is dropped."""
+    headers: dict[str, tuple] = {}
+    subs: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if isinstance(row, SubscriptionRow):
+            subs.setdefault(row.client_id, []).append({"filter": row.filter, "qos": row.qos})
+        else:
+            headers[row[2]] = row
+    out = []
+    for client_id, (node_id, shard, _cid, inline, _count) in headers.items():
+        merged = sorted(inline + subs.get(client_id, []), key=lambda s: s["filter"])
+        out.append((node_id, shard, client_id, merged, len(merged)))
+    return out
 
 
 def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
@@ -145,7 +189,11 @@ def archive_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
 
 
 #: A decoder returns None for a stored row that stands for no data row (a tombstone).
-Decoder = Callable[[str, int, bytes, Any], tuple | None]
+Decoder = Callable[[str, int, bytes, Any], Any]
+
+#: Tables whose stored rows are not one table row each: the decoded rows of one shard go
+#: through this function, which returns the shard's table rows.
+FOLDS: dict[str, Callable[[Iterable[Any]], list[tuple]]] = {"sessions": fold_sessions}
 
 
 #: Export table name -> (snapshot database, schema, decoder).  ``inflight`` (inbound QoS 2
@@ -158,17 +206,18 @@ TABLES: dict[str, tuple[str, pa.Schema, Decoder]] = {
 }
 
 
-def decode_row(table: str, node_id: str, key: bytes, value: Any) -> tuple | None:
+def decode_row(table: str, node_id: str, key: bytes, value: Any) -> Any:
     """One snapshot row as a tuple in ``TABLES[table]``'s column order, or ExportError.
 
-    None for a row that is not data (a retained tombstone): the export skips it."""
+    None for a row that is not data (a retained tombstone): the export skips it.  For a
+    table in ``FOLDS`` the result is what its fold function takes."""
     _db, _schema, decoder = TABLES[table]
     if len(key) < 2:
         raise ExportError(f"{table}: key {key!r} has no shard prefix")
     shard = (key[0] << 8) | key[1]
     try:
         return decoder(node_id, shard, key, value)
-    except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError,
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError,
             struct.error) as exc:
         raise ExportError(f"{table}: row with key {key.hex()} does not have the documented "
                           f"shape ({exc})") from None

@@ -508,7 +508,7 @@ class BrokerCore:
             elif session.kept_options:  # a 3.1.1 SUBSCRIBE replaces it, without options
                 session.kept_options.pop(topic_filter, None)
             codes.append(qos)
-        await self.session_store.save_subscriptions(session)
+        await self.session_store.save_subscriptions(session, [f for f, _ in topics])
         return codes
 
     async def deliver_retained(
@@ -549,7 +549,7 @@ class BrokerCore:
         for topic_filter in event.topics:
             self.router.unsubscribe(session, topic_filter)
         session.forget_options(event.topics)
-        await self.session_store.save_subscriptions(session)
+        await self.session_store.save_subscriptions(session, event.topics)
         handler.conn.send_unsuback(event.packet_id, codes)
 
     # -- disconnects ------------------------------------------------------------------------

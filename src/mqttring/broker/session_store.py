@@ -6,11 +6,20 @@ Only CleanSession=0 sessions are stored; a clean session lives and dies with its
 Three record kinds, all keyed by ``shard(client id)`` first so that one shard's sessions are
 a single range scan (what a shard handoff or an export reads):
 
-* ``sessions``  ``shard | cid``           -> ``{"subs": [[filter, qos], ...]}``, plus for
-  an MQTT 5 session ``"opts": {filter: bits}`` (``Session.subscription_options``: No Local,
-  Retain As Published, subscription identifier; kept while a 3.1.1 client resumed it) and
-  ``"ends": UNIX time`` (its Session Expiry Interval runs out then), each only when there
-  is something to say.
+* ``sessions``  ``shard | cid``           -> the session's header, ``{"v": 2}`` plus, each
+  only when there is something to say, ``"ends": UNIX time`` (its Session Expiry Interval
+  runs out then).
+* ``sessions``  ``shard | FFFF | h(cid) | h(filter)`` -> ``[cid, filter, qos]``, or ``[cid,
+  filter, qos, bits]`` when the filter has MQTT 5 subscription options
+  (``Session.subscription_options``: No Local, Retain As Published, subscription
+  identifier; kept while a 3.1.1 client resumed the session).  One row per subscription,
+  so that a SUBSCRIBE writes what it changed, not every filter the session holds (a
+  whole-record rewrite made subscribing one filter at a time quadratic in bytes written).
+  ``h`` is BLAKE2b-128: a client id of up to 499 bytes and a filter of up to 65,535 then
+  fit LMDB's 511-byte keys, and the rows sort after every header of their shard (a length
+  prefix of ``FFFF`` is longer than any client id may be).  Headers of version 1 carried
+  ``"subs": [[filter, qos], ...]`` and ``"opts": {filter: bits}`` inline; they are still
+  read, and the session's next save rewrites it in this form.
 * ``queues``    ``shard | cid | seq(8)``  -> ``[topic, payload, qos, retain, packet id,
   state, expires_at]``: one outbound QoS 1/2 message, queued or inflight.  ``expires_at`` is
   a wall-clock UNIX timestamp (seconds, float; 0 = never), so it keeps its meaning on the
@@ -38,6 +47,7 @@ import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from hashlib import blake2b
 
 import trio
 
@@ -49,6 +59,12 @@ from mqttring.ring.hashing import shard_of
 
 _SEQ = struct.Struct(">Q")
 _PID = struct.Struct(">H")
+#: Where a shard's subscription rows start in ``sessions``: no client id is this long.
+_SUBSCRIPTIONS = b"\xff\xff"
+
+
+def _digest(text: str) -> bytes:
+    return blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
 @dataclass(slots=True)
@@ -115,20 +131,51 @@ class SessionStore:
 
     # -- writes -----------------------------------------------------------------------------
 
-    async def save_subscriptions(self, session: Session) -> None:
-        """Durably record the session and its subscriptions (before SUBACK/UNSUBACK)."""
+    def _subscriptions_prefix(self, client_id: str) -> bytes:
+        return shard_key(self.shard(client_id), _SUBSCRIPTIONS, _digest(client_id))
+
+    def _subscription_op(self, session: Session, prefix: bytes, topic_filter: str,
+                         options: dict[str, int] | None) -> Put | Delete:
+        key = prefix + _digest(topic_filter)
+        qos = session.subscriptions.get(topic_filter)
+        if qos is None:
+            return Delete("sessions", key)
+        row: list[object] = [session.client_id, topic_filter, qos]
+        bits = options.get(topic_filter) if options else None
+        if bits:
+            row.append(bits)
+        return Put("sessions", key, row)
+
+    async def save_subscriptions(self, session: Session,
+                                 changed: Iterable[str] | None = None) -> None:
+        """Durably record the session's header and the subscriptions named in ``changed``
+        (before SUBACK/UNSUBACK): a filter the session holds is written, one it does not is
+        deleted; ``()`` writes the header alone.  ``None`` rewrites every subscription row
+        and deletes stored ones the session no longer has: for a session new to the store,
+        whose client id may have left rows behind.  A header still in the version 1 form
+        (subscriptions inline) is rewritten whole too."""
         if self._store is None or not session.persistent:
             return
         assert self._writer is not None
-        record: dict[str, object] = {
-            "v": 1, "subs": [[f, q] for f, q in session.subscriptions.items()]}
-        options = session.subscription_options  # kept while a 3.1.1 client holds it
-        if options:
-            record["opts"] = options
+        client_id = session.client_id
+        key = self._prefix(client_id)
+        if changed is not None:
+            stored = await self._store.get("sessions", key)
+            if isinstance(stored, dict) and "subs" in stored:
+                changed = None  # version 1: its subscriptions live in the header
+        header: dict[str, object] = {"v": 2}
         if session.ends_at:
-            record["ends"] = session.ends_at
-        op = Put("sessions", self._prefix(session.client_id), record)
-        await self._writer.write([(self.shard(session.client_id), [op])], Durability.DURABLE)
+            header["ends"] = session.ends_at
+        ops: list[Put | Delete] = [Put("sessions", key, header)]
+        prefix = self._subscriptions_prefix(client_id)
+        options = session.subscription_options
+        if changed is None:
+            stored_rows = await self._store.scan("sessions", prefix)
+            keep = {prefix + _digest(f) for f in session.subscriptions}
+            ops.extend(Delete("sessions", k) for k, _ in stored_rows if k not in keep)
+            changed = list(session.subscriptions)
+        ops.extend(self._subscription_op(session, prefix, f, options) for f in changed)
+        await self._writer.write([(self.shard(client_id), ops)], Durability.DURABLE)
 
     def change_ops(self, session: Session) -> list[Put | Delete]:
         """Turn the session's dirty marks into store operations (and clear the marks)."""
@@ -214,8 +261,9 @@ class SessionStore:
             return
         prefix = self._prefix(client_id)
         ops: list[Put | Delete] = [Delete("sessions", prefix)]
-        for db in ("queues", "inflight"):
-            rows = await self._store.scan(db, prefix)
+        for db, rows_prefix in (("sessions", self._subscriptions_prefix(client_id)),
+                                ("queues", prefix), ("inflight", prefix)):
+            rows = await self._store.scan(db, rows_prefix)
             ops.extend(Delete(db, key) for key, _ in rows)
         await self._writer.write([(self.shard(client_id), ops)], Durability.DURABLE)
 
@@ -229,13 +277,24 @@ class SessionStore:
         if self._store is None:
             return []
         sessions: dict[bytes, StoredSession] = {}
+        rows: list[list] = []
         for key, record in await self._store.scan("sessions", prefix):
-            cid = _client_id(key)
-            subs = {f: int(q) for f, q in record["subs"]}
-            opts = record.get("opts")
+            if key[2:4] == _SUBSCRIPTIONS:
+                rows.append(record)
+                continue
+            opts = record.get("opts")  # version 1: subscriptions inline
             sessions[key] = StoredSession(
-                cid, subs, [], {}, dict(opts) if opts is not None else None,
-                float(record.get("ends", 0.0)))
+                _client_id(key), {f: int(q) for f, q in record.get("subs", ())}, [], {},
+                dict(opts) if opts else None, float(record.get("ends", 0.0)))
+        for row in rows:
+            owner = sessions.get(self._prefix(row[0]))
+            if owner is None:
+                continue  # orphan of a deleted session
+            owner.subscriptions[row[1]] = int(row[2])
+            if len(row) > 3:
+                if owner.options is None:
+                    owner.options = {}
+                owner.options[row[1]] = int(row[3])
         for key, value in await self._store.scan("queues", prefix):
             owner = sessions.get(key[:-8])
             if owner is None:

@@ -189,13 +189,13 @@ class LocalSessions:
             session = Session(client_id, clean_session, core.session_limits)
             core.sessions[client_id] = session
             if until_close and session.persistent:
-                await self._end_with_connection(session)
-            else:
-                await core.session_store.save_subscriptions(session)
+                session.ends_at = time.time()  # see _end_with_connection
+            # Every row: also clears subscriptions an earlier life left behind.
+            await core.session_store.save_subscriptions(session)
             return session, False
         if existing.ends_at:
             existing.ends_at = 0.0  # connected again: it no longer runs out
-            await core.session_store.save_subscriptions(existing)
+            await core.session_store.save_subscriptions(existing, ())
         return existing, True
 
     async def _end_with_connection(self, session: Session) -> None:
@@ -206,7 +206,7 @@ class LocalSessions:
         (``expire_sessions`` skips attached sessions) and a takeover ends it anyway, as
         its connection closes."""
         session.ends_at = time.time()
-        await self.core.session_store.save_subscriptions(session)
+        await self.core.session_store.save_subscriptions(session, ())
 
     async def close(self, handler: ClientHandler) -> None:
         session = handler.session
@@ -245,7 +245,7 @@ class LocalSessions:
             return True
         if expiry != NEVER_EXPIRES:
             session.ends_at = time.time() + expiry
-            await core.session_store.save_subscriptions(session)
+            await core.session_store.save_subscriptions(session, ())
         return False
 
     async def expire_sessions(self, now: float) -> int:

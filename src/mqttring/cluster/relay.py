@@ -317,7 +317,7 @@ class SessionRelay:
         for topic_filter in message.topics:
             self.core.router.unsubscribe(session, topic_filter)
         session.forget_options(message.topics)
-        await self.core.session_store.save_subscriptions(session)
+        await self.core.session_store.save_subscriptions(session, message.topics)
         if session.v5 is not None:
             proxy.output += session.v5.encode_ack(UnsubAck5(message.packet_id, tuple(codes)))
         else:
