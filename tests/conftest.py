@@ -120,6 +120,8 @@ class NodeProcess:
         self.starts = 0
         #: More command-line flags for the node (``--password-file F``, ...).
         self.extra_args: list[str] = []
+        #: Run in the node's process before it starts (resource limits).
+        self.preexec: Callable[[], None] | None = None
 
     @property
     def handle(self) -> BrokerHandle:
@@ -143,7 +145,8 @@ class NodeProcess:
         cmd += self.extra_args
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== start {self.starts}: {' '.join(cmd)}\n".encode())
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=self.preexec)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -58,6 +58,7 @@ class ExitCode(enum.IntEnum):
     CONFIG = 2  # configuration error
     LEAVE_INCOMPLETE = 3  # stopped, but the leave did not complete (still listed a member)
     STOP_TIMEOUT = 4  # the stop exceeded its bound; the watchdog ended the process
+    STORE_FAILED = 5  # the node store failed (disk full, I/O error) and the node stopped
 
 
 class Stage(enum.Enum):

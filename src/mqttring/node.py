@@ -32,6 +32,7 @@ from mqttring.config import BrokerConfig, ConfigError, flag_overrides
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lifecycle import ConfigLoader, ExitCode, NodeLifecycle, Stage
 from mqttring.logs import FORMATS, LEVELS, setup_logging
+from mqttring.lsm import StoreError
 from mqttring.rpc import AuthError
 from mqttring.workers import run_workers, worker_count
 
@@ -183,17 +184,32 @@ def run(args: argparse.Namespace) -> int:
     try:
         return int(trio.run(lifecycle.run))
     except BaseException as exc:  # one line for the operator, not a traceback
-        error = sole_exception(exc)
+        error = _store_failure(exc) or sole_exception(exc)
         if isinstance(error, KeyboardInterrupt):
             return ExitCode.OK
         # AuthError: a member refused our certificate or secret, or we refused its
         # certificate (a join with another CA's files): the operator's to fix, not a bug.
-        expected = isinstance(error, OSError | ConfigError | trio.TooSlowError | AuthError)
+        expected = isinstance(error, OSError | ConfigError | trio.TooSlowError | AuthError
+                              | StoreError)
         # Expected failures: the traceback at debug only; anything else is a bug: log it.
         log.log(logging.DEBUG if expected else logging.ERROR, "node failed", exc_info=exc)
         what = "cannot start node" if lifecycle.stage is Stage.STARTING else "node failed"
         print(f"mqttring: {what}: {describe_error(error)}", file=sys.stderr)
-        return ExitCode.FAILED
+        return ExitCode.STORE_FAILED if isinstance(error, StoreError) else ExitCode.FAILED
+
+
+def _store_failure(exc: BaseException) -> StoreError | None:
+    """The store failure that stopped the node, if that is all that went wrong (several
+    tasks may have met it before the node stopped)."""
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(StoreError)
+        if matched is None or rest is not None:
+            return None
+        leaf: BaseException = matched
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        exc = leaf
+    return exc if isinstance(exc, StoreError) else None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -49,6 +49,7 @@ import trio
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.parking import ParkingLot
 from mqttring.broker.transport import TcpTransport, Transport
+from mqttring.lsm import StoreError
 from mqttring.protocol.connection import (
     ConnState,
     Event,
@@ -444,7 +445,19 @@ class ClientHandler:
         CONNECT, a takeover): reading stops once the answer is flushed (the writer ends the
         connection when its buffer is empty)."""
         conn = self.conn
-        await self.core.handle(self, batch)
+        refused: BaseException | None = None
+        try:
+            await self.core.handle(self, batch)
+        except* StoreError as group:
+            refused = group
+        if refused is not None:
+            # Not a bug: the store refuses writes, and the node is stopping
+            # (``BrokerNode._stop_when_store_fails``).  Nothing unstored was acknowledged.
+            while isinstance(refused, BaseExceptionGroup):
+                refused = refused.exceptions[0]
+            log.warning("closing connection %s: %s", self.transport.peer, refused)
+            self.kick("the node store refuses writes", 0x80)  # MQTT 5: unspecified error
+            return True
         if conn.pending_output:
             self.wake()
         if conn.closed and not conn.disconnected:

@@ -74,7 +74,7 @@ from mqttring.broker.tls import (
 from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport, WebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
-from mqttring.lsm import Durability, LsmStore
+from mqttring.lsm import Durability, LsmStore, StoreError
 from mqttring.ring.hashing import shard_of
 from mqttring.rpc import RPC_KEY_PURPOSE, RpcServer, cluster_secret, derive_key
 
@@ -190,6 +190,8 @@ class BrokerNode:
                                   acl_rules=files.acl)
             self.core, self.retained = core, retained
             async with trio.open_nursery() as nursery:
+                if store is not None:
+                    nursery.start_soon(self._stop_when_store_fails, store)
                 nursery.start_soon(core.delayed_wills.run)  # MQTT 5 will delay
                 nursery.start_soon(core.run_session_expiry)  # MQTT 5 session expiry
                 tcp_listeners: list[trio.SocketListener] | None = None
@@ -265,6 +267,19 @@ class BrokerNode:
         finally:
             with trio.CancelScope(shield=True):
                 await self._close_store()
+
+    async def _stop_when_store_fails(self, store: LsmStore) -> None:
+        """Fail-stop.  A store that cannot write (disk full, I/O error) cannot back a PUBACK,
+        a SUBACK or a replica's copy any more, and a node that stayed up refusing every
+        durable write would be a grey failure: clients closed at each QoS 1 publish, and in
+        a cluster its shards never moving to replicas that can still write, since it keeps
+        answering heartbeats.  Stopping ends that: the cluster declares it down and moves
+        its shards on, and a supervisor restarts it once the disk is fixed."""
+        error = await store.failed()
+        log.error("node %s: its store at %s failed (%s); stopping, since no write can be "
+                  "made durable. Free the disk or fix the device, then restart the node.",
+                  self.config.node_id, store.path, error)
+        raise StoreError(f"the store at {store.path} failed: {error}")
 
     async def _run_member(self, plane: ClusterMember, nursery: trio.Nursery, *,
                           task_status: trio.TaskStatus[object]) -> None:
@@ -357,14 +372,17 @@ class BrokerNode:
         core, store = self.core, self.store
         if store is None:
             return
-        if self.archive is not None:
-            await self.archive.flush()  # rows queued after the writer's last batch
-        if core is not None:
-            dirty = [s for s in core.sessions.values() if s.persistent and s.has_changes()]
-            if dirty:
-                await core.session_store.save_changes(dirty, Durability.DURABLE)
-        await trio.to_thread.run_sync(store.close)
-        self.store = None
+        try:
+            # A failed store takes no more writes; what it acknowledged is on disk.
+            if store.failure is None and self.archive is not None:
+                await self.archive.flush()  # rows queued after the writer's last batch
+            if store.failure is None and core is not None:
+                dirty = [s for s in core.sessions.values() if s.persistent and s.has_changes()]
+                if dirty:
+                    await core.session_store.save_changes(dirty, Durability.DURABLE)
+        finally:
+            await trio.to_thread.run_sync(store.close)
+            self.store = None
 
     async def _accept_loop(
         self, listener: trio.SocketListener, nursery: trio.Nursery, parking: ParkingLot | None

@@ -293,10 +293,14 @@ class Handoff(FrozenMessage, tag="hoff"):
 
 class RetainedQuery(FrozenMessage, tag="retq"):
     """A node whose client subscribed -> the owners that may hold matching retained
-    messages: the receiver answers with ``RetainedRows`` of the shards it owns."""
+    messages: the receiver answers with ``RetainedRows`` of the shards it owns, in topic
+    order, those after ``after``, as many as fit half a link frame.  Paged because an answer
+    past the frame limit would be dropped, and the subscriber would miss every row of it."""
 
     req: int
     topic_filter: str
+    #: The last topic of the previous page ("" for the first).
+    after: str = ""
 
 
 # -- shard replication (``mqttring.cluster.replication``) ------------------------------------
@@ -362,6 +366,8 @@ class RetainedRows(FrozenMessage, tag="retained"):
     """The answer to ``RetainedQuery``."""
 
     rows: list[RetainedRow]
+    #: More rows follow the last one: ask again with its topic as ``after``.
+    more: bool = False
 
 
 class ShardRows(FrozenMessage, tag="rows"):

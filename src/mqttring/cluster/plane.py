@@ -83,7 +83,7 @@ from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig
-from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.lsm import Delete, Durability, LsmStore, Put, StoreError, shard_key
 from mqttring.protocol.session import Session
 from mqttring.raft.service import CommitError, MetadataService
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
@@ -264,8 +264,9 @@ class DataPlane:
                 await fn(*args)
         except trio.Cancelled:
             raise
-        except PeerFailure as exc:
-            # A peer's failure is an expected event under faults, not a bug of ours.
+        except (PeerFailure, StoreError) as exc:
+            # A peer's failure is an expected event under faults, not a bug of ours; so is
+            # a failed store, which stops the node (``BrokerNode._stop_when_store_fails``).
             log.warning("cluster task %s: %s", getattr(fn, "__name__", fn), exc)
         except Exception:
             # One message's failure must not take the node down with it.

@@ -436,9 +436,23 @@ class ClusterRouter:
         self.shares.on_done(node, msg)
 
     async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
-        rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props))
-                for m in self._owned_retained(msg.topic_filter)]
-        self.links.reply(node, msg.req, True, RetainedRows(rows))
+        """One page of the answer (see ``RetainedQuery``).  Each page sorts the matches
+        again: O(n log n) per page, paid only by answers of more than one page."""
+        after = msg.after
+        matches = sorted((m for m in self._owned_retained(msg.topic_filter) if m.topic > after),
+                         key=lambda m: m.topic)
+        budget = self.links.max_frame // 2  # holds any one message (``frame_limit``)
+        rows: list[RetainedRow] = []
+        used = 0
+        for m in matches:
+            row = RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props))
+            size = 64 + len(m.topic) * 4 + len(m.payload) + (
+                len(row.props[0]) + len(row.props[2]) * 4 if row.props else 0)
+            if rows and used + size > budget:
+                break
+            rows.append(row)
+            used += size
+        self.links.reply(node, msg.req, True, RetainedRows(rows, len(rows) < len(matches)))
 
     # -- subscriptions ----------------------------------------------------------------------
 
@@ -497,15 +511,20 @@ class ClusterRouter:
                 for message in self._owned_retained(topic_filter):
                     found[message.topic] = message
                 return
-            try:
-                answer = await self.links.request(node, RetainedQuery(0, topic_filter),
-                                                  expect=RetainedRows)
-            except (PeerUnavailable, RemoteError) as exc:
-                log.info("retained query %r at %s failed: %s", topic_filter, node, exc)
-                return
-            for row in answer.rows:
-                found[row.topic] = Message(row.topic, row.payload, row.qos, True,
-                                           PublishProps.from_wire(row.props))
+            after = ""
+            while True:
+                try:
+                    answer = await self.links.request(
+                        node, RetainedQuery(0, topic_filter, after), expect=RetainedRows)
+                except (PeerUnavailable, RemoteError) as exc:
+                    log.info("retained query %r at %s failed: %s", topic_filter, node, exc)
+                    return
+                for row in answer.rows:
+                    found[row.topic] = Message(row.topic, row.payload, row.qos, True,
+                                               PublishProps.from_wire(row.props))
+                if not answer.more or not answer.rows:
+                    return
+                after = answer.rows[-1].topic
 
         async with trio.open_nursery() as nursery:
             for node in targets:

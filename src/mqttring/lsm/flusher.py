@@ -104,6 +104,7 @@ class CommitQueue:
         self._flusher_idle = False
         self._durable_waiters: deque[tuple[int, Waiter]] = deque()
         self._space_waiters: list[Waiter] = []
+        self._failure_waiters: list[Waiter] = []
 
     # -- writers (caller holds self.lock) -------------------------------------------------
 
@@ -210,14 +211,24 @@ class CommitQueue:
                 woken.append(queue.popleft()[1])
         wake_all(woken)
 
+    def watch_failure(self, waiter: Waiter) -> bool:
+        """Wake ``waiter`` when the flusher dies; False (and no wake) if it already has."""
+        with self.lock:
+            if self.failure is not None:
+                return False
+            self._failure_waiters.append(waiter)
+            return True
+
     def fail(self, error: StoreError) -> None:
         """The flusher died: refuse writes from now on and wake everyone so they can raise."""
         with self.lock:
             if self.failure is None:
                 self.failure = error
-            waiters = [w for _, w in self._durable_waiters] + self._space_waiters
+            waiters = ([w for _, w in self._durable_waiters] + self._space_waiters
+                       + self._failure_waiters)
             self._durable_waiters.clear()
             self._space_waiters = []
+            self._failure_waiters = []
             requests = [r for r in self._pending if isinstance(r, SnapshotRequest)]
         for request in requests:
             request.error = error

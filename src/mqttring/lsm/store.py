@@ -257,6 +257,21 @@ class LsmStore:
             self._check_synced(seq)
         return seq
 
+    @property
+    def failure(self) -> StoreError | None:
+        """Why the store refuses writes (its flusher died: disk full, I/O error), or None."""
+        return self._queue.failure
+
+    async def failed(self) -> StoreError:
+        """Return once the store has failed (at once if it has), with the error: for a
+        caller that must stop rather than serve on without durable writes."""
+        waiter = TrioWaiter()
+        if self._queue.watch_failure(waiter):
+            await waiter.wait()
+        failure = self._queue.failure
+        assert failure is not None
+        return failure
+
     async def write(self, ops: Sequence[Put | Delete],
                     durability: Durability = Durability.DURABLE) -> int:
         """Apply ``ops`` atomically; return the write's sequence number.
