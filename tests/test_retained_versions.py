@@ -35,6 +35,7 @@ from mqttring.cluster.replication import CATCH_UP_CHUNK, ShardReplicator, encode
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message
 from mqttring.raft.view import EMPTY_VIEW
+from mqttring.rpc import MAX_FRAME
 
 NUM_SHARDS = 4
 TOPIC = "plant/1/temp"
@@ -92,9 +93,11 @@ class FakeLinks:
     """Answers instead of a network: replies are recorded; ``cu`` requests are served by
     the source node's replicator, called directly."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self.replies: list[tuple[str, int, bool, Any]] = []
         self.peers: dict[str, ShardReplicator] = {}
+        #: As ``Links``: a message in a frame larger than this is dropped, never answered.
+        self.max_frame = max_frame
 
     def reply(self, node: str, req: int, ok: bool, body: Any = None) -> None:
         self.replies.append((node, req, ok, body))
@@ -110,7 +113,10 @@ class FakeLinks:
         await source.serve_catch_up("me", over_the_wire(message))
         _node, _req, ok, body = links.replies.pop()
         assert ok, body
-        return over_the_wire(Ack(1, True, body)).body
+        frame = encode_frame(1, 1, [Ack(1, True, body)])
+        if len(frame) > links.max_frame:
+            raise trio.TooSlowError(f"answer of {len(frame)} bytes dropped at the frame limit")
+        return decode_frame(frame).messages[0].body
 
 
 class Replica:
@@ -336,6 +342,28 @@ async def test_catch_up_copy_carries_tombstones_and_many_chunks(tmp_path, stack)
     first_put = repl_message([owner.writer.batches[0]])
     await target.replicator.on_repl("o", first_put)
     assert topics[0] not in payloads(target.retained)
+
+
+async def test_catch_up_answers_stay_under_the_frame_limit(tmp_path, stack):
+    """A shard holding more bytes than a link frame in fewer than ``CATCH_UP_CHUNK`` rows
+    (large retained messages, a persistent session's backlog of large messages): each
+    answer was one chunk of rows, dropped at the frame limit, and the copy failed on
+    every try.  Here frames of 1 MiB and 40 rows of 100 KB, in two databases."""
+    source = Replica("src", tmp_path / "src", stack)
+    source.links.max_frame = 1 << 20
+    target = Replica("me", tmp_path / "me", stack)
+    target.links.peers["src"] = source.replicator
+    shard = 3
+    big = b"x" * 100_000
+    cid = b"\x00\x07backlog"
+    rows = [Put("queues", shard_key(shard, cid, i.to_bytes(8, "big")),
+                [f"t/{i}", big, 1, False, None, 0, 0.0]) for i in range(40)]
+    rows.append(Put("sessions", shard_key(shard, cid), {"v": 2}))
+    await source.store.write(rows, Durability.DURABLE)
+    assert await target.replicator.copy_shard(shard, "src") == len(rows)
+    copied = await target.store.scan("queues", shard_key(shard))
+    assert [(k, v[1]) for k, v in copied] == [(op.key, big) for op in rows[:40]]
+    assert await target.store.get("sessions", shard_key(shard, cid)) == {"v": 2}
 
 
 # -- any order of delivery ----------------------------------------------------------------

@@ -340,7 +340,7 @@ class Repl(FrozenMessage, tag="repl"):
 class CatchUp(FrozenMessage, tag="cu"):
     """A node catching up on a shard -> its owner: the next chunk of ``db`` rows of
     ``shard`` after key ``after`` (empty: from the start).  The receiver answers with
-    ``ShardRows`` (fewer than a chunk means the end)."""
+    ``ShardRows``, at most ``CATCH_UP_CHUNK`` rows and half a link frame of them."""
 
     req: int
     shard: int
@@ -375,6 +375,8 @@ class ShardRows(FrozenMessage, tag="rows"):
     ``StoredOp``)."""
 
     rows: list[tuple[bytes, Any]]
+    #: More rows follow the last one: ask again after its key.
+    more: bool = False
 
 
 #: What an ``Ack`` may carry besides a refusal's reason.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import trio
 
@@ -34,7 +35,7 @@ from mqttring.broker.shard_writes import Op
 from mqttring.cluster.errors import PeerFailure, ReplicationIncomplete, peer_failures_unwrapped
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import CatchUp, Repl, ShardOps, ShardRows, StoredOp
-from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
+from mqttring.lsm import Delete, Durability, LsmStore, Put, encode_value, shard_key
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.replication")
@@ -42,6 +43,8 @@ log = logging.getLogger("mqttring.cluster.replication")
 #: Databases that hold shard data (and so are replicated and copied on catch-up).
 SHARD_DATABASES = ("retained", "sessions", "queues", "inflight")
 CATCH_UP_CHUNK = 2000
+#: Rows read per store scan while filling a ``CatchUp`` answer.
+CATCH_UP_SCAN = 256
 REPLICA_TIMEOUT = 5.0
 
 
@@ -162,8 +165,28 @@ class ShardReplicator:
             return
         prefix = shard_key(message.shard)
         start = after + b"\x00" if after else prefix
-        rows = await self.store.scan(db, prefix, start=start, limit=CATCH_UP_CHUNK)
-        self.links.reply(node, req, True, ShardRows(list(rows)))
+        # Bounded in bytes too: a chunk of 2,000 large rows (retained messages, a session's
+        # backlog) is past the frame limit, and the link would drop the answer: the copy
+        # would then fail on every try.  Read in small scans, so as not to hold such a
+        # chunk in memory either.
+        budget = self.links.max_frame // 2
+        page: list[tuple[bytes, Any]] = []
+        used = 0
+        while len(page) < CATCH_UP_CHUNK:
+            limit = min(CATCH_UP_SCAN, CATCH_UP_CHUNK - len(page))
+            rows = await self.store.scan(db, prefix, start=start, limit=limit)
+            for key, value in rows:
+                size = len(key) + len(encode_value(value))
+                if page and used + size > budget:
+                    self.links.reply(node, req, True, ShardRows(page, True))
+                    return
+                page.append((key, value))
+                used += size
+            if len(rows) < limit:
+                self.links.reply(node, req, True, ShardRows(page, False))
+                return
+            start = rows[-1][0] + b"\x00"
+        self.links.reply(node, req, True, ShardRows(page, True))
 
     async def copy_shard(self, shard: int, source: str) -> int:
         """Copy one shard from ``source``; returns the number of rows written."""
@@ -183,7 +206,7 @@ class ShardReplicator:
                         await self.store.write(ops, Durability.LAZY)
                         self.on_applied(ops)
                         copied += len(ops)
-                    if len(rows) < CATCH_UP_CHUNK:
+                    if not answer.more or not rows:
                         break
                     after = rows[-1][0]
             await self.store.write([], Durability.DURABLE)  # make the whole copy durable
