@@ -367,6 +367,30 @@ def test_persistent_session_resumed_on_another_node(
     assert third.drain(QUIET) == []
 
 
+def test_a_backlog_larger_than_a_link_frame_reaches_a_client_on_another_node(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    """A persistent session homed at A with 40 queued QoS 1 messages of 900 KB, resumed on
+    B: the home sends its output to B in link messages, and the first pump of the inflight
+    window (32 messages, 29 MB) is more than a link frame (16 MiB).  Each such message was
+    dropped at the frame limit: the client got nothing, the messages stayed inflight."""
+    prefix = unique("backlog")
+    client_id = view.client_homed_at("a", unique("bigq"))
+    first = clients.make(cluster.port("a"), client_id, clean_session=False, name="bigq@a")
+    assert first.connect() is False
+    assert first.subscribe(f"{prefix}/#", 1) == [1]
+    first.disconnect()
+    publisher = clients.connected(cluster.port("c"), name="bigpub@c")
+    payloads = [bytes([65 + i % 26]) * 900_000 for i in range(40)]
+    for payload in payloads:
+        publisher.publish(f"{prefix}/t", payload, 1)
+    second = clients.make(cluster.port("b"), client_id, clean_session=False, name="bigq@b")
+    assert second.connect() is True
+    got = second.collect(40, timeout=60) + second.drain(QUIET)
+    assert [d.payload for d in got] == payloads, f"{len(got)} of 40 queued messages"
+    second.disconnect()
+
+
 def test_clean_session_discards_the_stored_one_across_nodes(
     cluster: NodeCluster, view: ViewInfo, clients: Clients
 ) -> None:

@@ -140,10 +140,16 @@ class SessionProxy:
         self.output = bytearray()
 
     def wake(self) -> None:
-        if self.output:
-            self.links.send(self.node, SessionBytes(self.client_id, self.token,
-                                                    bytes(self.output)))
-            self.output.clear()
+        """Ship the output, in pieces of at most half a link frame: one pump of the inflight
+        window can exceed a frame (32 messages of up to ``max_packet_size`` each), and the
+        link drops a message that does not fit.  The edge appends the pieces in order."""
+        output = self.output
+        if output:
+            piece = self.links.max_frame // 2
+            for start in range(0, len(output), piece):
+                self.links.send(self.node, SessionBytes(self.client_id, self.token,
+                                                        bytes(output[start:start + piece])))
+            output.clear()
 
     def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
         """Close the connection at the edge (its will is published as for any unclean
