@@ -391,6 +391,33 @@ def test_a_backlog_larger_than_a_link_frame_reaches_a_client_on_another_node(
     second.disconnect()
 
 
+def test_a_large_message_queued_for_many_sessions_is_acknowledged_and_delivered(
+    cluster: NodeCluster, view: ViewInfo, clients: Clients
+) -> None:
+    """One 1 MB QoS 1 message for 90 offline persistent sessions, about 30 homed at each
+    node: each home writes its 30 MB of queue rows in one write.  Replicated as one
+    ``Repl`` it was larger than a link frame (16 MiB), the link dropped it, and the
+    publish could never be acknowledged."""
+    prefix = unique("fanbig")
+    ids = [unique(f"fan{i}") for i in range(90)]
+    for i, client_id in enumerate(ids):
+        sub = clients.make(cluster.port(NODES[i % 3]), client_id, clean_session=False,
+                           name=f"fan{i}")
+        assert sub.connect() is False
+        assert sub.subscribe(f"{prefix}/t", 1) == [1]
+        sub.disconnect()
+    payload = b"F" * 1_000_000
+    publisher = clients.connected(cluster.port("a"), name="fanpub")
+    info = publisher.publish_nowait(f"{prefix}/t", payload, 1)
+    assert publisher.ack_within(info, 30), "the publish was never acknowledged"
+    for i, client_id in enumerate(ids):
+        sub = clients.make(cluster.port(NODES[(i + 1) % 3]), client_id, clean_session=False,
+                           name=f"fan{i}-back")
+        assert sub.connect() is True
+        assert sub.collect(1, timeout=30) == [Delivery(f"{prefix}/t", payload, 1, False)]
+        sub.disconnect()
+
+
 def test_clean_session_discards_the_stored_one_across_nodes(
     cluster: NodeCluster, view: ViewInfo, clients: Clients
 ) -> None:

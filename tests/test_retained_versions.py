@@ -31,7 +31,12 @@ from mqttring.analytics.schemas import decode_row
 from mqttring.broker.retained import RetainedStore, Version, make_row, parse_row
 from mqttring.broker.shard_writes import Op
 from mqttring.cluster.messages import Ack, CatchUp, Repl, ShardOps, decode_frame, encode_frame
-from mqttring.cluster.replication import CATCH_UP_CHUNK, ShardReplicator, encode_ops
+from mqttring.cluster.replication import (
+    CATCH_UP_CHUNK,
+    ShardReplicator,
+    encode_ops,
+    in_frame_runs,
+)
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message
 from mqttring.raft.view import EMPTY_VIEW
@@ -364,6 +369,22 @@ async def test_catch_up_answers_stay_under_the_frame_limit(tmp_path, stack):
     copied = await target.store.scan("queues", shard_key(shard))
     assert [(k, v[1]) for k, v in copied] == [(op.key, big) for op in rows[:40]]
     assert await target.store.get("sessions", shard_key(shard, cid)) == {"v": 2}
+
+
+@given(sizes=st.lists(st.lists(st.integers(0, 5000), max_size=8), max_size=6),
+       budget=st.integers(1000, 20000))
+def test_replicated_writes_are_cut_into_messages_under_the_budget(sizes, budget):
+    """``in_frame_runs``: every op once, in order, shard by shard; a message over the
+    budget only when it holds a single op."""
+    shard_ops = [(shard, [Put("queues", shard_key(shard, b"%d" % i), ["t", b"x" * n, 1])
+                          for i, n in enumerate(ns)]) for shard, ns in enumerate(sizes)]
+    runs = in_frame_runs(shard_ops, budget)
+    flat = [(entry.shard, op.key) for run in runs for entry in run for op in entry.ops]
+    assert flat == [(shard, op.key) for shard, ops in shard_ops for op in ops]
+    for run in runs:
+        ops = [op for entry in run for op in entry.ops]
+        total = sum(64 + len(op.key) + len(op.value[1]) + 4 * len(op.value[0]) for op in ops)
+        assert total <= budget or len(ops) == 1
 
 
 # -- any order of delivery ----------------------------------------------------------------

@@ -48,6 +48,48 @@ CATCH_UP_SCAN = 256
 REPLICA_TIMEOUT = 5.0
 
 
+def op_size(op: Op) -> int:
+    """About how many bytes ``op`` takes in a link frame (at most 4 per character of text),
+    from its key and the top level of its value: payloads are there."""
+    value = op.value if isinstance(op, Put) else None
+    size = 64 + len(op.key)
+    for part in value if isinstance(value, list | tuple) else (value,):
+        if isinstance(part, bytes):
+            size += len(part)
+        elif isinstance(part, str):
+            size += 4 * len(part)
+    return size
+
+
+def in_frame_runs(shard_ops: list[tuple[int, list[Op]]], budget: int) -> list[list[ShardOps]]:
+    """One write's ops for one replica, as the ``Repl`` messages that carry them: one unless
+    they exceed ``budget`` bytes (a large message queued for many persistent sessions), for
+    the link drops a message larger than a frame, and the write could then never be
+    confirmed.  The replica applies each message atomically, not the whole write; the write
+    is acknowledged only once every message is."""
+    if sum(op_size(op) for _, ops in shard_ops for op in ops) <= budget:
+        return [[ShardOps(shard, encode_ops(ops)) for shard, ops in shard_ops]]
+    runs: list[list[ShardOps]] = []
+    run: list[ShardOps] = []
+    used = 0
+    for shard, ops in shard_ops:
+        part: list[Op] = []
+        for op in ops:
+            size = op_size(op)
+            if (run or part) and used + size > budget:
+                if part:
+                    run.append(ShardOps(shard, encode_ops(part)))
+                runs.append(run)
+                run, part, used = [], [], 0
+            part.append(op)
+            used += size
+        if part:
+            run.append(ShardOps(shard, encode_ops(part)))
+    if run:
+        runs.append(run)
+    return runs
+
+
 def encode_ops(ops: Sequence[Op]) -> list[StoredOp]:
     return [StoredOp(op.db, op.key, op.value) if isinstance(op, Put)
             else StoredOp(op.db, op.key, None) for op in ops]
@@ -104,21 +146,23 @@ class ShardReplicator:
         if not all_ops:
             return
         view = self.view()
-        by_node: dict[str, list[ShardOps]] = {}
+        by_node: dict[str, list[tuple[int, list[Op]]]] = {}
         for shard, ops in batches:
             for node in view.replicas(shard):
                 if node != self.node_id:
-                    by_node.setdefault(node, []).append(ShardOps(shard, encode_ops(ops)))
+                    by_node.setdefault(node, []).append((shard, ops))
+        messages = [(node, run) for node, shard_ops in by_node.items()
+                    for run in in_frame_runs(shard_ops, self.links.max_frame // 2)]
         if durability is Durability.LAZY:
-            for node, shard_ops in by_node.items():
-                self.links.send(node, Repl(0, shard_ops, False))
+            for node, run in messages:
+                self.links.send(node, Repl(0, run, False))
             await self.store.write(all_ops, durability)
             return
         with peer_failures_unwrapped():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.store.write, all_ops, durability)
-                for node, shard_ops in by_node.items():
-                    nursery.start_soon(self._replicate, node, shard_ops)
+                for node, run in messages:
+                    nursery.start_soon(self._replicate, node, run)
         self.replicated_batches += 1
 
     async def _replicate(self, node: str, shard_ops: list[ShardOps]) -> None:
