@@ -187,6 +187,41 @@ def test_a_member_leaving_with_unacknowledged_messages_loses_none(
     sys_counter(clients, cluster.port("b"), "redispatched", redispatched + len(held))
 
 
+def test_copies_held_past_a_link_frame_are_handed_back_whole(
+        cluster: NodeCluster, view: ViewInfo, clients: Clients) -> None:
+    """The only member, on b, holds 24 unacknowledged QoS 1 copies of 900 KB (21.6 MB) of a
+    topic owned by a when its connection drops: they go back to a to place with the members
+    that joined meanwhile.  In one ``Redispatch`` that was more than a link frame (16 MiB):
+    the link dropped it on every try, and the copies were lost."""
+    prefix = unique("rdbig")
+    topic = next(t for t in (f"{prefix}/{i}" for i in range(1000))
+                 if view.owner_of_topic(t) == "a")
+    share = f"$share/g/{prefix}/#"
+    stubborn = RawClient("127.0.0.1", cluster.port("b"), timeout=10)
+    payloads = [bytes([65 + i]) * 900_000 for i in range(24)]
+    try:
+        assert stubborn.connect(unique("stubborn")).return_code == 0
+        assert stubborn.subscribe([(share, 1)]) == [1]
+        publisher = clients.connected(cluster.port("a"), name="bigpub@a")
+        for payload in payloads:
+            publisher.publish(topic, payload, 1)
+        held = 0
+        while held < len(payloads):
+            if stubborn.recv_packet(timeout=10).type == PUBLISH:
+                held += 1  # no PUBACK: 24 copies unacknowledged (inflight or queued)
+        steady = []
+        for node in ("a", "c"):
+            m = clients.connected(cluster.port(node), name=f"steady@{node}")
+            assert m.subscribe(share, 1) == [1]
+            steady.append(m)
+    finally:
+        stubborn.close()  # its clean session ends: the copies go back to their owner
+    got = collect_all(steady, len(payloads), timeout=60)
+    counts = collections.Counter(d.payload for ds in got.values() for d in ds)
+    assert sorted(counts) == sorted(payloads) and max(counts.values()) == 1, (
+        f"{len(counts)} of {len(payloads)} copies placed again")
+
+
 def test_a_members_node_killed_mid_stream_loses_no_acknowledged_message(
         fresh_cluster: Callable[..., NodeCluster], clients: Clients) -> None:
     """Members on a, b and c; the publisher on a streams QoS 1 to topics owned by every

@@ -62,7 +62,7 @@ import trio
 
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage, Strategy
-from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome
+from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome, in_frames
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
@@ -79,6 +79,11 @@ from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.shared")
+
+
+def _copy_size(copy: SharedMessage) -> int:
+    """About how many bytes a copy takes in a link frame (for ``in_frames``)."""
+    return 64 + 4 * (len(copy.topic) + len(copy.share)) + len(copy.payload)
 
 __all__ = ["ShareAttempt", "ShareDispatch", "target_node"]
 
@@ -377,10 +382,12 @@ class ShareDispatch:
         dropped = self.witnessed.dropped
         lost.extend(self.witnessed.lost(view))
         self.metrics.shared_untracked += self.witnessed.dropped - dropped
+        budget = self.links.max_frame // 2
         for (witness, member), records in self.own.rewitness(view, self.node_id).items():
-            self.links.send(witness, ShareTrack(0, member, [
-                TrackedEntry(token, c.topic, c.payload, c.qos, c.share, props_to_wire(c.props))
-                for token, c in records]))
+            for run in in_frames(records, lambda record: _copy_size(record[1]), budget):
+                self.links.send(witness, ShareTrack(0, member, [
+                    TrackedEntry(token, c.topic, c.payload, c.qos, c.share,
+                                 props_to_wire(c.props)) for token, c in run]))
         if lost:
             log.info("%d copies of shares were held at nodes that left the view; placing "
                      "them again", len(lost))
@@ -433,15 +440,18 @@ class ShareDispatch:
                 if owner is None or owner == self.node_id:
                     await self.run(owned)
                     continue
-                entries = [SharedEntry(m.topic, m.payload, m.qos, m.share, props_to_wire(m.props))
-                           for m in owned]
-                try:
-                    await self.links.request(owner, Redispatch(0, entries),
-                                             self.request_timeout)
-                except (PeerUnavailable, RemoteError) as exc:
-                    log.info("redispatch of %d copies to %s failed (%s); retrying",
-                             len(owned), owner, exc)
-                    failed.extend(owned)
+                # In runs under the frame limit: a member's unacknowledged copies can add
+                # up to more than a link frame, which the link would drop.
+                for run in in_frames(owned, _copy_size, self.links.max_frame // 2):
+                    entries = [SharedEntry(m.topic, m.payload, m.qos, m.share,
+                                           props_to_wire(m.props)) for m in run]
+                    try:
+                        await self.links.request(owner, Redispatch(0, entries),
+                                                 self.request_timeout)
+                    except (PeerUnavailable, RemoteError) as exc:
+                        log.info("redispatch of %d copies to %s failed (%s); retrying",
+                                 len(run), owner, exc)
+                        failed.extend(run)
             if failed and trio.current_time() >= deadline:
                 log.warning("%d copies of shares not redispatched within %.0fs (first %r)",
                             len(failed), self.patience, failed[0].topic)
