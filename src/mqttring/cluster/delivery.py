@@ -35,8 +35,8 @@ subscriber holds its publishers back: ``mqttring.broker.flow``) wait, in a task.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import trio
 
@@ -48,7 +48,7 @@ from mqttring.cluster.errors import (
     RemoteError,
     peer_failures_unwrapped,
 )
-from mqttring.cluster.links import Links
+from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import Delivered, Dlv, DlvEntry
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message, Session
@@ -84,32 +84,11 @@ Item = tuple[Message, NodeTargets]
 ShareOutcome = tuple[Message, NodeTargets, Placement, int]
 
 
-T = TypeVar("T")
-
-
 def message_size(message: Message) -> int:
     """About what a message takes in a link frame (payload, topic, framing, properties)."""
     props = message.props
     extra = 0 if props is None else len(props.raw) + len(props.origin) + 16
     return len(message.payload) + len(message.topic) + 32 + extra
-
-
-def in_frames(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
-    """``items`` cut, in order, into runs of at most ``budget`` bytes (at least one item
-    each), so that a batched request never outgrows a link frame: the link would drop a
-    message too big for any frame, and the requester would wait for an answer that never
-    comes.  ``budget`` is half the frame limit, which always holds one maximal PUBLISH."""
-    run: list[T] = []
-    used = 0
-    for item in items:
-        n = size(item)
-        if run and used + n > budget:
-            yield run
-            run, used = [], 0
-        run.append(item)
-        used += n
-    if run:
-        yield run
 
 
 def resolve(targets: Iterable[str], view: ClusterView) -> ByNode:

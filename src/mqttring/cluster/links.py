@@ -52,7 +52,7 @@ import itertools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 import msgspec
@@ -89,7 +89,9 @@ def frame_limit(max_packet_size: int) -> int:
     """The link frame size that carries any PUBLISH the broker accepts from clients."""
     return max(MAX_FRAME, max_packet_size + FRAME_HEADROOM)
 
+
 R = TypeVar("R", bound=Reply)
+T = TypeVar("T")
 #: Called for every inbound message but ``Ack``, in order; it must not block: anything that waits
 #: (a store write, an answer from a third node) runs in a task it starts, or the link's
 #: reader would stall and two nodes waiting on each other's links would deadlock.
@@ -98,6 +100,24 @@ MessageHandler = Callable[[str, LinkMessage], None]
 Stamp = Callable[[], tuple[int, int]]
 #: May frames from ``node`` in ``incarnation`` be applied here?
 Admit = Callable[[str, int, int], bool]
+
+
+def in_frames(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
+    """``items`` cut, in order, into runs of at most ``budget`` bytes (at least one item
+    each), so that a batched request never outgrows a link frame: the link would drop a
+    message too big for any frame, and the requester would wait for an answer that never
+    comes.  ``budget`` is half the frame limit, which always holds one maximal PUBLISH."""
+    run: list[T] = []
+    used = 0
+    for item in items:
+        n = size(item)
+        if run and used + n > budget:
+            yield run
+            run, used = [], 0
+        run.append(item)
+        used += n
+    if run:
+        yield run
 
 
 def _always(node: str, incarnation: int, epoch: int) -> bool:

@@ -25,15 +25,17 @@ shards are copied it reports them caught up through Raft; only then may it becom
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import trio
 
 from mqttring.broker.shard_writes import Op
 from mqttring.cluster.errors import PeerFailure, ReplicationIncomplete, peer_failures_unwrapped
-from mqttring.cluster.links import Links
+from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import CatchUp, Repl, ShardOps, ShardRows, StoredOp
 from mqttring.lsm import Delete, Durability, LsmStore, Put, encode_value, shard_key
 from mqttring.raft.view import ClusterView
@@ -51,13 +53,15 @@ REPLICA_TIMEOUT = 5.0
 def op_size(op: Op) -> int:
     """About how many bytes ``op`` takes in a link frame (at most 4 per character of text),
     from its key and the top level of its value: payloads are there."""
-    value = op.value if isinstance(op, Put) else None
     size = 64 + len(op.key)
-    for part in value if isinstance(value, list | tuple) else (value,):
-        if isinstance(part, bytes):
-            size += len(part)
-        elif isinstance(part, str):
-            size += 4 * len(part)
+    if type(op) is Put:
+        value = op.value
+        for part in value if type(value) is list else (value,):
+            kind = type(part)
+            if kind is bytes:
+                size += len(part)
+            elif kind is str:
+                size += 4 * len(part)
     return size
 
 
@@ -67,27 +71,12 @@ def in_frame_runs(shard_ops: list[tuple[int, list[Op]]], budget: int) -> list[li
     the link drops a message larger than a frame, and the write could then never be
     confirmed.  The replica applies each message atomically, not the whole write; the write
     is acknowledged only once every message is."""
-    if sum(op_size(op) for _, ops in shard_ops for op in ops) <= budget:
+    if sum(op_size(op) for _, ops in shard_ops for op in ops) <= budget:  # nearly always
         return [[ShardOps(shard, encode_ops(ops)) for shard, ops in shard_ops]]
-    runs: list[list[ShardOps]] = []
-    run: list[ShardOps] = []
-    used = 0
-    for shard, ops in shard_ops:
-        part: list[Op] = []
-        for op in ops:
-            size = op_size(op)
-            if (run or part) and used + size > budget:
-                if part:
-                    run.append(ShardOps(shard, encode_ops(part)))
-                runs.append(run)
-                run, part, used = [], [], 0
-            part.append(op)
-            used += size
-        if part:
-            run.append(ShardOps(shard, encode_ops(part)))
-    if run:
-        runs.append(run)
-    return runs
+    pairs = [(shard, op) for shard, ops in shard_ops for op in ops]
+    return [[ShardOps(shard, encode_ops([op for _, op in group]))
+             for shard, group in itertools.groupby(run, key=itemgetter(0))]
+            for run in in_frames(pairs, lambda pair: op_size(pair[1]), budget)]
 
 
 def encode_ops(ops: Sequence[Op]) -> list[StoredOp]:

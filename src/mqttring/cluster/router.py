@@ -441,17 +441,8 @@ class ClusterRouter:
         after = msg.after
         matches = sorted((m for m in self._owned_retained(msg.topic_filter) if m.topic > after),
                          key=lambda m: m.topic)
-        budget = self.links.max_frame // 2  # holds any one message (``frame_limit``)
-        rows: list[RetainedRow] = []
-        used = 0
-        for m in matches:
-            row = RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props))
-            size = 64 + len(m.topic) * 4 + len(m.payload) + (
-                len(row.props[0]) + len(row.props[2]) * 4 if row.props else 0)
-            if rows and used + size > budget:
-                break
-            rows.append(row)
-            used += size
+        page = next(in_frames(matches, message_size, self.links.max_frame // 2), [])
+        rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props)) for m in page]
         self.links.reply(node, msg.req, True, RetainedRows(rows, len(rows) < len(matches)))
 
     # -- subscriptions ----------------------------------------------------------------------

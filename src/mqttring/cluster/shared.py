@@ -62,9 +62,9 @@ import trio
 
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.shared import Chooser, CopyWatch, Placement, SharedMessage, Strategy
-from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome, in_frames
+from mqttring.cluster.delivery import Item, NodeTargets, ShareOutcome, message_size
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, peer_failures_unwrapped
-from mqttring.cluster.links import Links
+from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import (
     Redispatch,
     SharedDone,
@@ -79,11 +79,6 @@ from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.shared")
-
-
-def _copy_size(copy: SharedMessage) -> int:
-    """About how many bytes a copy takes in a link frame (for ``in_frames``)."""
-    return 64 + 4 * (len(copy.topic) + len(copy.share)) + len(copy.payload)
 
 __all__ = ["ShareAttempt", "ShareDispatch", "target_node"]
 
@@ -384,7 +379,7 @@ class ShareDispatch:
         self.metrics.shared_untracked += self.witnessed.dropped - dropped
         budget = self.links.max_frame // 2
         for (witness, member), records in self.own.rewitness(view, self.node_id).items():
-            for run in in_frames(records, lambda record: _copy_size(record[1]), budget):
+            for run in in_frames(records, lambda record: message_size(record[1]), budget):
                 self.links.send(witness, ShareTrack(0, member, [
                     TrackedEntry(token, c.topic, c.payload, c.qos, c.share,
                                  props_to_wire(c.props)) for token, c in run]))
@@ -442,7 +437,7 @@ class ShareDispatch:
                     continue
                 # In runs under the frame limit: a member's unacknowledged copies can add
                 # up to more than a link frame, which the link would drop.
-                for run in in_frames(owned, _copy_size, self.links.max_frame // 2):
+                for run in in_frames(owned, message_size, self.links.max_frame // 2):
                     entries = [SharedEntry(m.topic, m.payload, m.qos, m.share,
                                            props_to_wire(m.props)) for m in run]
                     try:
