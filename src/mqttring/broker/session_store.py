@@ -117,6 +117,10 @@ class SessionStore:
         )
         #: client id -> the durable write now carrying its changes (``save_changes``).
         self._flushing: dict[str, _Flush] = {}
+        #: Sessions loaded from a version 1 record (subscriptions inline in the header):
+        #: their next save rewrites every row.  Every session read from the store is read by
+        #: ``load``, so this needs no read on the SUBSCRIBE path.
+        self._inline: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -159,10 +163,8 @@ class SessionStore:
         assert self._writer is not None
         client_id = session.client_id
         key = self._prefix(client_id)
-        if changed is not None:
-            stored = await self._store.get("sessions", key)
-            if isinstance(stored, dict) and "subs" in stored:
-                changed = None  # version 1: its subscriptions live in the header
+        if client_id in self._inline:
+            changed = None  # version 1: its subscriptions live in the header
         header: dict[str, object] = {"v": 2}
         if session.ends_at:
             header["ends"] = session.ends_at
@@ -176,6 +178,7 @@ class SessionStore:
             changed = list(session.subscriptions)
         ops.extend(self._subscription_op(session, prefix, f, options) for f in changed)
         await self._writer.write([(self.shard(client_id), ops)], Durability.DURABLE)
+        self._inline.discard(client_id)
 
     def change_ops(self, session: Session) -> list[Put | Delete]:
         """Turn the session's dirty marks into store operations (and clear the marks)."""
@@ -259,6 +262,7 @@ class SessionStore:
         """Forget a stored session entirely (a clean-session CONNECT replaces it)."""
         if self._store is None or self._writer is None:
             return
+        self._inline.discard(client_id)
         prefix = self._prefix(client_id)
         ops: list[Put | Delete] = [Delete("sessions", prefix)]
         for db, rows_prefix in (("sessions", self._subscriptions_prefix(client_id)),
@@ -282,9 +286,12 @@ class SessionStore:
             if key[2:4] == _SUBSCRIPTIONS:
                 rows.append(record)
                 continue
+            cid = _client_id(key)
+            if "subs" in record:
+                self._inline.add(cid)
             opts = record.get("opts")  # version 1: subscriptions inline
             sessions[key] = StoredSession(
-                _client_id(key), {f: int(q) for f, q in record.get("subs", ())}, [], {},
+                cid, {f: int(q) for f, q in record.get("subs", ())}, [], {},
                 dict(opts) if opts else None, float(record.get("ends", 0.0)))
         for row in rows:
             owner = sessions.get(self._prefix(row[0]))
