@@ -548,6 +548,68 @@ def test_outcome_does_not_depend_on_chunking(
     assert _outcome(chunks, max_packet_size) == _outcome([data], max_packet_size)
 
 
+def _outcome_via_handlers(chunks: list[bytes], max_packet_size: int,
+                          ) -> tuple[list[object], str | None]:
+    """``_outcome`` through ``next_packet``'s PUBLISH/PUBACK handlers (a server
+    connection's path), with both packet kinds written as the handlers receive them."""
+    decoder = PacketDecoder(max_packet_size)
+    items: list[object] = []
+
+    def on_publish(topic: str, payload: bytes, qos: int, retain: bool,
+                   packet_id: int | None) -> tuple[object, ...]:
+        return ("publish", topic, payload, qos, retain, packet_id)
+
+    def on_puback(packet_id: int) -> tuple[object, ...]:
+        return ("puback", packet_id)
+
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+            while (item := decoder.next_packet(on_publish, on_puback)) is not None:
+                items.append(item)
+    except MQTTError as exc:
+        return items, exc.rule
+    return items, None
+
+
+def _as_handled(packet: Packet) -> object:
+    if type(packet) is Publish:
+        return ("publish", packet.topic, packet.payload, packet.qos, packet.retain,
+                packet.packet_id)
+    if type(packet) is PubAck:
+        return ("puback", packet.packet_id)
+    return packet
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.lists(mutated_packets(), max_size=4).map(b"".join),
+        st.lists(any_packet, max_size=4).map(lambda ps: b"".join(map(encode, ps))),
+    ),
+    st.data(),
+    st.sampled_from([16, 200, MAX_REMAINING_LENGTH]),
+)
+@settings(max_examples=1000)
+@example(h("40 03 00 01 00"), None, MAX_REMAINING_LENGTH)  # PUBACK: length 3
+@example(h("40 02 00 00"), None, MAX_REMAINING_LENGTH)  # PUBACK: packet id 0
+@example(h("41 02 00 01"), None, MAX_REMAINING_LENGTH)  # PUBACK: reserved flags
+@example(h("38 07 00 03 61 2f 62 00 07"), None, MAX_REMAINING_LENGTH)  # QoS 0 with DUP
+def test_handlers_see_what_packets_would_say(
+    data: bytes, draw: st.DataObject | None, max_packet_size: int
+) -> None:
+    """The connection's handler path accepts exactly the packets, and breaks exactly the
+    rules, of the plain path: its checks are the same, only nothing is built twice."""
+    if draw is None:
+        chunks = [data]
+    else:
+        cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
+        chunks = [data[a:b] for a, b in pairwise([0, *cuts, len(data)])]
+    packets, rule = _outcome(chunks, max_packet_size)
+    assert _outcome_via_handlers(chunks, max_packet_size) == (
+        [_as_handled(p) for p in packets], rule)
+
+
 # ------------------------------------------------------------------------------ malformed
 
 # fmt: off

@@ -97,6 +97,11 @@ class ConnState(Enum):
 
 _PROTOCOLS = {("MQTT", 4), ("MQIsdp", 3)}
 
+#: What ``_drain_connected``'s decoder handlers return for a packet that is dealt with and
+#: makes no event: a PUBACK applied to the session, a QoS 2 redelivery answered with PUBREC.
+_APPLIED = object()
+_ANSWERED = object()
+
 #: The v5 reason code for each 3.1.1 CONNACK refusal the broker core decides on.
 _V5_REFUSALS = {
     ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION: ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
@@ -216,6 +221,10 @@ class ServerConnection:
 
     def _drain_into(self, events: list[Event], decoder: PacketDecoder) -> None:
         while self.state is not ConnState.CONNECTING and self.state is not ConnState.CLOSED:
+            if self.state is ConnState.CONNECTED and self._v5 is None:
+                if self._drain_connected(events, decoder):
+                    continue  # the state changed (DISCONNECT, v5 ...): look again
+                break
             packet = decoder.next_packet()
             if packet is None:
                 break
@@ -229,6 +238,54 @@ class ServerConnection:
             event = self._on_packet(packet)
             if event is not None:
                 events.append(event)
+
+    def _drain_connected(self, events: list[Event], decoder: PacketDecoder) -> bool:
+        """The open 3.1.1 connection's loop: a PUBLISH becomes its event and a PUBACK is
+        applied straight from the decoder's fields (``next_packet``'s handlers), the rest
+        as in ``_drain_into``.  True once the state changed, False when bytes are needed."""
+        next_packet = decoder.next_packet
+        on_publish = self._publish_event
+        on_puback = self._puback
+        append = events.append
+        packets = publishes = 0
+        try:
+            while True:
+                item = next_packet(on_publish, on_puback)
+                if item is None:
+                    return False
+                packets += 1
+                if type(item) is PublishReceived:
+                    publishes += 1
+                    append(item)
+                elif item is _APPLIED:
+                    continue
+                elif item is _ANSWERED:
+                    publishes += 1
+                else:
+                    event = self._on_packet(item)
+                    if event is not None:
+                        append(event)
+                    if self.state is not ConnState.CONNECTED or self._v5 is not None:
+                        return True
+        finally:
+            self.packets_received += packets
+            self.publishes_received += publishes
+
+    def _publish_event(self, topic: str, payload: bytes, qos: int, retain: bool,
+                       packet_id: int | None) -> PublishReceived | object:
+        if qos == 2:
+            assert self.session is not None and packet_id is not None
+            if not self.session.begin_inbound_qos2(packet_id):
+                # Redelivery of a message we already own: acknowledge, do not route again.
+                self._out += encode_packet(PubRec(packet_id))
+                return _ANSWERED
+        return PublishReceived(Message(topic, payload, qos, retain), packet_id)
+
+    def _puback(self, packet_id: int) -> object:
+        assert self.session is not None
+        if self.session.on_puback(packet_id, pump=False):
+            self._freed = True
+        return _APPLIED
 
     def _on_publish(self, packet: Publish) -> PublishReceived | None:
         self.publishes_received += 1

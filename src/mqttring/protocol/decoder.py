@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import fields
+from typing import Protocol, TypeVar
 
 from mqttring.protocol.errors import InvalidTopic, MalformedPacket, PacketTooLarge
 from mqttring.protocol.packets import (
@@ -287,6 +288,18 @@ _set_topic, _set_payload, _set_qos, _set_retain, _set_dup, _set_packet_id = (
 )
 
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class OnPublish(Protocol[T_co]):
+    """What ``next_packet`` hands a decoded PUBLISH to, instead of building a ``Publish``
+    (the DUP flag is checked, then dropped: a receiver has no use for it)."""
+
+    def __call__(self, topic: str, payload: bytes, qos: int, retain: bool,
+                 packet_id: int | None) -> T_co: ...
+
+
 class PacketDecoder:
     """Incremental decoder for one connection's inbound byte stream.
 
@@ -354,8 +367,16 @@ class PacketDecoder:
         while (packet := next_packet()) is not None:
             yield packet
 
-    def next_packet(self) -> Packet | None:
-        """The next complete packet, or ``None`` if more bytes are needed."""
+    def next_packet(self, on_publish: OnPublish[T] | None = None,
+                    on_puback: Callable[[int], T] | None = None) -> Packet | T | None:
+        """The next complete packet, or ``None`` if more bytes are needed.
+
+        ``on_publish`` / ``on_puback``: a server connection's handlers for the two packets
+        of every QoS 1 delivery (its client's PUBLISH, and the PUBACK of ours).  Given, the
+        decoder hands them the checked fields and returns what they return, instead of
+        building a ``Publish`` or ``PubAck`` that would be taken apart again at once: about
+        a quarter of a QoS 1 message's protocol cost.  Every check is the same either way.
+        """
         buf = self._buf
         pos = self._pos
         end = len(buf)
@@ -381,6 +402,15 @@ class PacketDecoder:
             return None
         self._pos = stop
         if first >> 4 != 3:
+            if first == 0x40 and on_puback is not None:
+                if length != 2:
+                    raise MalformedPacket(RULE_LENGTH,
+                                          f"PUBACK remaining length must be 2, not {length}")
+                packet_id = (buf[start] << 8) | buf[start + 1]
+                if not packet_id:
+                    raise MalformedPacket("MQTT-2.3.1-1",
+                                          "packet identifier must be 1..65535, got 0")
+                return on_puback(packet_id)
             return self._decode_other(first, buf, start, stop)
 
         # PUBLISH fast path.  The bounds checks come first so that no index below can fail.
@@ -414,6 +444,8 @@ class PacketDecoder:
             raise InvalidTopic("MQTT-3.3.2-2", f"topic name must not contain wildcards: {topic!r}")
         if "\x00" in topic:
             raise MalformedPacket("MQTT-1.5.3-2", f"topic name must not contain U+0000: {topic!r}")
+        if on_publish is not None:
+            return on_publish(topic, buf[payload_start:stop], qos, first & 0x01 == 1, packet_id)
         packet = _new_publish(Publish)
         _set_topic(packet, topic)
         _set_payload(packet, buf[payload_start:stop])

@@ -293,6 +293,24 @@ class Session:
                 return
             if self.clean_session:
                 return
+        limits = self.limits
+        if (out is not None and v5 is None and not self.queue and message.props is None
+                and not limits.message_ttl and len(self.inflight) < limits.max_inflight):
+            # Nothing waits ahead of it and the window has room: straight to the wire, as
+            # ``_pump`` would send it, without the trip through the queue (the common case
+            # of a subscriber that keeps up; a third of this method's cost).
+            seq = self.next_seq
+            self.next_seq = seq + 1
+            pid = self._allocate_packet_id()
+            entry = Outbound(seq, message, qos, retain, pid,
+                             OutState.AWAIT_PUBACK if qos == 1 else OutState.AWAIT_PUBREC)
+            self.inflight[pid] = entry
+            if self.persistent:
+                self._dirty[seq] = entry
+                self.durable_due = True
+            out += encode_publish(message.topic_bytes, message.payload, qos, retain, False,
+                                  pid)
+            return
         entry = Outbound(self.next_seq, message, qos, retain)
         if self.limits.message_ttl > 0:
             entry.expires_at = now + self.limits.message_ttl
