@@ -213,7 +213,8 @@ class LocalRouter:
             session = sessions.get(cid)
             if session is None:
                 continue
-            if session.clean_session:
+            persistent = not session.clean_session
+            if not persistent:
                 if not clean:
                     continue
             elif shards is not None and self._session_store.shard(cid) not in shards:
@@ -226,11 +227,10 @@ class LocalRouter:
             if session.output is not None:
                 sent += 1
                 wake(cid)
-            if qos:
-                if session.persistent:
-                    to_persist.append(session)
-                if congested is not None and session.congested:
+                if qos and congested is not None and session.queue and session.congested:
                     congested.append(session)
+            if qos and persistent:
+                to_persist.append(session)
         self._metrics.messages_sent += sent
         return to_persist
 

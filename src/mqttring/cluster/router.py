@@ -270,9 +270,12 @@ class ClusterRouter:
         """Route messages whose shards this node owns, in order; return once all are
         accepted: retained updates stored (one write), every node with subscribers served
         (one ``Dlv`` per node)."""
-        for shard in {self.route(m.topic, view).shard for m in messages if m.qos}:
+        route = self.route
+        routes = [route(m.topic, view) for m in messages]
+        for shard in {r.shard for r, m in zip(routes, messages, strict=True) if m.qos}:
             if not self.registry.routes_complete(shard, view):
                 view = await self.registry.await_routes(shard)
+                routes = []  # looked up again below, under the view that has them
         retained = [m for m in messages if m.retain]
         if retained:
             await self.retained_store.update_many(retained, epoch=view.epoch)
@@ -282,8 +285,9 @@ class ClusterRouter:
         shares = self.routes.shares_for
         shared = ([m for m in messages if m.qos and shares(m.topic)]
                   if self.routes.shared_routes else None)
-        for message in messages:
-            targets = self.route(message.topic, view).targets
+        if len(routes) != len(messages):
+            routes = [route(m.topic, view) for m in messages]
+        for message, (_, targets, _) in zip(messages, routes, strict=True):
             if message.qos == 0:
                 self._accept_plain(message, targets)
                 continue
@@ -357,7 +361,9 @@ class ClusterRouter:
     # -- inbound messages -------------------------------------------------------------------
 
     def on_pub(self, node: str, msg: Pub) -> None:
-        messages = [Message(e.topic, e.payload, e.qos, e.retain, PublishProps.from_wire(e.props))
+        from_wire = PublishProps.from_wire
+        messages = [Message(e.topic, e.payload, e.qos, e.retain,
+                            None if e.props is None else from_wire(e.props))
                     for e in msg.messages]
         if msg.req == 0 and all(m.qos == 0 and not m.retain for m in messages):
             # QoS 0 re-sent by a node whose view was older: what we own is handled inline,
@@ -407,11 +413,14 @@ class ClusterRouter:
         try:
             view = self.view()
             me = self.node_id
-            passed = [m for m in messages
-                      if self.route(m.topic, view).owner not in (None, me)]
-            if passed and hops >= MAX_HOPS:
-                raise NotOwner(f"{passed[0].topic!r} exceeded {MAX_HOPS} hops")
+            if hops >= MAX_HOPS:
+                passed = [m for m in messages
+                          if self.route(m.topic, view).owner not in (None, me)]
+                if passed:
+                    raise NotOwner(f"{passed[0].topic!r} exceeded {MAX_HOPS} hops")
             if req == 0 and all(m.qos == 0 and not m.retain for m in messages):
+                passed = [m for m in messages
+                          if self.route(m.topic, view).owner not in (None, me)]
                 for message in passed:  # QoS 0 nobody waits for: passed on, unanswered
                     owner = self.route(message.topic, view).owner
                     if owner is not None:
