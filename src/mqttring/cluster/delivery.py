@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import trio
 
@@ -106,6 +106,24 @@ def resolve(targets: Iterable[str], view: ClusterView) -> ByNode:
             clean.add(target)
     return {node: NodeTargets(node in clean, shards.get(node, []))
             for node in clean.union(shards)}
+
+
+class Targets(Protocol):
+    """Which sessions of this node a message is for: a ``NodeTargets`` when the node
+    delivers to itself, the ``DlvEntry`` itself when a peer asked (the same fields)."""
+
+    @property
+    def clean(self) -> bool: ...
+    @property
+    def shards(self) -> list[int]: ...
+    @property
+    def share(self) -> str: ...
+    @property
+    def offline_ok(self) -> bool: ...
+    @property
+    def track(self) -> int: ...
+    @property
+    def witness(self) -> str: ...
 
 
 class _Served(NamedTuple):
@@ -258,7 +276,7 @@ class Deliveries:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _serve(self, batch: Iterable[tuple[Message, bool, list[int], str, bool, int, str]],
+    def _serve(self, batch: Iterable[tuple[Message, Targets]],
                sender: str | None = None) -> _Served:
         """Deliver a batch to this node's sessions, in order, without yielding."""
         holds = self.holds
@@ -270,8 +288,8 @@ class Deliveries:
         declined: list[tuple[int, int]] = []
         online: list[tuple[int, int]] = []
         with self.local.wakes_deferred():
-            for index, (message, clean, shards, share, offline_ok, track, witness
-                        ) in enumerate(batch):
+            for index, (message, targets) in enumerate(batch):
+                clean, shards, share = targets.clean, targets.shards, targets.share
                 held = shards
                 if shards and not all(holds(s) for s in shards):
                     # Still loading here, or gone (the view moved it in flight): serve the
@@ -281,11 +299,12 @@ class Deliveries:
                 if share:
                     if not (clean or held):
                         continue  # the sender follows the unheld shard
+                    track = targets.track
                     placed, session, ready = self.local.deliver_to_share(
-                        message, share, clean=clean, shards=held, offline_ok=offline_ok,
-                        congested=congested,
-                        origin=(sender, track, witness) if track and sender is not None
-                        else None)
+                        message, share, clean=clean, shards=held,
+                        offline_ok=targets.offline_ok, congested=congested,
+                        origin=(sender, track, targets.witness)
+                        if track and sender is not None else None)
                     if placed is not Placement.SERVED:
                         declined.append((index, int(placed)))
                         continue
@@ -304,8 +323,7 @@ class Deliveries:
     async def _deliver_here(self, items: list[Item], outcomes: list[ShareOutcome]
                             ) -> list[Item]:
         """``deliver`` to this node itself; returns the items' shards it does not hold."""
-        served = self._serve(((m, t.clean, t.shards, t.share, t.offline_ok, t.track,
-                               t.witness) for m, t in items), self.node_id)
+        served = self._serve(items, self.node_id)
         outcomes.extend((*items[i], Placement(why), 0) for i, why in served.declined)
         outcomes.extend((*items[i], Placement.SERVED, n) for i, n in served.online)
         if served.to_persist:
@@ -318,10 +336,9 @@ class Deliveries:
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
         from_wire = PublishProps.from_wire
-        served = self._serve(((Message(e.topic, e.payload, e.qos, e.retain,
-                                       None if e.props is None else from_wire(e.props)),
-                               e.clean, e.shards, e.share, e.offline_ok, e.track, e.witness)
-                              for e in msg.entries), node)
+        served = self._serve([(Message(e.topic, e.payload, e.qos, e.retain,
+                                       None if e.props is None else from_wire(e.props)), e)
+                              for e in msg.entries], node)
         req = msg.req
         if req == 0:
             return

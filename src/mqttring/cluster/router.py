@@ -192,27 +192,31 @@ class ClusterRouter:
         view = self.view()
         me = self.node_id
         acked: list[Message] = []
+        acked_routes: list[Route] = []
         for message in messages:
-            owner, targets, _ = self.route(message.topic, view)
+            route = self.route(message.topic, view)
+            owner, targets, _ = route
             if owner is not None and owner != me:
                 self.metrics.forwarded_to_owner += 1
             if message.qos or message.retain or message.props is not None:
                 # (MQTT 5 properties do not fit the packed QoS 0 frames: a ``Pub`` carries
                 # them, answered like QoS 1.)
                 acked.append(message)
+                acked_routes.append(route)
             elif owner is None or owner == me:
                 self._accept_plain(message, targets)
             else:
                 self.links.send_frames(owner, ROUTE, message.topic, message.encode_qos0(False))
         if acked:
-            await self.forward(acked, 1)
+            await self.forward(acked, 1, (view, acked_routes))
 
     def _pub(self, messages: list[Message], req: int, hops: int, view: ClusterView) -> Pub:
         return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain,
                                   None if m.props is None else m.props.to_wire())
                          for m in messages], self.node_id, view.epoch, hops)
 
-    async def forward(self, messages: list[Message], hops: int) -> None:
+    async def forward(self, messages: list[Message], hops: int,
+                      routed: tuple[ClusterView, list[Route]] | None = None) -> None:
         """Have the owners of ``messages`` accept them (this node for its own shards);
         return once all did, following view changes.
 
@@ -221,23 +225,36 @@ class ClusterRouter:
         acknowledgement must survive that wait rather than give up just before it ends.
         What an owner refused or could not be asked is sent again, in order, to the owner
         of the newer view; what it accepted is not.
+
+        ``routed``: the view the caller routed ``messages`` under and their routes, which
+        the first round uses if that view is still current (one lookup per message).
         """
         deadline = trio.current_time() + self.deliveries.patience
         while True:
             view = self.view()
-            groups: dict[str | None, list[Message]] = {}
-            for message in messages:
-                groups.setdefault(self.route(message.topic, view).owner, []).append(message)
+            if routed is not None and routed[0] is view:
+                routes = routed[1]
+            else:
+                route = self.route
+                routes = [route(m.topic, view) for m in messages]
+            routed = None
+            groups: dict[str | None, tuple[list[Message], list[Route]]] = {}
+            for message, route_ in zip(messages, routes, strict=True):
+                group = groups.get(route_.owner)
+                if group is None:
+                    group = groups[route_.owner] = ([], [])
+                group[0].append(message)
+                group[1].append(route_)
             failed: list[Message] = []
             if len(groups) == 1:
-                [(owner, group)] = groups.items()
-                await self._forward_to(owner, group, hops, view, failed)
+                [(owner, (group, group_routes))] = groups.items()
+                await self._forward_to(owner, group, hops, view, failed, group_routes)
             else:
                 with peer_failures_unwrapped():
                     async with trio.open_nursery() as nursery:
-                        for owner, group in groups.items():
+                        for owner, (group, group_routes) in groups.items():
                             nursery.start_soon(self._forward_to, owner, group, hops, view,
-                                               failed)
+                                               failed, group_routes)
             if not failed:
                 return
             if trio.current_time() >= deadline:
@@ -248,9 +265,10 @@ class ClusterRouter:
             await self.view_changes.wait(0.5)
 
     async def _forward_to(self, owner: str | None, messages: list[Message], hops: int,
-                          view: ClusterView, failed: list[Message]) -> None:
+                          view: ClusterView, failed: list[Message], routes: list[Route],
+                          ) -> None:
         if owner is None or owner == self.node_id:
-            await self.accept(messages, view)
+            await self.accept(messages, view, routes)
             return
         done = 0
         for run in in_frames(messages, message_size, self.deliveries.frame_budget):
@@ -266,12 +284,15 @@ class ClusterRouter:
 
     # -- publish: owner side ----------------------------------------------------------------
 
-    async def accept(self, messages: list[Message], view: ClusterView) -> None:
+    async def accept(self, messages: list[Message], view: ClusterView,
+                     routes: list[Route] | None = None) -> None:
         """Route messages whose shards this node owns, in order; return once all are
         accepted: retained updates stored (one write), every node with subscribers served
-        (one ``Dlv`` per node)."""
+        (one ``Dlv`` per node).  ``routes``: the messages' routes under ``view``, if the
+        caller has them."""
         route = self.route
-        routes = [route(m.topic, view) for m in messages]
+        if routes is None:
+            routes = [route(m.topic, view) for m in messages]
         for shard in {r.shard for r, m in zip(routes, messages, strict=True) if m.qos}:
             if not self.registry.routes_complete(shard, view):
                 view = await self.registry.await_routes(shard)

@@ -63,6 +63,7 @@ __all__ = [
 _U16 = Struct(">H")
 _pack_u16 = _U16.pack
 _pack_bb = Struct(">BB").pack
+_pack_bbh = Struct(">BBH").pack
 
 
 # --------------------------------------------------------------------------------- encoding
@@ -122,6 +123,9 @@ def encode_publish(
     topic_len = len(topic)
     if qos:
         length = topic_len + len(payload) + 4
+        if length < 128:  # one delivery in most: one pack and one join
+            return b"".join((_pack_bbh(first, length, topic_len), topic,
+                             _pack_u16(packet_id), payload))  # type: ignore[arg-type]
         head = _pack_u16(topic_len) + topic + _pack_u16(packet_id)  # type: ignore[arg-type]
     else:
         length = topic_len + len(payload) + 2

@@ -305,7 +305,7 @@ class Session:
             entry = Outbound(seq, message, qos, retain, pid,
                              OutState.AWAIT_PUBACK if qos == 1 else OutState.AWAIT_PUBREC)
             self.inflight[pid] = entry
-            if self.persistent:
+            if not self.clean_session:  # (``persistent``, without the property call)
                 self._dirty[seq] = entry
                 self.durable_due = True
             out += encode_publish(message.topic_bytes, message.payload, qos, retain, False,
@@ -322,7 +322,7 @@ class Session:
         if out is None or not self.limits.hold_when_online:
             self._make_room()
         self.queue.append(entry)
-        if qos and self.persistent:
+        if qos and not self.clean_session:
             self._dirty[entry.seq] = entry
             self.durable_due = True
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
@@ -376,7 +376,7 @@ class Session:
         self.dropped += 1
 
     def _forget(self, entry: Outbound) -> None:
-        if entry.qos and self.persistent:
+        if entry.qos and not self.clean_session:
             self._dirty[entry.seq] = None
 
     def _allocate_packet_id(self) -> int:
@@ -415,7 +415,7 @@ class Session:
             entry.packet_id = pid
             entry.state = OutState.AWAIT_PUBACK if entry.qos == 1 else OutState.AWAIT_PUBREC
             inflight[pid] = entry
-            if self.persistent:
+            if not self.clean_session:
                 self._dirty[entry.seq] = entry
             if v5 is None:
                 out += entry.message.encode(entry.qos, entry.retain, False, pid)
