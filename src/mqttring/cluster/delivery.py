@@ -316,7 +316,8 @@ class Deliveries:
                     for session in deliver_local(message, clean=clean, shards=held,
                                                  congested=congested):
                         to_persist[id(session)] = session
-                    shards_served.update(held)
+                    if held:
+                        shards_served.update(held)
         return _Served(list(to_persist.values()), congested, sorted(shards_served), unheld,
                        declined, online)
 

@@ -407,8 +407,13 @@ class Session:
                 else:
                     v5.send(out, entry.message, 0, entry.retain, False, None)
                 continue
-            pid = self._allocate_packet_id()
-            if v5 is not None and not v5.send(out, entry.message, entry.qos, entry.retain,
+            pid = self.next_packet_id
+            if pid in inflight:
+                pid = self._allocate_packet_id()
+            else:  # (``_allocate_packet_id``'s common case, inline: once per delivery)
+                self.next_packet_id = pid % 0xFFFF + 1
+            message = entry.message
+            if v5 is not None and not v5.send(out, message, entry.qos, entry.retain,
                                               False, pid):
                 self._forget(entry)  # expired, or too large for the client: as if sent
                 continue
@@ -418,7 +423,8 @@ class Session:
             if not self.clean_session:
                 self._dirty[entry.seq] = entry
             if v5 is None:
-                out += entry.message.encode(entry.qos, entry.retain, False, pid)
+                out += encode_publish(message.topic_bytes, message.payload, entry.qos,
+                                      entry.retain, False, pid)
         if taken:
             del queue[:taken]
 
