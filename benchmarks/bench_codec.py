@@ -1,4 +1,4 @@
-"""Micro-benchmarks for the sans-IO codec and the topic trees.
+"""Micro-benchmarks for the sans-IO codec, a QoS 1 message's protocol steps and the topic trees.
 
 Run as ``python benchmarks/bench_codec.py`` (or ``python -m benchmarks.bench_codec``); prints a
 table and writes ``benchmarks/results/codec.json``.  Each figure is the best of several
@@ -19,7 +19,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mqttring.protocol.codec import PacketDecoder, encode_publish, publish_with_packet_id
+from mqttring.protocol.codec import PacketDecoder, encode, encode_publish, publish_with_packet_id
+from mqttring.protocol.connection import ServerConnection
+from mqttring.protocol.packets import Connect, PubAck, Publish
+from mqttring.protocol.session import Session
 from mqttring.protocol.topics import TopicIndex, TopicTrie
 
 RESULTS = Path(__file__).resolve().parent / "results" / "codec.json"
@@ -148,6 +151,54 @@ def bench_index(topic_count: int, queries: int, repeat: int) -> dict[str, float]
     return {"retained": float(len(index)), "filter_matches_per_s": best_rate(queries, run, repeat)}
 
 
+def bench_qos1_round(messages: int, repeat: int, batch: int = 16) -> dict[str, float]:
+    """What one QoS 1 message costs the protocol layer of a broker, sockets and routing
+    aside: its publisher's PUBLISH decoded into an event and PUBACKed, the copy handed to
+    an online subscriber's session and encoded, and that subscriber's PUBACK applied; in
+    batches of ``batch``, as one TCP read delivers them."""
+
+    def connected(client_id: str) -> ServerConnection:
+        conn = ServerConnection()
+        conn.receive_data(encode(Connect(client_id, clean_session=True)))
+        conn.accept(Session(client_id, True), session_present=False)
+        conn.data_to_send()
+        return conn
+
+    publisher, subscriber = connected("pub"), connected("sub")
+    session = subscriber.session
+    assert session is not None
+    payload = bytes(64)
+    rounds = max(1, messages // batch)
+    chunks = [b"".join(encode(Publish("sensors/42/temperature", payload, qos=1,
+                                      packet_id=(r * batch + i) % 65535 + 1))
+                       for i in range(batch)) for r in range(min(rounds, 4096))]
+    # The subscriber's PUBACKs, precomputed: its session numbers packet ids 1, 2, ... in
+    # order, and each round's are all acknowledged before the next.
+    acks = []
+    next_id = 1
+    for _ in range(min(rounds, 65535 // batch)):
+        acks.append(b"".join(encode(PubAck(next_id + i)) for i in range(batch)))
+        next_id += batch
+    cycle = len(acks)
+
+    def run() -> None:
+        session.next_packet_id = 1
+        for r in range(rounds):
+            events = publisher.receive_data(chunks[r % len(chunks)])
+            for event in events:
+                session.deliver(event.message, 1, False, 0.0)
+                publisher.ack_publish(event.packet_id, 1)
+            publisher.data_to_send()
+            subscriber.data_to_send()
+            subscriber.receive_data(acks[r % cycle])
+            if r % cycle == cycle - 1:
+                session.next_packet_id = 1  # the ids the precomputed PUBACKs name again
+
+    rate = best_rate(rounds * batch, run, repeat)
+    assert not session.inflight, "every delivery acknowledged"
+    return {"messages_per_s": rate, "us_per_message": 1e6 / rate}
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packets", type=int, default=200_000)
@@ -168,6 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "decode_publish_qos0": bench_decode(packets, 0, repeat),
         "decode_publish_qos1": bench_decode(packets, 1, repeat),
         "encode": bench_encode(packets, repeat),
+        "qos1_protocol_round": bench_qos1_round(packets, repeat),
         "trie_1000_wildcard_filters": bench_trie(1000, packets // 4, repeat),
         "index_10000_retained": bench_index(10_000, packets // 100, repeat),
     }

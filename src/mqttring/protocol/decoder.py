@@ -21,7 +21,8 @@ Decoder invariants:
   makes no attempt to resynchronise.
 * PUBLISH, the only packet whose rate matters, is decoded inline in ``next_packet`` and built
   without the dataclass constructor; other packet types go through a dispatch table and the
-  ordinary, validating constructors.
+  ordinary, validating constructors.  A server connection passes handlers for PUBLISH and
+  PUBACK (one each per QoS 1 delivery), which get the checked fields instead of a packet.
 """
 
 from __future__ import annotations
