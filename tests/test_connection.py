@@ -12,7 +12,7 @@ from mqttring.protocol.connection import (
     ServerConnection,
     SubscribeRequested,
 )
-from mqttring.protocol.errors import ProtocolViolation
+from mqttring.protocol.errors import MalformedPacket, MQTTError, ProtocolViolation
 from mqttring.protocol.packets import (
     ConnAck,
     Connect,
@@ -20,6 +20,7 @@ from mqttring.protocol.packets import (
     Disconnect,
     PingReq,
     PingResp,
+    PubAck,
     PubComp,
     Publish,
     PubRec,
@@ -27,7 +28,7 @@ from mqttring.protocol.packets import (
     SubAck,
     Subscribe,
 )
-from mqttring.protocol.session import Session
+from mqttring.protocol.session import Message, Session, SessionLimits
 
 
 def read(conn: ServerConnection) -> list:
@@ -116,3 +117,41 @@ def test_disconnect_closes_cleanly():
     assert conn.receive_data(encode(Disconnect())) == [DisconnectRequested()]
     assert conn.closed
     assert conn.receive_data(encode(PingReq())) == []
+
+
+def test_puback_in_the_same_read_as_publishes_is_applied_and_refills_the_window():
+    # The open connection's path: the decoder hands PUBACK and PUBLISH to the connection's
+    # handlers; the session must see the same as through packets, in the same read.
+    conn = ServerConnection()
+    conn.receive_data(encode(Connect("c1")))
+    session = Session("c1", True, SessionLimits(max_inflight=1))
+    conn.accept(session, session_present=False)
+    read(conn)
+    for n in range(3):
+        session.deliver(Message("t", bytes([n]), 1), 1)
+    [first] = read(conn)
+    assert isinstance(first, Publish) and first.payload == b"\x00"
+    received, published = conn.packets_received, conn.publishes_received
+    events = conn.receive_data(encode(Publish("a/b", b"p", 1, packet_id=9))
+                               + encode(PubAck(first.packet_id))
+                               + encode(PubAck(999))  # unknown id: ignored
+                               + encode(Publish("a/c", b"q", 0)))
+    assert [(type(e), e.message.topic, e.packet_id) for e in events] == [
+        (PublishReceived, "a/b", 9), (PublishReceived, "a/c", None)]
+    [second] = read(conn)
+    assert second.payload == b"\x01", "the freed slot is refilled once, after the read"
+    assert list(session.inflight) == [second.packet_id] and len(session.queue) == 1
+    assert (conn.packets_received - received, conn.publishes_received - published) == (4, 2)
+
+
+@pytest.mark.parametrize(("wire", "rule"), [
+    (bytes.fromhex("40 03 00 01 00"), "MQTT-2.2.3"),   # remaining length 3
+    (bytes.fromhex("40 02 00 00"), "MQTT-2.3.1-1"),    # packet id 0
+    (bytes.fromhex("41 02 00 01"), "MQTT-2.2.2-1"),    # reserved flags set
+])
+def test_malformed_puback_on_an_open_connection_breaks_its_rule(wire: bytes, rule: str):
+    conn = connected()
+    with pytest.raises(MQTTError) as info:
+        conn.receive_data(encode(Publish("a", b"x", 1, packet_id=1)) + wire)
+    assert isinstance(info.value, MalformedPacket)
+    assert info.value.rule == rule
