@@ -60,7 +60,6 @@ from mqttring.protocol.packets import (
     PingResp,
     PubAck,
     PubComp,
-    Publish,
     PubRec,
     PubRel,
     SubAck,
@@ -223,18 +222,14 @@ class ServerConnection:
         while self.state is not ConnState.CONNECTING and self.state is not ConnState.CLOSED:
             if self.state is ConnState.CONNECTED and self._v5 is None:
                 if self._drain_connected(events, decoder):
-                    continue  # the state changed (DISCONNECT, v5 ...): look again
+                    continue  # a packet changed the state (DISCONNECT): look again
                 break
+            # Before CONNECT is decided, and every packet of an MQTT 5 connection (its
+            # decoder builds v5 packets, handled by ``_on_packet`` and ``V5Link``).
             packet = decoder.next_packet()
             if packet is None:
                 break
             self.packets_received += 1
-            # The common case first: PUBLISH on an open connection.
-            if type(packet) is Publish and self.state is ConnState.CONNECTED:
-                event = self._on_publish(packet)
-                if event is not None:
-                    events.append(event)
-                continue
             event = self._on_packet(packet)
             if event is not None:
                 events.append(event)
@@ -286,19 +281,6 @@ class ServerConnection:
         if self.session.on_puback(packet_id, pump=False):
             self._freed = True
         return _APPLIED
-
-    def _on_publish(self, packet: Publish) -> PublishReceived | None:
-        self.publishes_received += 1
-        qos = packet.qos
-        if qos == 2:
-            assert self.session is not None
-            if not self.session.begin_inbound_qos2(packet.packet_id):  # type: ignore[arg-type]
-                # Redelivery of a message we already own: acknowledge, do not route again.
-                self._out += encode_packet(PubRec(packet.packet_id))  # type: ignore[arg-type]
-                return None
-        return PublishReceived(
-            Message(packet.topic, packet.payload, qos, packet.retain), packet.packet_id
-        )
 
     def _on_packet(self, packet: object) -> Event | None:
         if self.state is ConnState.AWAIT_CONNECT:
