@@ -227,7 +227,7 @@ class LocalRouter:
             if session.output is not None:
                 sent += 1
                 wake(cid)
-                if qos and congested is not None and session.queue and session.congested:
+                if qos and congested is not None and session.congested:
                     congested.append(session)
             if qos and persistent:
                 to_persist.append(session)

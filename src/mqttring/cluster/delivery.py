@@ -336,9 +336,8 @@ class Deliveries:
 
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
-        from_wire = PublishProps.from_wire
         served = self._serve([(Message(e.topic, e.payload, e.qos, e.retain,
-                                       None if e.props is None else from_wire(e.props)), e)
+                                       PublishProps.from_wire(e.props)), e)
                               for e in msg.entries], node)
         req = msg.req
         if req == 0:

@@ -293,10 +293,12 @@ class ClusterRouter:
         route = self.route
         if routes is None:
             routes = [route(m.topic, view) for m in messages]
+        routed_under = view
         for shard in {r.shard for r, m in zip(routes, messages, strict=True) if m.qos}:
             if not self.registry.routes_complete(shard, view):
                 view = await self.registry.await_routes(shard)
-                routes = []  # looked up again below, under the view that has them
+        if view is not routed_under:  # looked up again, under the view that has the routes
+            routes = [route(m.topic, view) for m in messages]
         retained = [m for m in messages if m.retain]
         if retained:
             await self.retained_store.update_many(retained, epoch=view.epoch)
@@ -306,8 +308,6 @@ class ClusterRouter:
         shares = self.routes.shares_for
         shared = ([m for m in messages if m.qos and shares(m.topic)]
                   if self.routes.shared_routes else None)
-        if len(routes) != len(messages):
-            routes = [route(m.topic, view) for m in messages]
         for message, (_, targets, _) in zip(messages, routes, strict=True):
             if message.qos == 0:
                 self._accept_plain(message, targets)
@@ -382,9 +382,7 @@ class ClusterRouter:
     # -- inbound messages -------------------------------------------------------------------
 
     def on_pub(self, node: str, msg: Pub) -> None:
-        from_wire = PublishProps.from_wire
-        messages = [Message(e.topic, e.payload, e.qos, e.retain,
-                            None if e.props is None else from_wire(e.props))
+        messages = [Message(e.topic, e.payload, e.qos, e.retain, PublishProps.from_wire(e.props))
                     for e in msg.messages]
         if msg.req == 0 and all(m.qos == 0 and not m.retain for m in messages):
             # QoS 0 re-sent by a node whose view was older: what we own is handled inline,
@@ -434,14 +432,16 @@ class ClusterRouter:
         try:
             view = self.view()
             me = self.node_id
-            if hops >= MAX_HOPS:
-                passed = [m for m in messages
-                          if self.route(m.topic, view).owner not in (None, me)]
-                if passed:
-                    raise NotOwner(f"{passed[0].topic!r} exceeded {MAX_HOPS} hops")
+
+            def passed_on() -> list[Message]:
+                """Those this node does not own (only needed at the hop limit or for QoS 0:
+                ``forward`` sorts the rest out itself)."""
+                return [m for m in messages if self.route(m.topic, view).owner not in (None, me)]
+
+            if hops >= MAX_HOPS and (passed := passed_on()):
+                raise NotOwner(f"{passed[0].topic!r} exceeded {MAX_HOPS} hops")
             if req == 0 and all(m.qos == 0 and not m.retain for m in messages):
-                passed = [m for m in messages
-                          if self.route(m.topic, view).owner not in (None, me)]
+                passed = passed_on()
                 for message in passed:  # QoS 0 nobody waits for: passed on, unanswered
                     owner = self.route(message.topic, view).owner
                     if owner is not None:

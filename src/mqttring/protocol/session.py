@@ -299,17 +299,11 @@ class Session:
             # Nothing waits ahead of it and the window has room: straight to the wire, as
             # ``_pump`` would send it, without the trip through the queue (the common case
             # of a subscriber that keeps up; a third of this method's cost).
-            seq = self.next_seq
-            self.next_seq = seq + 1
-            pid = self._allocate_packet_id()
-            entry = Outbound(seq, message, qos, retain, pid,
-                             OutState.AWAIT_PUBACK if qos == 1 else OutState.AWAIT_PUBREC)
-            self.inflight[pid] = entry
-            if not self.clean_session:  # (``persistent``, without the property call)
-                self._dirty[seq] = entry
+            entry = Outbound(self.next_seq, message, qos, retain)
+            self.next_seq += 1
+            self._launch(entry, self._allocate_packet_id(), out)
+            if not self.clean_session:
                 self.durable_due = True
-            out += encode_publish(message.topic_bytes, message.payload, qos, retain, False,
-                                  pid)
             return
         entry = Outbound(self.next_seq, message, qos, retain)
         if self.limits.message_ttl > 0:
@@ -387,6 +381,19 @@ class Session:
         self.next_packet_id = pid % 0xFFFF + 1
         return pid
 
+    def _launch(self, entry: Outbound, pid: int, out: bytearray | None) -> None:
+        """Make ``entry`` inflight under ``pid``, and write its 3.1.1 PUBLISH to ``out``
+        (None: already written); from the queue (``_pump``) or straight from ``deliver``."""
+        entry.packet_id = pid
+        entry.state = OutState.AWAIT_PUBACK if entry.qos == 1 else OutState.AWAIT_PUBREC
+        self.inflight[pid] = entry
+        if not self.clean_session:
+            self._dirty[entry.seq] = entry
+        if out is not None:
+            message = entry.message
+            out += encode_publish(message.topic_bytes, message.payload, entry.qos,
+                                  entry.retain, False, pid)
+
     def _pump(self, out: bytearray) -> None:
         queue = self.queue
         inflight = self.inflight
@@ -407,24 +414,13 @@ class Session:
                 else:
                     v5.send(out, entry.message, 0, entry.retain, False, None)
                 continue
-            pid = self.next_packet_id
-            if pid in inflight:
-                pid = self._allocate_packet_id()
-            else:  # (``_allocate_packet_id``'s common case, inline: once per delivery)
-                self.next_packet_id = pid % 0xFFFF + 1
-            message = entry.message
-            if v5 is not None and not v5.send(out, message, entry.qos, entry.retain,
-                                              False, pid):
-                self._forget(entry)  # expired, or too large for the client: as if sent
-                continue
-            entry.packet_id = pid
-            entry.state = OutState.AWAIT_PUBACK if entry.qos == 1 else OutState.AWAIT_PUBREC
-            inflight[pid] = entry
-            if not self.clean_session:
-                self._dirty[entry.seq] = entry
+            pid = self._allocate_packet_id()
             if v5 is None:
-                out += encode_publish(message.topic_bytes, message.payload, entry.qos,
-                                      entry.retain, False, pid)
+                self._launch(entry, pid, out)
+            elif v5.send(out, entry.message, entry.qos, entry.retain, False, pid):
+                self._launch(entry, pid, None)  # (the v5 PUBLISH is written already)
+            else:
+                self._forget(entry)  # expired, or too large for the client: as if sent
         if taken:
             del queue[:taken]
 
