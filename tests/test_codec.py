@@ -528,24 +528,30 @@ def test_mutated_packets_only_raise_mqtt_errors(data: bytes) -> None:
     _assert_only_mqtt_errors(data)
 
 
-@given(
-    st.one_of(
-        st.binary(max_size=200),
-        st.lists(mutated_packets(), max_size=4).map(b"".join),
-        st.lists(any_packet, max_size=4).map(lambda ps: b"".join(map(encode, ps))),
-    ),
-    st.data(),
-    st.sampled_from([16, 200, MAX_REMAINING_LENGTH]),
+#: Byte streams to decode: random bytes, mutated packets, valid packets (up to four).
+byte_streams = st.one_of(
+    st.binary(max_size=200),
+    st.lists(mutated_packets(), max_size=4).map(b"".join),
+    st.lists(any_packet, max_size=4).map(lambda ps: b"".join(map(encode, ps))),
 )
+packet_limits = st.sampled_from([16, 200, MAX_REMAINING_LENGTH])
+
+
+def _cut(data: bytes, draw: st.DataObject | None) -> list[bytes]:
+    """``data`` sliced where a transport might slice it (whole when ``draw`` is None)."""
+    if draw is None:
+        return [data]
+    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
+    return [data[a:b] for a, b in pairwise([0, *cuts, len(data)])]
+
+
+@given(byte_streams, st.data(), packet_limits)
 @settings(max_examples=1000)
 def test_outcome_does_not_depend_on_chunking(
     data: bytes, draw: st.DataObject, max_packet_size: int
 ) -> None:
     """Same packets and the same rule broken, however the transport slices the bytes."""
-    cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
-    bounds = [0, *cuts, len(data)]
-    chunks = [data[a:b] for a, b in pairwise(bounds)]
-    assert _outcome(chunks, max_packet_size) == _outcome([data], max_packet_size)
+    assert _outcome(_cut(data, draw), max_packet_size) == _outcome([data], max_packet_size)
 
 
 def _outcome_via_handlers(chunks: list[bytes], max_packet_size: int,
@@ -581,15 +587,7 @@ def _as_handled(packet: Packet) -> object:
     return packet
 
 
-@given(
-    st.one_of(
-        st.binary(max_size=200),
-        st.lists(mutated_packets(), max_size=4).map(b"".join),
-        st.lists(any_packet, max_size=4).map(lambda ps: b"".join(map(encode, ps))),
-    ),
-    st.data(),
-    st.sampled_from([16, 200, MAX_REMAINING_LENGTH]),
-)
+@given(byte_streams, st.data(), packet_limits)
 @settings(max_examples=1000)
 @example(h("40 03 00 01 00"), None, MAX_REMAINING_LENGTH)  # PUBACK: length 3
 @example(h("40 02 00 00"), None, MAX_REMAINING_LENGTH)  # PUBACK: packet id 0
@@ -600,11 +598,7 @@ def test_handlers_see_what_packets_would_say(
 ) -> None:
     """The connection's handler path accepts exactly the packets, and breaks exactly the
     rules, of the plain path: its checks are the same, only nothing is built twice."""
-    if draw is None:
-        chunks = [data]
-    else:
-        cuts = sorted(draw.draw(st.lists(st.integers(0, len(data)), max_size=8)))
-        chunks = [data[a:b] for a, b in pairwise([0, *cuts, len(data)])]
+    chunks = _cut(data, draw)
     packets, rule = _outcome(chunks, max_packet_size)
     assert _outcome_via_handlers(chunks, max_packet_size) == (
         [_as_handled(p) for p in packets], rule)
