@@ -50,6 +50,7 @@ from mqttring.cluster.delivery import (
     Deliveries,
     Item,
     in_frames,
+    message_runs,
     message_size,
     resolve,
 )
@@ -191,20 +192,24 @@ class ClusterRouter:
         """
         view = self.view()
         me = self.node_id
+        route = self.route
+        routes = [route(m.topic, view) for m in messages]
+        self.metrics.forwarded_to_owner += len([r for r in routes if r.owner not in (None, me)])
+        # (MQTT 5 properties do not fit the packed QoS 0 frames: a ``Pub`` carries them,
+        # answered like QoS 1.)
+        plain = [m.qos == 0 and not m.retain and m.props is None for m in messages]
+        if not any(plain):  # the QoS 1/2 stream's case: no copies of the lists
+            await self.forward(list(messages), 1, (view, routes))
+            return
         acked: list[Message] = []
         acked_routes: list[Route] = []
-        for message in messages:
-            route = self.route(message.topic, view)
-            owner, targets, _ = route
-            if owner is not None and owner != me:
-                self.metrics.forwarded_to_owner += 1
-            if message.qos or message.retain or message.props is not None:
-                # (MQTT 5 properties do not fit the packed QoS 0 frames: a ``Pub`` carries
-                # them, answered like QoS 1.)
+        for message, route_, is_plain in zip(messages, routes, plain, strict=True):
+            owner = route_.owner
+            if not is_plain:
                 acked.append(message)
-                acked_routes.append(route)
+                acked_routes.append(route_)
             elif owner is None or owner == me:
-                self._accept_plain(message, targets)
+                self._accept_plain(message, route_.targets)
             else:
                 self.links.send_frames(owner, ROUTE, message.topic, message.encode_qos0(False))
         if acked:
@@ -238,18 +243,18 @@ class ClusterRouter:
                 route = self.route
                 routes = [route(m.topic, view) for m in messages]
             routed = None
-            groups: dict[str | None, tuple[list[Message], list[Route]]] = {}
-            for message, route_ in zip(messages, routes, strict=True):
-                group = groups.get(route_.owner)
-                if group is None:
-                    group = groups[route_.owner] = ([], [])
-                group[0].append(message)
-                group[1].append(route_)
             failed: list[Message] = []
-            if len(groups) == 1:
-                [(owner, (group, group_routes))] = groups.items()
-                await self._forward_to(owner, group, hops, view, failed, group_routes)
+            owners = {r.owner for r in routes}
+            if len(owners) == 1:  # the common case: no grouping
+                await self._forward_to(owners.pop(), messages, hops, view, failed, routes)
             else:
+                groups: dict[str | None, tuple[list[Message], list[Route]]] = {}
+                for message, route_ in zip(messages, routes, strict=True):
+                    group = groups.get(route_.owner)
+                    if group is None:
+                        group = groups[route_.owner] = ([], [])
+                    group[0].append(message)
+                    group[1].append(route_)
                 with peer_failures_unwrapped():
                     async with trio.open_nursery() as nursery:
                         for owner, (group, group_routes) in groups.items():
@@ -271,7 +276,7 @@ class ClusterRouter:
             await self.accept(messages, view, routes)
             return
         done = 0
-        for run in in_frames(messages, message_size, self.deliveries.frame_budget):
+        for run in message_runs(messages, self.deliveries.frame_budget):
             try:
                 await self.links.request(owner, self._pub(run, 0, hops, view),
                                          self.deliveries.request_timeout)
@@ -316,8 +321,8 @@ class ClusterRouter:
                 archive.append(message)
             for node, node_targets in targets.items():
                 by_node.setdefault(node, []).append((message, node_targets))
-                if node != me:
-                    self.metrics.deliveries_to_nodes += 1
+        self.metrics.deliveries_to_nodes += sum(len(items) for node, items in by_node.items()
+                                                if node != me)
         if len(by_node) == 1 and not shared:
             [(node, items)] = by_node.items()
             await self.deliveries.deliver(node, items)
