@@ -37,6 +37,7 @@ from mqttring.cluster.messages import (
     RouteDigest,
     RoutePull,
     RouteSync,
+    encode_frame,
 )
 from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.router import MAX_HOPS, ClusterRouter
@@ -148,6 +149,65 @@ def test_a_differing_digest_pulls_the_full_set() -> None:
     router.registry.on_rdig("a", RouteDigest(views[-1].epoch,
                                              route_digest([("x/#", "a"), ("y", "a")]), []))
     assert links.take(RoutePull) == [("a", RoutePull())]
+
+
+def _many_wildcard_routes(router: ClusterRouter, count: int) -> set[tuple[str, str]]:
+    """``count`` local wildcard subscriptions on ``router``'s node (held by every peer)."""
+    keys = {(f"fleet/{n:06d}/commands/#", router.node_id) for n in range(count)}
+    for key in keys:
+        router.registry.local_filters[key] = 1
+    return keys
+
+
+def test_a_route_set_past_half_a_frame_goes_in_parts_and_applies_whole() -> None:
+    """Found by reading: one ``RouteSync`` carried the whole set, and a set past the frame
+    limit (some 600,000 routes at 16 MiB) was dropped by the link, so the peer never
+    counted the sender's routes complete and refused every QoS 1 publish to its shards."""
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    sender, sent = make_router("a", views, max_frame=4096)
+    keys = _many_wildcard_routes(sender, 600)
+    sender.registry.sync_to("b")
+    parts = [m for _, m in sent.take(RouteSync)]
+    assert len(parts) > 5
+    assert [m.part for m in parts] == list(range(len(parts)))
+    assert [m.last for m in parts] == [False] * (len(parts) - 1) + [True]
+    assert all(len(encode_frame(1, 1, [m])) <= 4096 for m in parts)
+    assert {key for m in parts for key in m.routes} == keys
+    receiver, _ = make_router("b", views)
+    for part in parts[:-1]:
+        receiver.registry.on_rsync("a", part)
+        # nothing applied, nothing counted complete, until the last part
+        assert receiver.routes.nodes_for("fleet/000001/commands/x") == set()
+        assert "a" not in receiver.registry.synced
+    receiver.registry.on_rsync("a", parts[-1])
+    assert receiver.registry.synced["a"] == views[-1].epoch
+    for n in (0, 299, 599):
+        assert receiver.routes.nodes_for(f"fleet/{n:06d}/commands/x") == {"a"}
+    assert receiver.routes.digest_of("a") == route_digest(keys)
+
+
+def test_a_route_set_cut_short_is_dropped_until_sent_again() -> None:
+    meta = Metadata("a", "b")
+    views = [meta.view()]
+    sender, sent = make_router("a", views, max_frame=4096)
+    _many_wildcard_routes(sender, 600)
+    sender.registry.sync_to("b")
+    parts = [m for _, m in sent.take(RouteSync)]
+    receiver, _ = make_router("b", views)
+    receiver.registry.on_rsync("a", parts[0])
+    for part in parts[2:]:  # part 1 lost with a broken link
+        receiver.registry.on_rsync("a", part)
+    assert "a" not in receiver.registry.synced
+    assert receiver.routes.nodes_for("fleet/000599/commands/x") == set()
+    # ... and a new set begun half-way through an old one replaces it
+    receiver.registry.on_rsync("a", parts[0])
+    receiver.registry.on_rsync("a", parts[1])
+    for part in parts:
+        receiver.registry.on_rsync("a", part)
+    assert receiver.registry.synced["a"] == views[-1].epoch
+    assert receiver.routes.digest_of("a") == route_digest({key for m in parts
+                                                           for key in m.routes})
 
 
 def test_session_shard_routes_survive_the_move_between_homes() -> None:

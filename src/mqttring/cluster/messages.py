@@ -57,9 +57,10 @@ from mqttring.cluster.messages_sessions import (
 #: receiver lacked one of its session shards (version 3 delivers the rest, see ``Dlv``);
 #: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches); version 4
 #: had no shared subscriptions (a version 4 node would take a share's ``DlvEntry`` for an
-#: ordinary one and know neither ``Redispatch`` nor ``SharedDone``).
+#: ordinary one and know neither ``Redispatch`` nor ``SharedDone``); version 5 sent a route
+#: set in one ``RouteSync`` whatever its size (version 6 sends it in parts).
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 5
+FRAME_VERSION = 6
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
@@ -255,11 +256,18 @@ class RouteSync(FrozenMessage, tag="rsync"):
     and, for each session shard in ``homes`` (those the sender is the loaded home of), what
     is registered in that home's name (``registrar_for``); it records that the sender's
     routes are complete as of ``epoch`` (``RouteRegistry.routes_complete``).
+
+    A set larger than half a link frame is sent in parts, numbered from 0, one after the
+    other on the link; only the part marked ``last`` applies the whole set.  A part out of
+    sequence (the link broke in between) discards what was gathered: the set is sent again
+    after the reconnection, and a digest round asks for it otherwise.
     """
 
     epoch: int
     routes: list[RouteKey]
     homes: list[int]
+    part: int = 0
+    last: bool = True
 
 
 class RouteDigest(FrozenMessage, tag="rdig"):

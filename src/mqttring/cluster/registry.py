@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 import trio
 
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, RoutesIncomplete
-from mqttring.cluster.links import Links
+from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import RouteAdd, RouteDel, RouteDigest, RoutePull, RouteSync
 from mqttring.cluster.routes import (
     RouteKey,
@@ -48,6 +48,11 @@ from mqttring.protocol.session import Session
 from mqttring.raft.view import ClusterView, MemberState
 
 log = logging.getLogger("mqttring.cluster.registry")
+
+
+def route_key_size(key: RouteKey) -> int:
+    """What one route takes in a ``RouteSync`` (its two strings and their msgpack headers)."""
+    return len(key[0].encode()) + len(key[1].encode()) + 8
 
 
 class RouteRegistry:
@@ -84,6 +89,8 @@ class RouteRegistry:
         #: Bumped whenever the set of locally wanted routes changes (digest cache key).
         self._local_version = 0
         self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
+        #: peer -> (epoch, next part, routes so far) of a route set arriving in parts.
+        self._rsync_parts: dict[str, tuple[int, int, list[RouteKey]]] = {}
         self.route_syncs_sent = 0
         self.route_repairs = 0
 
@@ -168,13 +175,30 @@ class RouteRegistry:
         self.links.reply(node, msg.req, True)
 
     def on_rsync(self, node: str, msg: RouteSync) -> None:
-        """A peer's full route set for us: it replaces what that peer registered here in
-        its own name, and, for each session shard it is the loaded home of, what is
-        registered in that home's name."""
+        """A peer's full route set for us, or one part of it (see ``RouteSync``)."""
+        gathered = self._rsync_parts.pop(node, None)  # a new set replaces one cut short
+        if msg.part == 0:
+            routes = msg.routes if msg.last else list(msg.routes)
+        elif gathered is None or gathered[:2] != (msg.epoch, msg.part):
+            log.info("route set from %s: part %d out of sequence, dropped (it is sent "
+                     "again)", node, msg.part)
+            return
+        else:
+            routes = gathered[2]
+            routes.extend(msg.routes)
+        if not msg.last:
+            self._rsync_parts[node] = (msg.epoch, msg.part + 1, routes)
+            return
+        self._apply_rsync(node, msg.epoch, routes, msg.homes)
+
+    def _apply_rsync(self, node: str, epoch: int, routes: list[RouteKey],
+                     homes: list[int]) -> None:
+        """It replaces what that peer registered here in its own name, and, for each
+        session shard it is the loaded home of, what is registered in that home's name."""
         by_registrar: dict[str, set[RouteKey]] = {node: set()}
-        for shard in msg.homes:
+        for shard in homes:
             by_registrar[f"home:{shard}"] = set()
-        for key in msg.routes:
+        for key in routes:
             keys = by_registrar.get(registrar_for(key[1], node))
             if keys is not None:
                 keys.add(key)
@@ -182,7 +206,7 @@ class RouteRegistry:
         # still needs (a shard we still own, that the sender already sees elsewhere): add
         # what it has, remove nothing; our own view change drops what we no longer hold,
         # and the next digest round settles the rest.
-        remove = msg.epoch <= self.view().epoch
+        remove = epoch <= self.view().epoch
         added = removed = 0
         for registrar, keys in by_registrar.items():
             a, r = self.routes.replace(registrar, keys, remove)
@@ -190,7 +214,7 @@ class RouteRegistry:
         if added or removed:
             log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
             self.route_repairs += 1
-        self.synced[node] = msg.epoch
+        self.synced[node] = epoch
         self._signal_routes()
 
     def on_rdig(self, node: str, msg: RouteDigest) -> None:
@@ -217,6 +241,7 @@ class RouteRegistry:
                 self.routes.drop_registrar(node)
                 self.synced.pop(node, None)
                 self.peer_since.pop(node, None)
+                self._rsync_parts.pop(node, None)
         held = {s for s in range(new.num_shards) if me in new.replicas(s)}
         self.routes.drop_exact_where(held, new)
         # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
@@ -254,8 +279,14 @@ class RouteRegistry:
         view = view or self.view()
         if node not in view.members:
             return
-        keys = self.expected_at(node, view)
-        self.links.send_control(node, RouteSync(view.epoch, sorted(keys), sorted(self.held())))
+        keys = sorted(self.expected_at(node, view))
+        homes = sorted(self.held())
+        # In parts of at most half a frame: a part too big for any frame would be dropped,
+        # and the peer would never count our routes complete.
+        parts = list(in_frames(keys, route_key_size, self.links.max_frame // 2)) or [[]]
+        for number, part in enumerate(parts):
+            self.links.send_control(node, RouteSync(view.epoch, part, homes, number,
+                                                    number == len(parts) - 1))
         self.route_syncs_sent += 1
 
     def send_digests(self) -> None:
