@@ -63,18 +63,9 @@ class ParkingLot:
         self._order = itertools.count()
         self._wait: trio.CancelScope | None = None
         self._closed = False
-        #: Connections resumed whose task has not run yet (``behind``).
-        self._unserved = 0
 
     def __len__(self) -> int:
         return len(self._parked)
-
-    def behind(self) -> bool:
-        """Has a resumed connection yet to run?  Its bytes, if that is why it resumed, were
-        ready before those of any connection whose read ends in this scheduler pass, and a
-        reader that sees True yields once so as not to overtake them
-        (``TcpTransport.receive``, ``broker/scheduling.py``)."""
-        return self._unserved > 0
 
     def park(self, handler: ClientHandler, fd: int, deadline: float) -> bool:
         """Watch ``fd`` for ``handler``; False if the lot is closed (keep the task)."""
@@ -105,16 +96,10 @@ class ParkingLot:
         with contextlib.suppress(OSError, ValueError):
             self._epoll.unregister(fd)
         try:
-            self._nursery.start_soon(self._serve_resumed, handler)
+            self._nursery.start_soon(handler.run)
         except RuntimeError:
             # The node's nursery has closed: the node is gone, and its sockets with it.
             log.debug("connection on fd %d not resumed: the node is shutting down", fd)
-        else:
-            self._unserved += 1
-
-    async def _serve_resumed(self, handler: ClientHandler) -> None:
-        self._unserved -= 1  # its first step: from here on it reads no later than others
-        await handler.run()
 
     async def run(self) -> None:
         """Resume connections whose socket became readable or whose keepalive ran out."""

@@ -393,7 +393,6 @@ class BrokerNode:
         idle connection, which matters at 10,000 connections.)
         """
         listen_socket = listener.socket
-        behind = None if parking is None else parking.behind  # one bound method for all
         async with listener:
             while True:
                 try:
@@ -409,8 +408,7 @@ class BrokerNode:
                     await trio.sleep(_ACCEPT_BACKOFF)
                     continue
                 assert self.core is not None
-                transport = TcpTransport(sock, behind)
-                nursery.start_soon(ClientHandler(self.core, transport, parking).run)
+                nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), parking).run)
 
     async def _on_websocket(self, request: WebSocketRequest) -> None:
         ws = await self._accept_websocket(request)

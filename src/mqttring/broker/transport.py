@@ -11,7 +11,6 @@ another byte stream once frames are unwrapped.  A text frame is a protocol error
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -49,25 +48,20 @@ class TcpTransport:
     in ``receive``, and every coroutine frame between the reader and the epoll wait is
     memory each of 10,000 idle connections keeps; trio's socket methods add two (a wrapper
     and a helper) and an object.  The checkpoints are trio's own: a call that finds bytes at
-    once still yields to the scheduler (a busy client cannot starve the others).  A call
-    that waited has had its scheduler pass (the wait) and returns at once, unless ``behind``
-    says that a connection resumed from the parking lot in this pass has not read yet: it
-    then yields once, so that those earlier bytes are handled first (arrival order across
-    connections, ``broker/scheduling.py``).  That yield used to be unconditional; it cost
-    one scheduler pass, about 10 us of a QoS 0 message's 52 us at 200 msg/s.
+    once still yields to the scheduler (a busy client cannot starve the others), and so does
+    a call that waited, after its read: every read is one pass away from its handling,
+    whichever path it took (arrival order across connections, ``broker/scheduling.py``).
     """
 
-    __slots__ = ("behind", "peer", "sock")
+    __slots__ = ("peer", "sock")
 
     # Class attributes, not slots: a plain connection pays nothing for TLS's fields.
     secure = False
     identity: str | None = None
 
-    def __init__(self, sock: socket.socket, behind: Callable[[], bool] | None = None) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock = sock
-        #: Has the parking lot resumed a connection that has not read yet (None: no lot)?
-        self.behind = behind
         try:
             host, port = sock.getpeername()[:2]
             self.peer = f"{host}:{port}"
@@ -105,12 +99,11 @@ class TcpTransport:
                 continue
             except (OSError, trio.ClosedResourceError):
                 return b""
-            # A connection the parking lot resumed in this pass has its bytes read in the
-            # next (``receive_ready``, one pass through the lot); if its bytes came first,
-            # so must their handling (``broker/scheduling.py``).
-            behind = self.behind
-            if behind is not None and behind():
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            # One scheduler pass between the bytes and their handling on every path, as
+            # above: a parked connection's bytes (``receive_ready``, one pass through the
+            # parking lot) then reach the core as soon as these would, and bytes of two
+            # connections are handled in the order they arrived (``broker/scheduling.py``).
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
     def receive_ready(self) -> bytes | None:
