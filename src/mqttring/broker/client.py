@@ -424,6 +424,14 @@ class ClientHandler:
         exit when none is left.  Stops the reader once the core closed the connection (a
         refused CONNECT)."""
         try:
+            if not self.core.router.answers_locally:
+                # A cluster node: one more pass before taking the batch lets this
+                # connection's reader (and the node's other readers) add what arrived
+                # meanwhile, so a batch costs one request and one answer per owner for more
+                # messages.  Measured on the scale-out pair, four interleaved rounds each:
+                # QoS 1 110.0k -> 115.6k deliveries/s, 12.2 -> 11.8 us of CPU per delivery.
+                # A single node answers its publishes locally and skips it (latency).
+                await trio.lowlevel.cancel_shielded_checkpoint()
             while self._pending:
                 batch, self._pending = self._pending, []
                 size, self._pending_bytes = self._pending_bytes, 0
