@@ -91,21 +91,26 @@ def message_size(message: Message) -> int:
     return len(message.payload) + len(message.topic) + 32 + extra
 
 
+def total_size(messages: Iterable[Message]) -> int:
+    """``message_size`` summed, without a call per message for those without properties
+    (every QoS 1 crossing sizes its whole batch)."""
+    return sum([len(m.payload) + len(m.topic) + 32 if m.props is None else message_size(m)
+                for m in messages])
+
+
 def message_runs(messages: list[Message], budget: int) -> Iterable[list[Message]]:
     """``in_frames`` by ``message_size``: the whole list as one run when it fits, which a
-    batch from one connection's window almost always does, sized without a call per
-    message (the common case is on every QoS 1 crossing)."""
-    total = sum([len(m.payload) + len(m.topic) + 32 if m.props is None else message_size(m)
-                 for m in messages])
-    return (messages,) if total <= budget else in_frames(messages, message_size, budget)
+    batch from one connection's window almost always does."""
+    if total_size(messages) <= budget:
+        return (messages,)
+    return in_frames(messages, message_size, budget)
 
 
 def item_runs(items: list[Item], budget: int) -> Iterable[list[Item]]:
     """``message_runs`` for (message, targets) items."""
-    total = sum([len(m.payload) + len(m.topic) + 32 if m.props is None else message_size(m)
-                 for m, _ in items])
-    return ((items,) if total <= budget
-            else in_frames(items, lambda item: message_size(item[0]), budget))
+    if total_size(m for m, _ in items) <= budget:
+        return (items,)
+    return in_frames(items, lambda item: message_size(item[0]), budget)
 
 
 def resolve(targets: Iterable[str], view: ClusterView) -> ByNode:
