@@ -31,11 +31,13 @@ and the inflight window bounds QoS 1/2, so one slow client costs at most
 ``max_outgoing_buffer + max_inflight x message size`` and never blocks anyone else.  A client
 that stops reading *and* sending is closed by the keepalive timeout.
 
-Timeouts are the deadline of the connection's own cancel scope while it waits for bytes:
-``connect_timeout`` until CONNECT arrives, then 1.5 x keepalive [MQTT-3.1.2-24] (none for
-keepalive 0; the keepalive in force: a v5 client told a Server Keep Alive is held to that);
-the deadline is lifted while the acceptor has events to handle (a client
-waiting for our PUBACK owes us no packet).
+Timeouts run while the reader waits for bytes: ``connect_timeout`` until CONNECT arrives,
+then 1.5 x keepalive [MQTT-3.1.2-24] (none for keepalive 0; the keepalive in force: a v5
+client told a Server Keep Alive is held to that); none while the acceptor has events to
+handle (a client waiting for our PUBACK owes us no packet).  A read only notes when it
+started waiting; the node's ``ConnectionTimers`` looks at the connection when a timeout
+could be due (``on_timer``) and cancels its scope, or parks it: a trio deadline restarted
+on every read cost a fifth of a QoS 0 message's path (``mqttring.broker.timers``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import trio
 
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.parking import ParkingLot
+from mqttring.broker.timers import ConnectionTimers
 from mqttring.broker.transport import TcpTransport, Transport
 from mqttring.lsm import StoreError
 from mqttring.protocol.connection import (
@@ -69,21 +72,29 @@ FINAL_FLUSH_SECONDS = 5.0
 
 class ClientHandler:
     __slots__ = (
+        "__weakref__",
         "_accepting",
         "_active",
         "_busy",
         "_busy_bytes",
         "_closing",
         "_connect_deadline",
+        "_due",
         "_farewell",
         "_nursery",
+        "_park_after",
+        "_park_requested",
         "_parked",
         "_parking",
         "_pending",
         "_pending_bytes",
         "_progress",
+        "_quiet_since",
+        "_receiving",
         "_resume_deadline",
         "_tcp",
+        "_timer_at",
+        "_timers",
         "_writing",
         "clean_disconnect",
         "client_id",
@@ -99,13 +110,26 @@ class ClientHandler:
         "will",
     )
 
-    def __init__(self, core: BrokerCore, transport: Transport,
+    def __init__(self, core: BrokerCore, transport: Transport, timers: ConnectionTimers,
                  parking: ParkingLot | None = None) -> None:
         self.core = core
         self.transport = transport
+        #: Who looks at this connection when a receive timeout could be due (``_arm``).
+        self._timers = timers
         #: Where this connection goes while idle (``mqttring.broker.parking``); None: never.
         self._parking = parking
         self._parked = False
+        #: Quiet seconds after which the connection parks (0: never).
+        self._park_after = core.limits.park_idle_after if parking is not None else 0.0
+        #: The timers cancelled this stretch to park it (not a timeout).
+        self._park_requested = False
+        #: The reader waits for bytes (the only time a timeout may end the connection).
+        self._receiving = False
+        #: When the current wait for bytes started, and when it times out (inf: never).
+        self._quiet_since = 0.0
+        self._due = math.inf
+        #: The time of this connection's live entry in the timers (inf: none).
+        self._timer_at = math.inf
         #: A TCP socket can be written without waiting (``wake``).
         self._tcp = isinstance(transport, TcpTransport)
         #: Bytes moved either way since the idle timer started (a connection parks only
@@ -179,6 +203,10 @@ class ClientHandler:
                 if self._closing:
                     self._end()
                 return
+        if self._park_requested:
+            # The stretch is being cancelled to park: a writer started in it would be
+            # cancelled with bytes in hand.  ``run`` finds the output and serves on.
+            return
         try:
             self._nursery.start_soon(self._writer)
         except RuntimeError:
@@ -251,19 +279,21 @@ class ClientHandler:
     async def _serve(self, resumed: bool = False) -> tuple[bool, bool]:
         """One stretch of the connection's life with a task: (parks now, timed out).
         ``resumed``: by the parking lot (its bytes, if that is why, are read at once)."""
-        park = False
+        park = self._park_requested = False
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
                 if self.conn.pending_output:
                     self.wake()  # resumed for a delivery
-                park = await self._reader(nursery.cancel_scope, resumed)
+                await self._reader(resumed)
                 # What was read is still handled (a PUBLISH sent just before the client
                 # closed its socket is routed); the acceptor runs only while there are
                 # events, like the writer, so an idle connection costs no task for it.
                 while self._accepting:
                     await self._wait_progress()
             finally:
+                # Parks only if the timers cancelled it for that (``on_timer``).
+                park = self._park_requested
                 if not park:
                     # The writer gets a bounded time to flush the last packets (a CONNACK
                     # refusal, a PUBACK) to a peer that may have stopped reading.
@@ -274,7 +304,9 @@ class ClientHandler:
                             self._farewell and nursery.cancel_scope.cancel_called):
                         self.wake()
         self._nursery = None
-        return park, nursery.cancel_scope.cancelled_caught and not self.conn.closed
+        if self.conn.closed:
+            return False, False
+        return park, nursery.cancel_scope.cancelled_caught and not park
 
     def _idle(self) -> bool:
         """Nothing read ahead, being accepted, written or waiting to be: may park."""
@@ -326,28 +358,67 @@ class ClientHandler:
         if event is not None:
             event.set()
 
-    def _arm(self, timer: trio.CancelScope) -> None:
-        """The receive timeout, unless events are waiting to be handled (then none)."""
+    def _arm(self) -> None:
+        """Start the receive timeouts from now (a wait for bytes begins, or the acceptor
+        ran dry), and make sure the timers look at this connection by the first of them."""
         conn = self.conn
+        now = trio.current_time()
         if self._resume_deadline is not None:
             # Back from the parking lot: the keepalive runs from before it parked.
-            timer.deadline, self._resume_deadline = self._resume_deadline, None
-        elif self._busy:
-            timer.deadline = math.inf
+            due, self._resume_deadline = self._resume_deadline, None
         elif conn.state is ConnState.AWAIT_CONNECT:
-            timer.deadline = self._connect_deadline
+            due = self._connect_deadline
         elif conn.keepalive:
-            timer.deadline = trio.current_time() + 1.5 * conn.keepalive
+            due = now + 1.5 * conn.keepalive
         else:
-            timer.deadline = math.inf
+            due = math.inf
+        self._due = due
+        self._quiet_since = now
+        at = min(due, now + self._park_after) if self._park_after else due
+        if at < self._timer_at:
+            self._timer_at = at
+            self._timers.watch(self, at)
 
-    async def _reader(self, timer: trio.CancelScope, resumed: bool = False) -> bool:
-        """Feed the protocol machine until the peer leaves, breaks a rule or times out
-        (False), or until the connection has been idle ``park_idle_after`` (True: park).
+    def wants_timer(self, at: float) -> bool:
+        return at == self._timer_at
 
-        ``timer`` is the connection's own scope (``_arm``); expiring cancels the whole
-        connection.  Events wait in ``_pending`` for the acceptor; at ``publish_window``
-        events not yet handled the reader stops until one is.
+    def on_timer(self, at: float, now: float) -> float:
+        """The timers' look at ``at`` (``_arm``): close the connection if its receive timed
+        out, park it if it was quiet ``park_idle_after``; the next look's time (inf: none
+        until the next ``_arm``, which every wait for bytes and the acceptor's end do)."""
+        if at != self._timer_at:
+            return math.inf  # an entry this connection no longer waits for
+        self._timer_at = math.inf
+        nursery = self._nursery
+        if nursery is None or not self._receiving or self._busy or self._park_requested:
+            return math.inf  # handling bytes (no timeout runs), parked, or ended
+        if now >= self._due:
+            nursery.cancel_scope.cancel()  # ``_serve`` reports it timed out
+            return math.inf
+        again = self._due
+        if self._park_after:
+            park_at = self._quiet_since + self._park_after
+            if now >= park_at:
+                if not self._active and self._idle():
+                    self._resume_deadline = self._due
+                    self._park_requested = True
+                    nursery.cancel_scope.cancel()  # only the reader runs: it is idle
+                    return math.inf
+                # Bytes went out meanwhile (or it is not idle yet): a new quiet stretch.
+                self._active = False
+                self._quiet_since = now
+                park_at = now + self._park_after
+            again = min(again, park_at)
+        self._timer_at = again
+        return again
+
+    async def _reader(self, resumed: bool = False) -> None:
+        """Feed the protocol machine until the peer leaves or breaks a rule.
+
+        The timers (``on_timer``) end it from outside: a timeout, or ``park_idle_after`` of
+        quiet (then ``_park_requested``: park).  Events wait in ``_pending`` for the
+        acceptor; at ``publish_window`` events not yet handled the reader stops until one
+        is.
         """
         conn = self.conn
         core = self.core
@@ -357,7 +428,6 @@ class ClientHandler:
         window_bytes = core.limits.publish_window_bytes
         inline = core.router.answers_locally
         transport = self.transport
-        park_after = core.limits.park_idle_after if self._parking is not None else 0.0
         if conn.state is ConnState.AWAIT_CONNECT:
             self._connect_deadline = trio.current_time() + core.limits.connect_timeout
         # Resumed because bytes came: take them now, with no further scheduler pass, so they
@@ -366,27 +436,22 @@ class ClientHandler:
         ready = transport.receive_ready() if resumed else None  # type: ignore[attr-defined]
         while True:
             if conn.closed:
-                return False  # kicked (while parked, say)
-            self._arm(timer)
+                return  # kicked (while parked, say)
+            # Also while busy: the connection may fall idle during this wait (its CONNECT
+            # accepted, its output flushed), and is checked when it ends.
+            self._active = False
+            self._arm()
             if ready is not None:
                 data, ready = ready, None
-            elif park_after:
-                # Also while busy: the connection may fall idle during this wait (its
-                # CONNECT accepted, its output flushed), and is checked when it ends.
-                self._active = False
-                with trio.move_on_after(park_after) as quiet:
-                    data = await transport.receive()
-                if quiet.cancelled_caught:
-                    if not self._active and self._idle():
-                        self._resume_deadline = timer.deadline
-                        return True
-                    continue
             else:
-                data = await transport.receive()
-            timer.deadline = math.inf
+                self._receiving = True
+                try:
+                    data = await transport.receive()
+                finally:
+                    self._receiving = False
             if not data:
                 self.close_reason = self.close_reason or "connection closed by the client"
-                return False
+                return
             metrics.bytes_received += len(data)
             try:
                 received = conn.receive_data(data)
@@ -394,14 +459,14 @@ class ClientHandler:
                 metrics.protocol_errors += 1
                 log.debug("closing %s: %s", transport.peer, exc)
                 self.close_reason = self.close_reason or f"protocol error: {exc}"
-                return False
+                return
             if conn.pending_output:
                 self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
             if self.session is not None:
                 flow.room_made(self.session.client_id)  # its acks may have made room
             if inline and not self._accepting and received and _handled_inline(received):
                 if await self._handle(received):
-                    return False
+                    return
                 continue
             for event in received:
                 while self._busy >= window or self._busy_bytes >= window_bytes:
@@ -415,11 +480,11 @@ class ClientHandler:
                 if not self._accepting:
                     self._accepting = True
                     assert self._nursery is not None
-                    self._nursery.start_soon(self._acceptor, timer)
+                    self._nursery.start_soon(self._acceptor)
             if conn.closed:
-                return False
+                return
 
-    async def _acceptor(self, timer: trio.CancelScope) -> None:
+    async def _acceptor(self) -> None:
         """Hand the waiting events to the core in order, as many as there are at a time;
         exit when none is left.  Stops the reader once the core closed the connection (a
         refused CONNECT)."""
@@ -446,7 +511,7 @@ class ClientHandler:
         finally:
             self._accepting = False
             self._signal_progress()
-            self._arm(timer)
+            self._arm()
 
     async def _handle(self, batch: list[Event]) -> bool:
         """Hand ``batch`` to the core.  True if the core closed the connection (a refused

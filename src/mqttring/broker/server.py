@@ -64,6 +64,7 @@ from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.shared import Strategy
 from mqttring.broker.sys_topics import publish_sys_topics
+from mqttring.broker.timers import ConnectionTimers
 from mqttring.broker.tls import (
     TlsContext,
     TlsTransport,
@@ -130,6 +131,8 @@ class BrokerNode:
         self.admin_port: int | None = None
         #: Idle TCP connections without a task (None: parking off, or no epoll here).
         self.parking: ParkingLot | None = None
+        #: Every connection's receive timeouts (``mqttring.broker.timers``), from start-up.
+        self.timers: ConnectionTimers | None = None
         #: The node's retained messages (the shards it holds, in a cluster).
         self.retained: RetainedStore | None = None
         #: True once this node has left its cluster (then it stops, or has stopped).
@@ -223,6 +226,9 @@ class BrokerNode:
                     )
                     register_admin(self.admin, self)
                     self.admin_port = await nursery.start(self.admin.serve, config.admin)
+                # Every connection's receive timeouts, whatever its transport (``timers``).
+                timers = self.timers = ConnectionTimers()
+                nursery.start_soon(timers.run)
                 mqtt_port = ws_port = None
                 if config.mqtt is not None:
                     if tcp_listeners is None:
@@ -384,6 +390,10 @@ class BrokerNode:
             await trio.to_thread.run_sync(store.close)
             self.store = None
 
+    def _timers(self) -> ConnectionTimers:
+        assert self.timers is not None  # made before any listener opens
+        return self.timers
+
     async def _accept_loop(
         self, listener: trio.SocketListener, nursery: trio.Nursery, parking: ParkingLot | None
     ) -> None:
@@ -408,13 +418,14 @@ class BrokerNode:
                     await trio.sleep(_ACCEPT_BACKOFF)
                     continue
                 assert self.core is not None
-                nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), parking).run)
+                nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), self._timers(),
+                                                 parking).run)
 
     async def _on_websocket(self, request: WebSocketRequest) -> None:
         ws = await self._accept_websocket(request)
         if ws is not None:
             assert self.core is not None
-            await ClientHandler(self.core, WebSocketTransport(ws)).run()
+            await ClientHandler(self.core, WebSocketTransport(ws), self._timers()).run()
 
     async def _accept_websocket(self, request: WebSocketRequest) -> WebSocketConnection | None:
         subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
@@ -473,7 +484,7 @@ class BrokerNode:
                            identity: str | None) -> None:
         assert self.core is not None
         # No parking lot: see ``mqttring.broker.tls`` for why a TLS connection keeps its task.
-        await ClientHandler(self.core, TlsTransport(stream, peer, identity)).run()
+        await ClientHandler(self.core, TlsTransport(stream, peer, identity), self._timers()).run()
 
     async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
                          identity: str | None) -> None:
@@ -492,7 +503,7 @@ class BrokerNode:
                 ws = None if request is None else await self._accept_websocket(request)
                 if ws is not None:
                     transport = SecureWebSocketTransport(ws, identity)
-                    await ClientHandler(self.core, transport).run()
+                    await ClientHandler(self.core, transport, self._timers()).run()
             finally:
                 nursery.cancel_scope.cancel()  # the WebSocket's reader task
         # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)
