@@ -27,6 +27,7 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import SessionUnavailable
+from mqttring.broker.timers import ConnectionTimers
 from mqttring.cluster.messages import SessionClose, SessionKick, SessionOpen, WillRegister
 from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
@@ -74,7 +75,7 @@ async def test_a_connection_closed_during_its_reregistration_is_unregistered_aft
     views = [meta.view()]
     core, edge, links, _ = make_node("n1", views)
     client_id = client_homed_at(views[-1], "n2")
-    handler = ClientHandler(core, None)  # type: ignore[arg-type]
+    handler = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
     session, _ = await edge.open(handler, client_id, Connect(
         client_id=client_id, clean_session=True, keepalive=60, will=WILL))
     handler.client_id, handler.session, handler.will = client_id, session, WILL
@@ -129,7 +130,7 @@ async def test_an_edge_never_reuses_the_tokens_of_its_previous_life() -> None:
     tokens = []
     for _life in range(2):
         core, edge, links, _ = make_node("n1", views)
-        handler = ClientHandler(core, None)  # type: ignore[arg-type]
+        handler = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
         with trio.fail_after(5):
             await edge.open(handler, client_id, Connect(
                 client_id=client_id, clean_session=True, keepalive=60, will=WILL))
