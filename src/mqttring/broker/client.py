@@ -279,7 +279,7 @@ class ClientHandler:
     async def _serve(self, resumed: bool = False) -> tuple[bool, bool]:
         """One stretch of the connection's life with a task: (parks now, timed out).
         ``resumed``: by the parking lot (its bytes, if that is why, are read at once)."""
-        park = self._park_requested = False
+        self._park_requested = False
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
