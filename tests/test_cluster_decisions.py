@@ -44,7 +44,8 @@ from mqttring.cluster.router import MAX_HOPS, ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.protocol.session import Message, Session
-from mqttring.raft.view import ClusterView
+from mqttring.raft import state as sm
+from mqttring.raft.view import ClusterView, MemberState
 
 
 def make_router(node: str, views: list[ClusterView], *,
@@ -477,6 +478,25 @@ def test_frames_packed_for_the_receivers_previous_life_are_refused() -> None:
     meta.down("c")  # between lives: nothing is applied
     view = meta.view()
     assert not admit_frame(view, "c", "a", view.members["a"].incarnation, view.epoch)
+
+
+def test_a_rejoining_node_refuses_frames_of_its_previous_life_while_it_catches_up() -> None:
+    """Its new life begins when it asks to rejoin, not when it is up: a frame that sat in a
+    peer's send buffer across the partition and arrives while the node is still joining
+    (catching up) is refused too (a 3-node isolation run once got a stale publish accepted
+    in that window and delivered again to every subscriber)."""
+    meta = Metadata("a", "b", "c")
+    before = meta.view().epoch
+    meta.down("c")
+    assert meta.state.apply(sm.cmd_joining(meta.info("c")))["ok"]
+    view = meta.view()
+    mine = view.members["c"]
+    assert mine.state is MemberState.JOINING and mine.since > before
+    sender = view.members["a"].incarnation
+    assert not admit_frame(view, "c", "a", sender, before)
+    assert admit_frame(view, "c", "a", sender, mine.since)
+    assert meta.state.apply(sm.cmd_up("c"))["ok"]
+    assert not admit_frame(meta.view(), "c", "a", sender, before)
 
 
 # -- errors across nurseries ---------------------------------------------------------------

@@ -50,7 +50,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import socket
 import ssl
+import struct
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
@@ -88,6 +90,16 @@ FRAME_HEADROOM = 1024 * 1024
 def frame_limit(max_packet_size: int) -> int:
     """The link frame size that carries any PUBLISH the broker accepts from clients."""
     return max(MAX_FRAME, max_packet_size + FRAME_HEADROOM)
+
+
+def discard_unsent(stream: trio.abc.Stream) -> None:
+    """Make the stream's coming close a TCP reset, which drops unsent data (SO_LINGER 0)."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    if isinstance(stream, trio.SocketStream):
+        with contextlib.suppress(OSError):
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                     struct.pack("ii", 1, 0))
 
 
 R = TypeVar("R", bound=Reply)
@@ -224,6 +236,7 @@ class Link:
                     delay = min(delay * 2, RECONNECT_MAX)
                     continue
                 delay = RECONNECT_MIN
+                generation = self.generation
                 self.connected, self.down = True, False
                 self.owner.on_connected(self.node_id)
                 try:
@@ -240,6 +253,12 @@ class Link:
                     self.connection_scope = None
                     self.connected = False
                     self.down = True
+                    if self.closed or self.generation != generation:
+                        # The peer left the view, or this node's life ended: what still
+                        # sits in the kernel's send buffer belongs to that life.  A plain
+                        # close would go on retransmitting it and, after a partition heals,
+                        # deliver it; a reset discards it.
+                        discard_unsent(stream.stream)
                     with trio.CancelScope(shield=True):
                         await trio.aclose_forcefully(stream.stream)
                 self.owner.link_broken(self)

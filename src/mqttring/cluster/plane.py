@@ -45,6 +45,7 @@ from mqttring.broker.shared import Strategy
 from mqttring.cluster.delivery import Deliveries
 from mqttring.cluster.errors import PeerFailure
 from mqttring.cluster.fencing import admit_frame
+from mqttring.cluster.life import LifeTasks
 from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
 from mqttring.cluster.messages import (
     Batch,
@@ -83,7 +84,7 @@ from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig
-from mqttring.lsm import Delete, Durability, LsmStore, Put, StoreError, shard_key
+from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Session
 from mqttring.raft.service import CommitError, MetadataService
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState
@@ -138,8 +139,8 @@ class DataPlane:
         #: Shards this node owns and whose persistent sessions are loaded in memory.
         self.held: set[int] = set()
         self._nursery: trio.Nursery | None = None
-        #: The cancel scopes of the tasks this life of the node started (``_end_life``).
-        self._life_tasks: set[trio.CancelScope] = set()
+        #: The tasks this life of the node started (``_end_life`` ends them).
+        self._life = LifeTasks()
         self._copying: set[int] = set()
         #: Shards whose stale local rows were already dropped by the current catch-up.
         self._dropped: set[int] = set()
@@ -253,26 +254,7 @@ class DataPlane:
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(self._guarded, fn, *args)
-
-    async def _guarded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        # Each task belongs to this life of the node: ``_end_life`` cancels them all.
-        scope = trio.CancelScope()
-        self._life_tasks.add(scope)
-        try:
-            with scope:
-                await fn(*args)
-        except trio.Cancelled:
-            raise
-        except (PeerFailure, StoreError) as exc:
-            # A peer's failure is an expected event under faults, not a bug of ours; so is
-            # a failed store, which stops the node (``BrokerNode._stop_when_store_fails``).
-            log.warning("cluster task %s: %s", getattr(fn, "__name__", fn), exc)
-        except Exception:
-            # One message's failure must not take the node down with it.
-            log.exception("cluster task %s failed", getattr(fn, "__name__", fn))
-        finally:
-            self._life_tasks.discard(scope)
+        self._life.spawn(self._nursery, fn, *args)
 
     def _end_life(self) -> int:
         """Declared down: cancel what this life started, drop what it queued.
@@ -281,9 +263,7 @@ class DataPlane:
         past) would otherwise go on after the node rejoins, and its messages would leave
         stamped with the new incarnation, which peers accept.
         """
-        for scope in list(self._life_tasks):
-            scope.cancel()
-        self._life_tasks.clear()
+        self._life.end()
         self.sessions.forget_owed_wills()
         return self.links.clear()
 

@@ -163,9 +163,12 @@ class MetadataState:
     def _apply_joining(self, c: Command) -> None:
         self._require_bootstrapped()
         old = self.members.get(c["member"]["node_id"])
-        member = self._member_from(
-            c["member"], MemberState.JOINING, incarnation=old.incarnation if old else 0
-        )
+        # A (re)joining node's new life begins now, not at ``up``: frames packed before
+        # this epoch were meant for its previous life (``cluster.fencing``), and a node
+        # catching up must not apply them either.
+        member = replace(self._member_from(c["member"], MemberState.JOINING,
+                                           incarnation=old.incarnation if old else 0),
+                         since=self.epoch + 1)
         self.members[member.node_id] = member
         self._drop_holder(member.node_id)
 
