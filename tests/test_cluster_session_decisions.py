@@ -10,10 +10,14 @@ a lock on the client id nobody releases.  These pin the three ways one could be 
 * a home that registers a connection after the view made another node the home (the view
   change already demoted this node's registrations; this one would stay);
 * an edge that restarts and hands out the tokens of its previous life again.
+
+And one way a will could be lost: a home that is fenced when a connection of a live edge
+closes, then declared down before it serves again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,7 +32,13 @@ from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import SessionUnavailable
 from mqttring.broker.timers import ConnectionTimers
-from mqttring.cluster.messages import SessionClose, SessionKick, SessionOpen, WillRegister
+from mqttring.cluster.messages import (
+    SessionClose,
+    SessionKick,
+    SessionOpen,
+    WillDelete,
+    WillRegister,
+)
 from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.config import BrokerConfig
@@ -36,8 +46,8 @@ from mqttring.protocol.packets import Connect, Will
 from mqttring.raft.view import ClusterView
 
 
-def make_node(node: str, views: list[ClusterView]) -> tuple[BrokerCore, ClusterSessions,
-                                                             RecordingLinks, list[Any]]:
+def make_node(node: str, views: list[ClusterView], fenced: Callable[[], bool] = lambda: False,
+              ) -> tuple[BrokerCore, ClusterSessions, RecordingLinks, list[Any]]:
     """A real broker core whose session manager is the cluster's, on recorded links."""
     links = RecordingLinks()
     spawned: list[Any] = []
@@ -46,7 +56,7 @@ def make_node(node: str, views: list[ClusterView]) -> tuple[BrokerCore, ClusterS
     def manager(core: BrokerCore) -> ClusterSessions:
         holder["sessions"] = ClusterSessions(
             core, node, links, lambda: views[-1],  # type: ignore[arg-type]
-            lambda fn, *args: spawned.append((fn, args)), lambda: False, lambda shard: True,
+            lambda fn, *args: spawned.append((fn, args)), fenced, lambda shard: True,
             ViewChanges().wait, patience=2.0)
         return holder["sessions"]
 
@@ -138,3 +148,36 @@ async def test_an_edge_never_reuses_the_tokens_of_its_previous_life() -> None:
         opened = links.take(SessionOpen)
         assert [m.token for _, m in opened] == [handler.token]
     assert tokens[0] != tokens[1] and all(t.startswith("n1:") for t in tokens)
+
+
+async def test_a_will_owed_while_fenced_survives_the_homes_death_if_its_edge_lives() -> None:
+    """The edge (alive) closed the connection while its home was fenced; the home told its
+    replicas the registration ended, so once the majority declares the home down nobody
+    else knows the will is owed: the home keeps it and publishes it when it serves again.
+    A will of the home's own connection is the majority's to publish (its edge, the home,
+    left the view): that one is dropped, or it would go out twice."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    fenced = [False]
+    _, home, links, spawned = make_node("n1", views, lambda: fenced[0])
+    remote = client_homed_at(views[-1], "n1")
+    local = next(f"device-{k}" for k in range(1000, 2000)
+                 if views[-1].owner(views[-1].shard_for_client(f"device-{k}")) == "n1")
+    remote_will, local_will = Will("devices/remote", b"gone", 1, False), WILL
+    await home.register(remote, "n3", "n3:a:1", remote_will, True)
+    await home.register(local, "n1", "n1:a:1", local_will, True)
+    fenced[0] = True  # cut off from the majority: no will goes out from here now
+    assert await home.unregister(remote, "n3:a:1", True, "closed without DISCONNECT")
+    assert await home.unregister(local, "n1:a:1", True, "node fenced")
+    assert spawned == []
+    # Its replicas were told both registrations ended: they will not publish these wills.
+    assert {m.client_id for _, m in links.take(WillDelete)} == {remote, local}
+    assert [(c, w) for c, w, _ in home.owed_wills] == [(remote, remote_will),
+                                                     (local, local_will)]
+
+    home.on_declared_down()
+    assert [(c, w, e) for c, w, e in home.owed_wills] == [(remote, remote_will, "n3")]
+    fenced[0] = False  # rejoined, serving again
+    await home.publish_owed_wills()
+    published = [args[0] for fn, args in spawned if fn.__name__ == "_publish_will_now"]
+    assert published == [remote_will] and home.owed_wills == []

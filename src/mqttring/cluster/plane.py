@@ -264,7 +264,7 @@ class DataPlane:
         stamped with the new incarnation, which peers accept.
         """
         self._life.end()
-        self.sessions.forget_owed_wills()
+        self.sessions.on_declared_down()
         return self.links.clear()
 
     # -- lifecycle --------------------------------------------------------------------------

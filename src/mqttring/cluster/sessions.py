@@ -124,8 +124,10 @@ class ClusterSessions(LocalSessions):
         self.holds = holds
         self.wait_for_view_change = wait_for_view_change
         self.patience = patience
-        #: Wills due while fenced: published if we get back into the view undeclared.
-        self.owed_wills: list[tuple[str, Will]] = []
+        #: Wills due while fenced (client id, will, the edge its connection was on):
+        #: published once this node serves again (``on_declared_down`` says which survive
+        #: a declaration of this node's death).
+        self.owed_wills: list[tuple[str, Will | Will5, str]] = []
         self.links = links
         self.view = view
         self.spawn = spawn
@@ -312,7 +314,8 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                await self._publish_will(client_id, previous.will, "taken over")
+                await self._publish_will(client_id, previous.will, "taken over",
+                                         previous.node)
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 
@@ -349,7 +352,7 @@ class ClusterSessions(LocalSessions):
         self._replicate(client_id, WillDelete(client_id, token))
         self.relay.detach_proxy(client_id, token)
         if publish_will:
-            await self._publish_will(client_id, current.will, reason)
+            await self._publish_will(client_id, current.will, reason, current.node)
         return True
 
     def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
@@ -368,18 +371,20 @@ class ClusterSessions(LocalSessions):
         if current is not None and current.token == message.token:
             del self.replica_registrations[message.client_id]
 
-    async def _publish_will(self, client_id: str, will: Will | Will5 | None, reason: str
-                            ) -> None:
+    async def _publish_will(self, client_id: str, will: Will | Will5 | None, reason: str,
+                            edge: str) -> None:
+        """Publish the will of ``client_id``'s connection on ``edge`` (now, later, or once
+        this node serves again)."""
         if will is None:
             return
         delay = will_delay(will)
         if delay and not self.core.shutting_down:
             log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, delay, reason)
-            self.spawn(self._publish_will_later, client_id, will, delay, reason)
+            self.spawn(self._publish_will_later, client_id, will, delay, reason, edge)
             return
         if self.fenced():
             log.info("will of %r owed (%s); held while fenced", client_id, reason)
-            self.owed_wills.append((client_id, will))
+            self.owed_wills.append((client_id, will, edge))
             return
         if not self.core.shutting_down:
             # Every will says why it went out: an operator asking "why did my device's will
@@ -392,7 +397,7 @@ class ClusterSessions(LocalSessions):
             self.spawn(self._publish_will_now, will)
 
     async def _publish_will_later(self, client_id: str, will: Will5, delay: int,
-                                  reason: str) -> None:
+                                  reason: str, edge: str) -> None:
         """MQTT 5 Will Delay Interval at the will keeper: published unless the client id
         registered a new connection meanwhile (section 3.1.3.2.2).  The home is the lock of
         the id, so every reconnect, on any node, registers here first."""
@@ -401,7 +406,7 @@ class ClusterSessions(LocalSessions):
             log.info("delayed will of %r not published: it reconnected", client_id)
             return
         await self._publish_will(client_id, replace(will, properties=will.properties.without(
-            PropertyId.WILL_DELAY_INTERVAL)), f"{reason}, after its will delay")
+            PropertyId.WILL_DELAY_INTERVAL)), f"{reason}, after its will delay", edge)
 
     async def _publish_will_now(self, will: Will | Will5) -> None:
         message = will_message(will, "")
@@ -417,12 +422,20 @@ class ClusterSessions(LocalSessions):
 
     async def publish_owed_wills(self) -> None:
         wills, self.owed_wills = self.owed_wills, []
-        for client_id, will in wills:
-            await self._publish_will(client_id, will, "owed while this node was fenced")
+        for client_id, will, edge in wills:
+            await self._publish_will(client_id, will, "owed while this node was fenced", edge)
 
-    def forget_owed_wills(self) -> None:
-        """Declared down: the will keepers on the majority side published these."""
-        self.owed_wills.clear()
+    def on_declared_down(self) -> None:
+        """Declared down while fenced: keep only the owed wills nobody else will publish.
+
+        The will keepers on the majority side publish the wills of this node's own
+        connections (their edge left the view).  A connection of a live edge that closed
+        while this node, its home, was fenced is another matter: it was unregistered here
+        and its replicas were told so, so only this node knows its will is owed.  It keeps
+        those and publishes them once it serves again, in its next life: late, not lost.
+        """
+        me = self.node_id
+        self.owed_wills = [owed for owed in self.owed_wills if owed[2] != me]
 
     async def on_sopen(self, node: str, message: SessionOpen) -> None:
         req, client_id, edge, token, clean = (message.req, message.client_id, message.edge,
