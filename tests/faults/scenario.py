@@ -214,8 +214,11 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
             if not probe.connect_first(addresses):
                 harness_errors.append(f"{cid}: first connection refused")
             duals.append(probe)
+        # Every second publisher at QoS 2: its PUBCOMP is an acknowledgement like a PUBACK,
+        # and what it acknowledges must not be lost either.
         pubs = [Publisher(f"pub-{n}", order(i), addresses, stop_pub, data_topics,
-                          TOTAL_RATE / len(nodes)) for i, n in enumerate(nodes)]
+                          TOTAL_RATE / len(nodes), qos=2 if i % 2 else 1)
+                for i, n in enumerate(nodes)]
         rets = [Retainer(f"ret-{k}", order((k + 1) % len(nodes)), addresses, stop_pub, t)
                 for k, t in enumerate(retained_topics)]
         roles += [*pubs, *rets]

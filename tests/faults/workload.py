@@ -2,8 +2,9 @@
 
 Every role records what the checker needs, with ``time.monotonic()`` stamps:
 
-* ``Publisher``: QoS 1 stream, payload ``{"p": id, "c": connection no., "s": seq}``; every
-  PUBACK is recorded (``on_publish``) with the time it came.  One paho client is one TCP
+* ``Publisher``: QoS 1 (or QoS 2) stream, payload ``{"p": id, "c": connection no., "s":
+  seq}``; every PUBACK (PUBCOMP at QoS 2) is recorded (``on_publish``) with the time it
+  came.  One paho client is one TCP
   connection: after a failure a *new* client connects (preferred node first, then the
   others; CONNACK != 0 or no CONNACK means next node), so an unacknowledged message of a dead
   connection is simply never counted as acknowledged.  A connection whose window is full and
@@ -225,9 +226,10 @@ class Role(threading.Thread):
 class Publisher(Role):
     def __init__(self, name: str, order: list[str], addresses: dict[str, tuple[str, int]],
                  stop: threading.Event, topics: list[str], rate: float,
-                 window: int = 20) -> None:
+                 window: int = 20, qos: int = 1) -> None:
         super().__init__(name, order, addresses, stop)
         self.topics = topics
+        self.qos = qos
         self.interval = 1.0 / rate
         self.window = window
         self.seq = 0
@@ -273,7 +275,7 @@ class Publisher(Role):
             topic = self.topics[self.seq % len(self.topics)]
             payload = json.dumps({"p": self.role_name, "c": conn_no, "s": self.seq}).encode()
             t = time.monotonic()
-            info = conn.paho.publish(topic, payload, 1)
+            info = conn.paho.publish(topic, payload, self.qos)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 return
             sent[info.mid] = (self.seq, topic, t)
