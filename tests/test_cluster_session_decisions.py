@@ -150,12 +150,12 @@ async def test_an_edge_never_reuses_the_tokens_of_its_previous_life() -> None:
     assert tokens[0] != tokens[1] and all(t.startswith("n1:") for t in tokens)
 
 
-async def test_a_will_owed_while_fenced_survives_the_homes_death_if_its_edge_lives() -> None:
-    """The edge (alive) closed the connection while its home was fenced; the home told its
-    replicas the registration ended, so once the majority declares the home down nobody
-    else knows the will is owed: the home keeps it and publishes it when it serves again.
-    A will of the home's own connection is the majority's to publish (its edge, the home,
-    left the view): that one is dropped, or it would go out twice."""
+
+async def _fenced_home_owing_two_wills() -> tuple[Metadata, list[ClusterView], list[bool],
+                                                   ClusterSessions, RecordingLinks, list[Any],
+                                                   str, str]:
+    """Home n1, fenced, when two connections with wills close uncleanly: one of a client on
+    edge n3 (alive), one of its own."""
     meta = Metadata("n1", "n2", "n3")
     views = [meta.view()]
     fenced = [False]
@@ -163,21 +163,49 @@ async def test_a_will_owed_while_fenced_survives_the_homes_death_if_its_edge_liv
     remote = client_homed_at(views[-1], "n1")
     local = next(f"device-{k}" for k in range(1000, 2000)
                  if views[-1].owner(views[-1].shard_for_client(f"device-{k}")) == "n1")
-    remote_will, local_will = Will("devices/remote", b"gone", 1, False), WILL
-    await home.register(remote, "n3", "n3:a:1", remote_will, True)
-    await home.register(local, "n1", "n1:a:1", local_will, True)
+    await home.register(remote, "n3", "n3:a:1", REMOTE_WILL, True)
+    await home.register(local, "n1", "n1:a:1", WILL, True)
+    links.take(WillRegister)
     fenced[0] = True  # cut off from the majority: no will goes out from here now
     assert await home.unregister(remote, "n3:a:1", True, "closed without DISCONNECT")
     assert await home.unregister(local, "n1:a:1", True, "node fenced")
     assert spawned == []
-    # Its replicas were told both registrations ended: they will not publish these wills.
-    assert {m.client_id for _, m in links.take(WillDelete)} == {remote, local}
-    assert [(c, w) for c, w, _ in home.owed_wills] == [(remote, remote_will),
-                                                     (local, local_will)]
+    # The replicas are not told the registrations ended: they still hold both wills.
+    assert links.take(WillDelete) == []
+    assert [(o.client_id, o.token) for o in home.owed_wills] == [(remote, "n3:a:1"),
+                                                               (local, "n1:a:1")]
+    return meta, views, fenced, home, links, spawned, remote, local
 
-    home.on_declared_down()
-    assert [(c, w, e) for c, w, e in home.owed_wills] == [(remote, remote_will, "n3")]
-    fenced[0] = False  # rejoined, serving again
+
+REMOTE_WILL = Will("devices/remote", b"gone", 1, False)
+
+
+async def test_wills_owed_while_fenced_go_out_when_the_home_serves_again() -> None:
+    _, _, fenced, home, links, spawned, remote, local = await _fenced_home_owing_two_wills()
+    fenced[0] = False  # back in the view, never declared down
     await home.publish_owed_wills()
     published = [args[0] for fn, args in spawned if fn.__name__ == "_publish_will_now"]
-    assert published == [remote_will] and home.owed_wills == []
+    assert published == [REMOTE_WILL, WILL] and home.owed_wills == []
+    assert {m.client_id for _, m in links.take(WillDelete)} == {remote, local}
+    assert remote not in home.registrations and local not in home.registrations
+
+
+async def test_a_will_owed_while_fenced_survives_the_homes_death_if_its_edge_lives() -> None:
+    """Declared down while fenced: the majority's will keepers hold both registrations and
+    publish the one whose edge (the home itself) left the view.  The other's edge lives,
+    so its registration looks current there: the home ends it at the client's new home
+    once it serves again, which publishes the will (once: a takeover meanwhile would have
+    changed the token).  Before 2026-11-24 the home dropped both, and told the replicas
+    the registrations had ended: a 3-node packet-loss run lost a will that way."""
+    meta, views, fenced, home, links, spawned, remote, _ = await _fenced_home_owing_two_wills()
+    meta.down("n1")
+    views.append(meta.view())
+    home.on_declared_down()
+    await home.on_view(views[-2], views[-1])
+    assert [(o.client_id, o.edge) for o in home.owed_wills] == [(remote, "n3")]
+    fenced[0] = False  # rejoined, serving again (the client's home is another node now)
+    new_home = views[-1].owner(views[-1].shard_for_client(remote))
+    assert new_home not in ("n1", None)
+    await home.publish_owed_wills()
+    assert links.take(SessionClose) == [(new_home, SessionClose(remote, "n3:a:1", True))]
+    assert spawned == [] and home.owed_wills == []

@@ -109,6 +109,24 @@ def will_from_wire(spec: WillSpec | None) -> Will | Will5 | None:
     return Will(spec.topic, spec.payload, spec.qos, spec.retain)
 
 
+@dataclass(frozen=True)
+class OwedWill:
+    """A will that fell due while this node, its keeper, was fenced.
+
+    With ``token`` set, the registration of connection ``token`` is still held (here, and at
+    the replicas, which were not told it ended): ending it later (``_end_registration``)
+    publishes the will at whichever node is then the home.  Without, the registration is
+    gone everywhere (a takeover, a will delay that ran out) and only this node knows of it.
+    """
+
+    client_id: str
+    will: Will | Will5
+    #: The node the connection was on.
+    edge: str
+    token: str | None
+    reason: str
+
+
 class ClusterSessions(LocalSessions):
     """The cluster's ``SessionManager``; see the module docstring."""
 
@@ -124,10 +142,9 @@ class ClusterSessions(LocalSessions):
         self.holds = holds
         self.wait_for_view_change = wait_for_view_change
         self.patience = patience
-        #: Wills due while fenced (client id, will, the edge its connection was on):
-        #: published once this node serves again (``on_declared_down`` says which survive
-        #: a declaration of this node's death).
-        self.owed_wills: list[tuple[str, Will | Will5, str]] = []
+        #: Wills due while fenced: published once this node serves again
+        #: (``on_declared_down`` says which survive a declaration of this node's death).
+        self.owed_wills: list[OwedWill] = []
         self.links = links
         self.view = view
         self.spawn = spawn
@@ -348,9 +365,17 @@ class ClusterSessions(LocalSessions):
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
             return False  # a connection that was already replaced
+        self.relay.detach_proxy(client_id, token)
+        if publish_will and current.will is not None and self.fenced():
+            # Cut off: no will goes out from here now.  The registration stays, here and
+            # at the replicas (not told it ended), so that the majority's will keepers
+            # still hold the will if this node is declared down (``OwedWill``).
+            log.info("will of %r owed (%s); held while fenced", client_id, reason)
+            self.owed_wills.append(OwedWill(client_id, current.will, current.node, token,
+                                            reason))
+            return True
         del self.registrations[client_id]
         self._replicate(client_id, WillDelete(client_id, token))
-        self.relay.detach_proxy(client_id, token)
         if publish_will:
             await self._publish_will(client_id, current.will, reason, current.node)
         return True
@@ -384,7 +409,7 @@ class ClusterSessions(LocalSessions):
             return
         if self.fenced():
             log.info("will of %r owed (%s); held while fenced", client_id, reason)
-            self.owed_wills.append((client_id, will, edge))
+            self.owed_wills.append(OwedWill(client_id, will, edge, None, reason))
             return
         if not self.core.shutting_down:
             # Every will says why it went out: an operator asking "why did my device's will
@@ -421,21 +446,30 @@ class ClusterSessions(LocalSessions):
         log.error("will on %r dropped after 3 refusals", will.topic)
 
     async def publish_owed_wills(self) -> None:
+        """Back in the view (in this life or the next): publish what fell due meanwhile."""
         wills, self.owed_wills = self.owed_wills, []
-        for client_id, will, edge in wills:
-            await self._publish_will(client_id, will, "owed while this node was fenced", edge)
+        for owed in wills:
+            reason = f"{owed.reason}; owed while this node was fenced"
+            if owed.token is None:
+                await self._publish_will(owed.client_id, owed.will, reason, owed.edge)
+            else:
+                # Wherever the registration is now: here (then it ends and its replicas are
+                # told), or at the home the view moved it to.  A client that connected again
+                # meanwhile took it over (publishing the will): the token no longer matches.
+                await self._end_registration(owed.client_id, owed.token, True)
 
     def on_declared_down(self) -> None:
-        """Declared down while fenced: keep only the owed wills nobody else will publish.
+        """Declared down while fenced: keep the owed wills nobody else will publish.
 
-        The will keepers on the majority side publish the wills of this node's own
-        connections (their edge left the view).  A connection of a live edge that closed
-        while this node, its home, was fenced is another matter: it was unregistered here
-        and its replicas were told so, so only this node knows its will is owed.  It keeps
-        those and publishes them once it serves again, in its next life: late, not lost.
+        The will keepers of the majority still hold the registrations this node kept, and
+        publish the wills of those whose edge left the view: this node's own connections.
+        The others' edges live on, so their registrations there look current: this node
+        ends them once it serves again in its next life (late, not lost).  A will whose
+        registration is gone everywhere is known here only: kept too.
         """
         me = self.node_id
-        self.owed_wills = [owed for owed in self.owed_wills if owed[2] != me]
+        self.owed_wills = [owed for owed in self.owed_wills
+                           if owed.token is None or owed.edge != me]
 
     async def on_sopen(self, node: str, message: SessionOpen) -> None:
         req, client_id, edge, token, clean = (message.req, message.client_id, message.edge,
@@ -551,5 +585,5 @@ class ClusterSessions(LocalSessions):
             home = self.home(handler.client_id)
 
 
-__all__ = ["ClusterSessions", "Registration", "RemoteSession", "will_from_wire",
+__all__ = ["ClusterSessions", "OwedWill", "Registration", "RemoteSession", "will_from_wire",
            "will_to_wire"]
