@@ -319,9 +319,14 @@ class ClientHandler:
     def _park(self) -> bool:
         if self._parking is None or not self._idle():
             return False
-        assert self._resume_deadline is not None
+        # The keepalive runs on from the last read: ``_due`` as the last ``_arm`` set it,
+        # which may be later than when the timers decided to park (bytes can be read
+        # between that decision and the cancellation reaching the reader).  ``_arm``
+        # takes it back when the lot resumes the connection.
         self._parked = self._parking.park(self, self.transport.fileno(),  # type: ignore[attr-defined]
-                                          self._resume_deadline)
+                                          self._due)
+        if self._parked:
+            self._resume_deadline = self._due
         return self._parked
 
     async def _close(self, timed_out: bool) -> None:
@@ -400,7 +405,6 @@ class ClientHandler:
             park_at = self._quiet_since + self._park_after
             if now >= park_at:
                 if not self._active and self._idle():
-                    self._resume_deadline = self._due
                     self._park_requested = True
                     nursery.cancel_scope.cancel()  # only the reader runs: it is idle
                     return math.inf
