@@ -43,10 +43,12 @@ data plane registers its own (prefix them, e.g. ``"data.forward"``) on the same 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import os
+import socket
 import ssl
 import struct
 from collections.abc import Awaitable, Callable
@@ -308,6 +310,23 @@ class RpcServer:
             await fs.send(reply)
 
 
+#: Linux's TCP_THIN_LINEAR_TIMEOUTS (not in Python's socket module).
+TCP_THIN_LINEAR_TIMEOUTS = 16
+
+
+def thin_stream_timeouts(stream: trio.SocketStream) -> None:
+    """Retransmit at a linear, not doubling, timeout while few packets are in flight.
+
+    Cluster connections are thin streams most of the time (a request, a frame of a few
+    messages), and on a lossy network a segment lost a few times in a row otherwise holds
+    everything behind it for seconds (0.2 + 0.4 + 0.8 + 1.6 s of backoff for four losses),
+    stalling the publishers whose messages wait in that frame.  Linux only; elsewhere, or
+    where refused, TCP's default backoff stays.
+    """
+    with contextlib.suppress(OSError):
+        stream.setsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, 1)
+
+
 class RpcClient:
     """One authenticated connection; requests are sent one at a time."""
 
@@ -326,7 +345,9 @@ class RpcClient:
         ``AuthError``, like a wrong secret."""
         host, port = parse_hostport(address)
         with trio.fail_after(timeout):
-            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            tcp = await trio.open_tcp_stream(host, port)
+            thin_stream_timeouts(tcp)
+            stream: trio.abc.Stream = tcp
             try:
                 fs = FramedStream(stream)
                 if tls is None:
