@@ -121,10 +121,10 @@ class OwedWill:
 
     client_id: str
     will: Will | Will5
-    #: The node the connection was on.
-    edge: str
-    token: str | None
     reason: str
+    #: The registration still held: its connection's token, and the node it was on.
+    token: str | None = None
+    edge: str | None = None
 
 
 class ClusterSessions(LocalSessions):
@@ -331,8 +331,7 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                await self._publish_will(client_id, previous.will, "taken over",
-                                         previous.node)
+                await self._publish_will(client_id, previous.will, "taken over")
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 
@@ -371,13 +370,13 @@ class ClusterSessions(LocalSessions):
             # at the replicas (not told it ended), so that the majority's will keepers
             # still hold the will if this node is declared down (``OwedWill``).
             log.info("will of %r owed (%s); held while fenced", client_id, reason)
-            self.owed_wills.append(OwedWill(client_id, current.will, current.node, token,
-                                            reason))
+            self.owed_wills.append(OwedWill(client_id, current.will, reason, token,
+                                            current.node))
             return True
         del self.registrations[client_id]
         self._replicate(client_id, WillDelete(client_id, token))
         if publish_will:
-            await self._publish_will(client_id, current.will, reason, current.node)
+            await self._publish_will(client_id, current.will, reason)
         return True
 
     def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
@@ -396,20 +395,18 @@ class ClusterSessions(LocalSessions):
         if current is not None and current.token == message.token:
             del self.replica_registrations[message.client_id]
 
-    async def _publish_will(self, client_id: str, will: Will | Will5 | None, reason: str,
-                            edge: str) -> None:
-        """Publish the will of ``client_id``'s connection on ``edge`` (now, later, or once
-        this node serves again)."""
+    async def _publish_will(self, client_id: str, will: Will | Will5 | None, reason: str
+                            ) -> None:
         if will is None:
             return
         delay = will_delay(will)
         if delay and not self.core.shutting_down:
             log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, delay, reason)
-            self.spawn(self._publish_will_later, client_id, will, delay, reason, edge)
+            self.spawn(self._publish_will_later, client_id, will, delay, reason)
             return
         if self.fenced():
             log.info("will of %r owed (%s); held while fenced", client_id, reason)
-            self.owed_wills.append(OwedWill(client_id, will, edge, None, reason))
+            self.owed_wills.append(OwedWill(client_id, will, reason))
             return
         if not self.core.shutting_down:
             # Every will says why it went out: an operator asking "why did my device's will
@@ -422,7 +419,7 @@ class ClusterSessions(LocalSessions):
             self.spawn(self._publish_will_now, will)
 
     async def _publish_will_later(self, client_id: str, will: Will5, delay: int,
-                                  reason: str, edge: str) -> None:
+                                  reason: str) -> None:
         """MQTT 5 Will Delay Interval at the will keeper: published unless the client id
         registered a new connection meanwhile (section 3.1.3.2.2).  The home is the lock of
         the id, so every reconnect, on any node, registers here first."""
@@ -431,7 +428,7 @@ class ClusterSessions(LocalSessions):
             log.info("delayed will of %r not published: it reconnected", client_id)
             return
         await self._publish_will(client_id, replace(will, properties=will.properties.without(
-            PropertyId.WILL_DELAY_INTERVAL)), f"{reason}, after its will delay", edge)
+            PropertyId.WILL_DELAY_INTERVAL)), f"{reason}, after its will delay")
 
     async def _publish_will_now(self, will: Will | Will5) -> None:
         message = will_message(will, "")
@@ -451,7 +448,7 @@ class ClusterSessions(LocalSessions):
         for owed in wills:
             reason = f"{owed.reason}; owed while this node was fenced"
             if owed.token is None:
-                await self._publish_will(owed.client_id, owed.will, reason, owed.edge)
+                await self._publish_will(owed.client_id, owed.will, reason)
             else:
                 # Wherever the registration is now: here (then it ends and its replicas are
                 # told), or at the home the view moved it to.  A client that connected again
