@@ -21,8 +21,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from mqttring.raft.replicated import RaftTimeouts, ReplicatedMetadata, make_syncobj
+from mqttring.rpc import TCP_THIN_LINEAR_TIMEOUTS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,3 +96,39 @@ def test_a_raft_connection_attempt_lost_in_a_partition_is_retried_within_its_tim
     assert waited < BOUND_AFTER_HEAL_S, (
         f"the Raft connection came {waited:.1f} s after the heal: the attempt waited for a "
         "SYN retransmission instead of being retried")
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_raft_connections_retransmit_at_linear_timeouts() -> None:
+    """Both ends of a Raft connection get TCP's thin-stream linear timeouts (and, under BBR,
+    a congestion control that lets Linux apply them): on a lossy network a heartbeat lost a
+    few times in a row must not wait out a doubling backoff until its node fences itself."""
+    addresses = [_free_address(), _free_address()]
+    nodes = [make_syncobj(a, addresses, ReplicatedMetadata(lambda _state: None), "pw", None)
+             for a in addresses]
+    try:
+        deadline = time.monotonic() + 20
+        sockets: list[socket.socket] = []
+        while time.monotonic() < deadline:
+            # pysyncobj keeps its connections and their sockets private.
+            sockets = [conn._TcpConnection__socket for node in nodes
+                       for conn in node._SyncObj__transport._connections.values()
+                       if conn.state == CONNECTION_STATE.CONNECTED]
+            if len(sockets) == 2 and all(s is not None for s in sockets):
+                break
+            time.sleep(0.05)
+        assert len(sockets) == 2, "the two Raft nodes never connected"
+        incoming = [conn._TcpConnection__socket for node in nodes
+                    for conn in node._SyncObj__transport._unknownConnections]
+        for sock in sockets + [s for s in incoming if s is not None]:
+            assert sock.getsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS) == 1
+            congestion = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+            assert congestion.rstrip(b"\0") != b"bbr"
+    finally:
+        for node in nodes:
+            node.destroy()

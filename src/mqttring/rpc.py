@@ -53,7 +53,7 @@ import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import trio
@@ -314,17 +314,55 @@ class RpcServer:
 TCP_THIN_LINEAR_TIMEOUTS = 16
 
 
-def thin_stream_timeouts(stream: trio.SocketStream) -> None:
+#: Congestion controls that never set a slow-start threshold, and so keep a connection "in
+#: initial slow start" for Linux, which then never applies thin-stream linear timeouts.
+_NO_THIN_STREAMS = (b"bbr",)
+#: What such a connection is switched to: the first one the kernel lets us set.
+_THIN_STREAM_CONGESTION = (b"cubic", b"reno")
+
+
+class SocketOptions(Protocol):
+    """What ``thin_stream_timeouts`` needs: a ``socket.socket`` or a ``trio.SocketStream``."""
+
+    def setsockopt(self, level: int, option: int, value: int | bytes) -> None: ...
+
+    def getsockopt(self, level: int, option: int, buffersize: int) -> bytes: ...
+
+
+def thin_stream_timeouts(stream: SocketOptions) -> None:
     """Retransmit at a linear, not doubling, timeout while few packets are in flight.
 
     Cluster connections are thin streams most of the time (a request, a frame of a few
     messages), and on a lossy network a segment lost a few times in a row otherwise holds
-    everything behind it for seconds (0.2 + 0.4 + 0.8 + 1.6 s of backoff for four losses),
-    stalling the publishers whose messages wait in that frame.  Linux only; elsewhere, or
-    where refused, TCP's default backoff stays.
+    everything behind it for seconds (0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 6.4 s of backoff for
+    six losses), stalling the publishers whose messages wait in that frame.  The fault
+    suite's 15% loss saw a link carry nothing for 13 s that way, with every publisher stalled
+    behind it.  Linux applies linear timeouts (the first six retries) only to a connection
+    out of initial slow start, which BBR never leaves: a connection under BBR is switched
+    to CUBIC (or Reno, which every user may set).  Cluster links carry little, so the
+    choice costs no throughput that matters.  Linux only; elsewhere, or where refused,
+    TCP's default backoff stays.
+
+    The connection itself is never abandoned for a stall (no TCP_USER_TIMEOUT): much of what
+    the links carry is sent once, unacknowledged (relayed session bytes, client
+    acknowledgements, closes), on the promise that a link loses data only with a node.
     """
     with contextlib.suppress(OSError):
         stream.setsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, 1)
+    option = getattr(socket, "TCP_CONGESTION", None)
+    if option is None:
+        return
+    try:
+        current = stream.getsockopt(socket.IPPROTO_TCP, option, 16).rstrip(b"\0")
+    except OSError:
+        return
+    if current in _NO_THIN_STREAMS:
+        for name in _THIN_STREAM_CONGESTION:
+            try:
+                stream.setsockopt(socket.IPPROTO_TCP, option, name)
+                return
+            except OSError:
+                continue
 
 
 class RpcClient:

@@ -24,8 +24,9 @@ instead, which slows exactly the publishers that feed a slow peer.  A frame neve
 
 Requests: ``request(node, msg)`` sends a copy of ``msg`` with a fresh request id in its
 ``req`` field and waits for the matching ``Ack`` from that node.  When the peer leaves the
-view, or its link breaks, its pending requests fail with ``PeerUnavailable`` so the caller
-can re-route by the newer epoch instead of waiting forever.
+view, or its link breaks, or its link to us (which carries the answers) breaks, its pending
+requests fail with ``PeerUnavailable`` so the caller can retry, or re-route by the newer
+epoch, instead of waiting forever.
 
 Reconnects: a writer that loses its connection reconnects with backoff for as long as the
 peer is in the view; what is queued meanwhile waits (bounded as above).  A message already
@@ -270,10 +271,15 @@ class Link:
         request to it (a route registration a SUBACK waits for) would hang until the
         failure detector changed the view.
         """
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        try:
             while await stream.stream.receive_some(4096):
                 pass
-        log.info("link %s -> %s: peer closed the connection", self.owner.node_id, self.node_id)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id,
+                     exc.__cause__ or exc)
+        else:
+            log.info("link %s -> %s: peer closed the connection", self.owner.node_id,
+                     self.node_id)
         scope.cancel()
 
     async def _drain(self, stream: FramedStream) -> None:
@@ -533,6 +539,15 @@ class Links:
     async def serve_stream(self, stream: FramedStream, peer: Peer, body: dict[str, Any]) -> None:
         """RPC stream handler for ``data.link``: dispatch every message of every frame."""
         node = peer.node_id
+        try:
+            await self._serve_frames(stream, node)
+        finally:
+            # The peer's answers to our requests travel on this connection: those in flight
+            # on it are lost with it.  Fail the requests now so that their callers retry
+            # (on the connection the peer opens next) instead of waiting out their timeouts.
+            self._fail_pending(node)
+
+    async def _serve_frames(self, stream: FramedStream, node: str) -> None:
         handler = self._handler
         stream.max_frame = self.max_frame
         while True:
