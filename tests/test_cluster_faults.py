@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from cluster_support import (
+    HOST,
     WAIT,
     Clients,
     Delivery,
@@ -27,10 +28,12 @@ from cluster_support import (
     connect_with_retry,
     unique,
 )
+from mqtt5_support import Paho5, props
 
 pytestmark = pytest.mark.timeout(150)
 
 NODES = ("a", "b", "c")
+CONNECT, WILL = 1, 99
 
 
 def payloads_by_topic(got: list[Delivery]) -> dict[str, list[bytes]]:
@@ -133,6 +136,44 @@ def test_kill9_during_qos1_stream_loses_no_acknowledged_message(
             f"acknowledged messages ({not_acked} unacknowledged); first lost "
             f"{[(t, p, view.owner_of_topic(t)) for t, p in lost[:5]]}\n"
             f"{cluster.logs_of_interest(survivors)}")
+
+
+def test_a_delayed_will_outlives_its_home_killed_within_the_delay(
+    fresh_cluster: Callable[..., NodeCluster]
+) -> None:
+    """An MQTT 5 client on A whose home is B closes its connection uncleanly with a will
+    delayed 8 s, and B is killed with SIGKILL right after, maybe before the close reached
+    it.  The replica that becomes the client's home publishes the will when it falls due:
+    not before the delay, not lost with B (before 2026-11-25 the close was sent once and the
+    delay ran only in a task of B's life), and not late."""
+    cluster = fresh_cluster()
+    view = cluster.view("a")
+    topic = unique("wk")
+    made: list[Paho5] = []
+    try:
+        watcher = Paho5(HOST, cluster.port("c"))
+        made.append(watcher)
+        watcher.connect()
+        watcher.subscribe(f"{topic}/#", 1)
+        client = Paho5(HOST, cluster.port("a"), view.client_homed_at("b", unique("wk")))
+        made.append(client)
+        client.connect(properties=props(CONNECT, SessionExpiryInterval=60),
+                       will=(f"{topic}/gone", b"late", 1, False,
+                             props(WILL, WillDelayInterval=8)))
+        client.drop()
+        dropped = time.monotonic()
+        cluster.kill("b")
+        got = watcher.get(timeout=30)
+        waited = time.monotonic() - dropped
+    finally:
+        for paho in made:
+            paho.client.loop_stop()
+            with contextlib.suppress(Exception):
+                paho.client.disconnect()
+    assert (got.topic, got.payload) == (f"{topic}/gone", b"late")
+    # On time: its delay runs from the close at the edge, not from when the new home
+    # learned of it (after the failure grace), with slack for a loaded runner.
+    assert 7.5 <= waited <= 11.0, f"the will came {waited:.1f} s after the close (delay 8 s)"
 
 
 # --------------------------------------------------------------------------- leader

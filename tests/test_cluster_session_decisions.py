@@ -43,6 +43,8 @@ from mqttring.cluster.sessions import ClusterSessions
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.config import BrokerConfig
 from mqttring.protocol.packets import Connect, Will
+from mqttring.protocol.packets5 import Will5
+from mqttring.protocol.properties import Properties, PropertyId
 from mqttring.raft.view import ClusterView
 
 
@@ -105,7 +107,7 @@ async def test_a_connection_closed_during_its_reregistration_is_unregistered_aft
     after_answer = [m for n, m in links.sent[answered_at[0]:] if n == "n2"]
     # Sent after the home registered the connection, so the home ends that registration,
     # and without the will: the client said DISCONNECT.
-    assert after_answer == [SessionClose(client_id, handler.token, False)]
+    assert after_answer == [SessionClose(0, client_id, handler.token, False)]
 
 
 async def test_a_home_never_registers_a_connection_once_the_view_moved_the_client_away(
@@ -184,6 +186,8 @@ async def test_wills_owed_while_fenced_go_out_when_the_home_serves_again() -> No
     _, _, fenced, home, links, spawned, remote, local = await _fenced_home_owing_two_wills()
     fenced[0] = False  # back in the view, never declared down
     await home.publish_owed_wills()
+    for args in _spawned_named(spawned, "_end_registration"):
+        await home._end_registration(*args)
     published = [args[0] for fn, args in spawned if fn.__name__ == "_publish_will_now"]
     assert published == [REMOTE_WILL, WILL] and home.owed_wills == []
     assert {m.client_id for _, m in links.take(WillDelete)} == {remote, local}
@@ -207,5 +211,87 @@ async def test_a_will_owed_while_fenced_survives_the_homes_death_if_its_edge_liv
     new_home = views[-1].owner(views[-1].shard_for_client(remote))
     assert new_home not in ("n1", None)
     await home.publish_owed_wills()
-    assert links.take(SessionClose) == [(new_home, SessionClose(remote, "n3:a:1", True))]
-    assert spawned == [] and home.owed_wills == []
+    assert [fn.__name__ for fn, _ in spawned] == ["_end_registration"]
+    assert home.owed_wills == []
+    for fn, args in spawned:
+        await fn(*args)
+    assert links.take(SessionClose) == [(new_home, SessionClose(0, remote, "n3:a:1", True))]
+
+
+DELAYED_WILL = Will5("devices/late", b"offline", 1, False,
+                     Properties(((PropertyId.WILL_DELAY_INTERVAL, 30),)))  # type: ignore[arg-type]
+
+
+def _spawned_named(spawned: list[Any], name: str) -> list[tuple[Any, ...]]:
+    return [args for fn, args in spawned if fn.__name__ == name]
+
+
+async def _home_with_a_delayed_will(meta: Metadata, views: list[ClusterView]
+                                    ) -> tuple[ClusterSessions, RecordingLinks, list[Any],
+                                               str, WillRegister]:
+    """Home n1 of a client on edge n3 whose connection closed uncleanly with a will delayed
+    30 s; returns what n1 told the replicas."""
+    _, home, links, spawned = make_node("n1", views)
+    client_id = client_homed_at(views[-1], "n1")
+    await home.register(client_id, "n3", "n3:a:1", DELAYED_WILL, True)
+    links.take(WillRegister)
+    assert await home.unregister(client_id, "n3:a:1", True, "closed without DISCONNECT")
+    registration = home.registrations[client_id]  # kept until the will falls due
+    assert registration.will_due is not None
+    told = [m for _, m in links.take(WillRegister)]
+    replicas = views[-1].replicas(views[-1].shard_for_client(client_id))[1:]
+    assert len(told) == len(replicas) >= 1 and all(m.due == registration.will_due
+                                                   for m in told)
+    assert links.take(WillDelete) == []
+    assert _spawned_named(spawned, "_publish_will_now") == []
+    return home, links, spawned, client_id, told[0]
+
+
+async def test_a_delayed_will_goes_out_when_due_at_its_home(
+        autojump_clock: trio.abc.Clock) -> None:
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    home, links, spawned, client_id, _ = await _home_with_a_delayed_will(meta, views)
+    (waiting,) = _spawned_named(spawned, "_publish_will_when_due")
+    await home._publish_will_when_due(*waiting)
+    (published,) = _spawned_named(spawned, "_publish_will_now")
+    assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0
+    assert client_id not in home.registrations
+    assert [m.token for _, m in links.take(WillDelete)] == ["n3:a:1"]
+
+
+async def test_a_reconnect_within_the_will_delay_cancels_the_will(
+        autojump_clock: trio.abc.Clock) -> None:
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    home, links, spawned, client_id, _ = await _home_with_a_delayed_will(meta, views)
+    with trio.fail_after(5):  # no kick of the closed connection to wait for
+        await home.register(client_id, "n2", "n2:b:1", None, True)
+    assert links.take(SessionKick) == []
+    for waiting in _spawned_named(spawned, "_publish_will_when_due"):
+        await home._publish_will_when_due(*waiting)
+    assert _spawned_named(spawned, "_publish_will_now") == []
+    assert _spawned_named(spawned, "_publish_will_later") == []
+    assert home.registrations[client_id].token == "n2:b:1"
+
+
+async def test_a_delayed_will_outlives_its_home(autojump_clock: trio.abc.Clock) -> None:
+    """The home dies within the delay: the replica that becomes the home publishes the will
+    when it falls due.  Before 2026-11-25 the delay ran only in a task of the home's life,
+    and its replicas had been told the registration ended: the will was lost."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    _, _, _, client_id, told = await _home_with_a_delayed_will(meta, views)
+    replica = views[-1].replicas(views[-1].shard_for_client(client_id))[1]
+    _, keeper, _, spawned = make_node(replica, views)
+    keeper.on_wreg(told)
+    meta.down("n1")
+    views.append(meta.view())
+    assert views[-1].owner(views[-1].shard_for_client(client_id)) == replica
+    await keeper.on_view(views[-2], views[-1])
+    # Its edge n3 lives, but the connection closed: nothing goes out before the delay.
+    assert _spawned_named(spawned, "_publish_will_now") == []
+    (waiting,) = _spawned_named(spawned, "_publish_will_when_due")
+    await keeper._publish_will_when_due(*waiting)
+    (published,) = _spawned_named(spawned, "_publish_will_now")
+    assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0

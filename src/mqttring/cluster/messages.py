@@ -428,7 +428,7 @@ LinkMessage: TypeAlias = (
 #: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
 Request: TypeAlias = (
     Pub | Dlv | Redispatch | ShareTrack | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl
-    | CatchUp | SessionOpen | SessionKick | InboundQos2
+    | CatchUp | SessionOpen | SessionClose | SessionKick | InboundQos2
 )
 
 

@@ -80,14 +80,22 @@ class SessionOpen(FrozenMessage, tag="sopen"):
 
 class SessionClose(FrozenMessage, tag="sclose"):
     """Edge -> home when a connection ends: unregister it if ``token`` is still the
-    registered one, and publish its will if ``publish_will`` (no clean DISCONNECT)."""
+    registered one, and publish its will if ``publish_will`` (no clean DISCONNECT); then
+    answer.  A node that is not the client's home in its view refuses it: the edge asks
+    again by its newer view, until the home that holds the registration answers (a close
+    sent to a home that dies would otherwise leave the registration live at the replica
+    that takes over, and its will unpublished)."""
 
+    req: int
     client_id: str
     token: str
     publish_will: bool
     #: MQTT 5: the Session Expiry Interval in force when the connection ended (CONNECT's,
     #: or the one its DISCONNECT set); the home keeps the session that long.  None: 3.1.1.
     session_expiry: int | None = None
+    #: When the connection ended (wall clock, the edge's): a Will Delay Interval runs from
+    #: then, however late the close reaches the home.  None: when it arrives.
+    closed_at: float | None = None
 
 
 class SessionKick(FrozenMessage, tag="skick"):
@@ -107,13 +115,16 @@ class SessionKick(FrozenMessage, tag="skick"):
 
 class WillRegister(FrozenMessage, tag="wreg"):
     """Home -> the other replicas of a client's shard, on every registration (and to a new
-    replica): keep this copy, so the will outlives the home."""
+    replica): keep this copy, so the will outlives the home.  ``due`` (wall-clock seconds):
+    the connection closed and its MQTT 5 will waits for its Will Delay Interval until then;
+    a replica promoted to home publishes it then unless the client id reconnects."""
 
     client_id: str
     node: str
     token: str
     will: WillSpec | None
     clean: bool
+    due: float | None = None
 
 
 class WillDelete(FrozenMessage, tag="wdel"):

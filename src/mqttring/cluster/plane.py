@@ -527,7 +527,7 @@ class DataPlane:
             Repl: task(replicator.on_repl),
             CatchUp: task(replicator.serve_catch_up),
             SessionOpen: task(sessions.on_sopen),
-            SessionClose: task(sessions.on_sclose, with_node=False),
+            SessionClose: task(sessions.on_sclose),
             SessionKick: sessions.on_skick,
             WillRegister: lambda node, msg: sessions.on_wreg(msg),
             WillDelete: lambda node, msg: sessions.on_wdel(msg),

@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -85,6 +86,10 @@ class Registration:
     token: str
     will: Will | Will5 | None
     clean: bool
+    #: Set once the connection closed with an MQTT 5 will still in its Will Delay Interval:
+    #: the wall-clock time it falls due.  The registration stays (here and at the replicas)
+    #: until then, so the will outlives its home, and a reconnect before then cancels it.
+    will_due: float | None = None
 
 
 def will_to_wire(will: Will | Will5 | None) -> WillSpec | None:
@@ -107,6 +112,14 @@ def will_from_wire(spec: WillSpec | None) -> Will | Will5 | None:
         props, _ = decode_properties(spec.props, 0, len(spec.props), "WILL")
         return Will5(spec.topic, spec.payload, spec.qos, spec.retain, props)
     return Will(spec.topic, spec.payload, spec.qos, spec.retain)
+
+
+def _undelayed(will: Will | Will5) -> Will | Will5:
+    """``will`` as published once its delay has run: without its Will Delay Interval."""
+    if type(will) is Will5:
+        return replace(will, properties=will.properties.without(
+            PropertyId.WILL_DELAY_INTERVAL))
+    return will
 
 
 @dataclass(frozen=True)
@@ -226,18 +239,51 @@ class ClusterSessions(LocalSessions):
         else:
             await self.unbind(handler, session)
         handler.will = None  # the home holds the will and publishes it if owed
-        await self._end_registration(
-            session.client_id, handler.token, owed_will,
-            expiry_at_close(handler.conn.v5, self.core.limits.persistent_session_expiry))
+        expiry = expiry_at_close(handler.conn.v5, self.core.limits.persistent_session_expiry)
+        if self.home(session.client_id) in (self.node_id, None):
+            await self.unregister(session.client_id, handler.token, owed_will,
+                                  "connection closed")
+        else:
+            # Not awaited: a home that is slow or dying must not hold the close up.
+            self.spawn(self._end_registration, session.client_id, handler.token, owed_will,
+                       expiry, time.time())
 
     async def _end_registration(self, client_id: str, token: str, publish_will: bool,
-                                session_expiry: int | None = None) -> None:
-        home = self.home(client_id)
-        if home is None or home == self.node_id:
-            await self.unregister(client_id, token, publish_will, "connection closed")
-        else:
-            self.links.send(home, SessionClose(client_id, token, publish_will,
-                                               session_expiry))
+                                session_expiry: int | None = None,
+                                closed_at: float | None = None) -> None:
+        """End connection ``token``'s registration wherever the view puts its home, and
+        know it ended: asked again by each newer view while the home does not answer (it
+        may die with the close in flight; the replica taking over holds the registration
+        then), bounded by ``patience`` after the last view change."""
+        deadline = trio.current_time() + self.patience
+        epoch = self.view().epoch
+        while True:
+            view = self.view()
+            if view.epoch != epoch:
+                epoch, deadline = view.epoch, trio.current_time() + self.patience
+            home = self.home(client_id, view)
+            if home is None or home == self.node_id:
+                if not self._promotion_pending(client_id, token):
+                    await self.unregister(client_id, token, publish_will, "connection closed",
+                                          closed_at)
+                    return
+                if trio.current_time() >= deadline:
+                    log.warning("close of %r: the registration was never promoted here",
+                                client_id)
+                    return
+                await self.wait_for_view_change(0.1)
+                continue
+            try:
+                await self.links.request(home, SessionClose(0, client_id, token, publish_will,
+                                                            session_expiry, closed_at))
+                return
+            except (PeerUnavailable, RemoteError) as exc:
+                if trio.current_time() >= deadline:
+                    log.warning("close of %r not confirmed by its home %s: %s", client_id,
+                                home, exc)
+                    return
+                log.debug("close of %r at %s: %s; asking again", client_id, home, exc)
+            await self.wait_for_view_change(0.5)
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         local = []
@@ -304,7 +350,7 @@ class ClusterSessions(LocalSessions):
         async with lock:
             previous = self.registrations.get(client_id)
             if (previous is not None and previous.token != token
-                    and previous.node != self.node_id):
+                    and previous.node != self.node_id and previous.will_due is None):
                 # Before the new connection counts: the old one must be closed (confirmed).
                 await self._kick_remote(client_id, previous)
                 # Its close may have reached us meanwhile and unregistered it, publishing
@@ -321,7 +367,12 @@ class ClusterSessions(LocalSessions):
             self.registrations[client_id] = Registration(node, token, will, clean)
             self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
                                                     clean))
-            if previous is not None and previous.token != token:
+            if previous is not None and previous.token != token \
+                    and previous.will_due is not None:
+                # Back within its will's delay: no will (section 3.1.3.2.2), no takeover
+                # (that connection is closed already).
+                log.info("delayed will of %r not published: it reconnected", client_id)
+            elif previous is not None and previous.token != token:
                 log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node,
                          extra={"client_id": client_id, "event": "takeover"})
                 self.relay.detach_proxy(client_id, previous.token)
@@ -359,12 +410,24 @@ class ClusterSessions(LocalSessions):
                 await self.wait_for_view_change(0.5)
 
     async def unregister(self, client_id: str, token: str, publish_will: bool,
-                         reason: str) -> bool:
-        """End connection ``token``'s registration; False if it was no longer current."""
+                         reason: str, closed_at: float | None = None) -> bool:
+        """End connection ``token``'s registration; False if it was no longer current.
+        ``closed_at``: when the connection ended (wall clock), if before now: a will delay
+        runs from then."""
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
             return False  # a connection that was already replaced
         self.relay.detach_proxy(client_id, token)
+        if current.will_due is not None:
+            # Closed already, its will waiting for its delay: ending the registration now
+            # (an owed will, back from a fence) publishes the will now.
+            will = current.will
+            assert will is not None
+            publish_will, current.will = True, _undelayed(will)
+        elif publish_will and current.will is not None and will_delay(current.will) \
+                and not self.core.shutting_down:
+            self._delay_will(client_id, current, reason, closed_at)
+            return True
         if publish_will and current.will is not None and self.fenced():
             # Cut off: no will goes out from here now.  The registration stays, here and
             # at the replicas (not told it ended), so that the majority's will keepers
@@ -379,6 +442,41 @@ class ClusterSessions(LocalSessions):
             await self._publish_will(client_id, current.will, reason)
         return True
 
+    def _delay_will(self, client_id: str, registration: Registration, reason: str,
+                    closed_at: float | None) -> None:
+        """Keep a closed connection's registration until its will falls due (MQTT 5 Will
+        Delay Interval), and tell the replicas when that is: if this home dies meanwhile,
+        the replica that becomes the home publishes it on time (``on_view``)."""
+        will = registration.will
+        assert will is not None
+        now = time.time()
+        registration.will_due = min(now, closed_at or now) + will_delay(will)
+        log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, will_delay(will),
+                 reason)
+        self._replicate(client_id, WillRegister(
+            client_id, registration.node, registration.token, will_to_wire(will),
+            registration.clean, registration.will_due))
+        self.spawn(self._publish_will_when_due, client_id, registration.token,
+                   registration.will_due)
+
+    async def _publish_will_when_due(self, client_id: str, token: str, due: float) -> None:
+        """Publish a delayed will at ``due`` if its registration is still the one held
+        here: a reconnect replaced it (no will, section 3.1.3.2.2), or the view moved the
+        client's home (the new home runs its own copy of this)."""
+        await trio.sleep(max(0.0, due - time.time()))
+        current = self.registrations.get(client_id)
+        if current is None or current.token != token or current.will_due is None:
+            return
+        await self.unregister(client_id, token, True, "connection closed, after its will delay")
+
+    def _promotion_pending(self, client_id: str, token: str) -> bool:
+        """This node's view made it the home of ``client_id``, and the registration of
+        ``token`` is still its replica's copy: ``on_view`` has yet to promote it.  A close
+        handled meanwhile would find nothing to end, and the will would be lost."""
+        copy = self.replica_registrations.get(client_id)
+        return copy is not None and copy.token == token and (
+            client_id not in self.registrations)
+
     def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
         view = self.view()
         for node in view.replicas(view.shard_for_client(client_id))[1:]:
@@ -387,8 +485,8 @@ class ClusterSessions(LocalSessions):
 
     def on_wreg(self, message: WillRegister) -> None:
         self.replica_registrations[message.client_id] = Registration(
-            message.node, message.token, will_from_wire(message.will), message.clean
-        )
+            message.node, message.token, will_from_wire(message.will), message.clean,
+            message.due)
 
     def on_wdel(self, message: WillDelete) -> None:
         current = self.replica_registrations.get(message.client_id)
@@ -427,8 +525,7 @@ class ClusterSessions(LocalSessions):
         if client_id in self.registrations:
             log.info("delayed will of %r not published: it reconnected", client_id)
             return
-        await self._publish_will(client_id, replace(will, properties=will.properties.without(
-            PropertyId.WILL_DELAY_INTERVAL)), f"{reason}, after its will delay")
+        await self._publish_will(client_id, _undelayed(will), f"{reason}, after its will delay")
 
     async def _publish_will_now(self, will: Will | Will5) -> None:
         message = will_message(will, "")
@@ -453,7 +550,7 @@ class ClusterSessions(LocalSessions):
                 # Wherever the registration is now: here (then it ends and its replicas are
                 # told), or at the home the view moved it to.  A client that connected again
                 # meanwhile took it over (publishing the will): the token no longer matches.
-                await self._end_registration(owed.client_id, owed.token, True)
+                self.spawn(self._end_registration, owed.client_id, owed.token, True)
 
     def on_declared_down(self) -> None:
         """Declared down while fenced: keep the owed wills nobody else will publish.
@@ -495,10 +592,17 @@ class ClusterSessions(LocalSessions):
             self.links.reply(node, req, False, "internal error")  # never leave it waiting
             raise
 
-    async def on_sclose(self, message: SessionClose) -> None:
+    async def on_sclose(self, node: str, message: SessionClose) -> None:
+        if self.home(message.client_id) != self.node_id or self._promotion_pending(
+                message.client_id, message.token):
+            self.links.reply(node, message.req, False,
+                             f"{self.node_id} is not (yet) the home of {message.client_id!r}")
+            return
         current = await self.unregister(message.client_id, message.token,
                                         message.publish_will,
-                                        "connection closed without DISCONNECT at its edge")
+                                        "connection closed without DISCONNECT at its edge",
+                                        message.closed_at)
+        self.links.reply(node, message.req, True)
         session = self.core.sessions.get(message.client_id)
         if current and message.session_expiry is not None and session is not None:
             # MQTT 5: the session's expiry runs here, at its home, by wall clock.
@@ -513,8 +617,11 @@ class ClusterSessions(LocalSessions):
             shard = new.shard_for_client(client_id)
             if new.owner(shard) == me:
                 # Promoted: the copy becomes the registration (the lock, the will).
-                self.registrations.setdefault(client_id,
-                                              self.replica_registrations.pop(client_id))
+                promoted = self.replica_registrations.pop(client_id)
+                if self.registrations.setdefault(client_id, promoted) is promoted \
+                        and promoted.will_due is not None:
+                    self.spawn(self._publish_will_when_due, client_id, promoted.token,
+                               promoted.will_due)
             elif me not in new.replicas(shard):
                 del self.replica_registrations[client_id]
         for client_id in [c for c in self.registrations if self.home(c, new) != me]:
@@ -528,10 +635,11 @@ class ClusterSessions(LocalSessions):
             fresh = set(new.replicas(shard)[1:]) - set(old.replicas(shard) if old.epoch else ())
             for node in fresh - {me}:  # a new replica gets the will keeper's copy too
                 self.links.send(node, WillRegister(client_id, reg.node, reg.token,
-                                                   will_to_wire(reg.will), reg.clean))
+                                                   will_to_wire(reg.will), reg.clean,
+                                                   reg.will_due))
         gone = {n for n in old.members if n not in new.live_members()}
         for client_id, reg in list(self.registrations.items()):
-            if reg.node in gone:
+            if reg.node in gone and reg.will_due is None:  # (a closed one waits its delay)
                 await self.unregister(client_id, reg.token, True,
                                       f"its node {reg.node} left the view")
         for handler in list(self.core.clients.values()):
