@@ -174,7 +174,7 @@ async def _fenced_home_owing_two_wills() -> tuple[Metadata, list[ClusterView], l
     assert spawned == []
     # The replicas are not told the registrations ended: they still hold both wills.
     assert links.take(WillDelete) == []
-    assert [(o.client_id, o.token) for o in home.owed_wills] == [(remote, "n3:a:1"),
+    assert [(o.client_id, o.token) for o in home.wills.owed] == [(remote, "n3:a:1"),
                                                                (local, "n1:a:1")]
     return meta, views, fenced, home, links, spawned, remote, local
 
@@ -185,11 +185,11 @@ REMOTE_WILL = Will("devices/remote", b"gone", 1, False)
 async def test_wills_owed_while_fenced_go_out_when_the_home_serves_again() -> None:
     _, _, fenced, home, links, spawned, remote, local = await _fenced_home_owing_two_wills()
     fenced[0] = False  # back in the view, never declared down
-    await home.publish_owed_wills()
+    home.wills.publish_owed()
     for args in _spawned_named(spawned, "_end_registration"):
         await home._end_registration(*args)
-    published = [args[0] for fn, args in spawned if fn.__name__ == "_publish_will_now"]
-    assert published == [REMOTE_WILL, WILL] and home.owed_wills == []
+    published = [args[0] for fn, args in spawned if fn.__name__ == "_publish_now"]
+    assert published == [REMOTE_WILL, WILL] and home.wills.owed == []
     assert {m.client_id for _, m in links.take(WillDelete)} == {remote, local}
     assert remote not in home.registrations and local not in home.registrations
 
@@ -204,15 +204,15 @@ async def test_a_will_owed_while_fenced_survives_the_homes_death_if_its_edge_liv
     meta, views, fenced, home, links, spawned, remote, _ = await _fenced_home_owing_two_wills()
     meta.down("n1")
     views.append(meta.view())
-    home.on_declared_down()
+    home.wills.on_declared_down()
     await home.on_view(views[-2], views[-1])
-    assert [(o.client_id, o.edge) for o in home.owed_wills] == [(remote, "n3")]
+    assert [(o.client_id, o.edge) for o in home.wills.owed] == [(remote, "n3")]
     fenced[0] = False  # rejoined, serving again (the client's home is another node now)
     new_home = views[-1].owner(views[-1].shard_for_client(remote))
     assert new_home not in ("n1", None)
-    await home.publish_owed_wills()
+    home.wills.publish_owed()
     assert [fn.__name__ for fn, _ in spawned] == ["_end_registration"]
-    assert home.owed_wills == []
+    assert home.wills.owed == []
     for fn, args in spawned:
         await fn(*args)
     assert links.take(SessionClose) == [(new_home, SessionClose(0, remote, "n3:a:1", True))]
@@ -243,7 +243,7 @@ async def _home_with_a_delayed_will(meta: Metadata, views: list[ClusterView]
     assert len(told) == len(replicas) >= 1 and all(m.due == registration.will_due
                                                    for m in told)
     assert links.take(WillDelete) == []
-    assert _spawned_named(spawned, "_publish_will_now") == []
+    assert _spawned_named(spawned, "_publish_now") == []
     return home, links, spawned, client_id, told[0]
 
 
@@ -254,7 +254,7 @@ async def test_a_delayed_will_goes_out_when_due_at_its_home(
     home, links, spawned, client_id, _ = await _home_with_a_delayed_will(meta, views)
     (waiting,) = _spawned_named(spawned, "_publish_will_when_due")
     await home._publish_will_when_due(*waiting)
-    (published,) = _spawned_named(spawned, "_publish_will_now")
+    (published,) = _spawned_named(spawned, "_publish_now")
     assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0
     assert client_id not in home.registrations
     assert [m.token for _, m in links.take(WillDelete)] == ["n3:a:1"]
@@ -270,8 +270,8 @@ async def test_a_reconnect_within_the_will_delay_cancels_the_will(
     assert links.take(SessionKick) == []
     for waiting in _spawned_named(spawned, "_publish_will_when_due"):
         await home._publish_will_when_due(*waiting)
-    assert _spawned_named(spawned, "_publish_will_now") == []
-    assert _spawned_named(spawned, "_publish_will_later") == []
+    assert _spawned_named(spawned, "_publish_now") == []
+    assert _spawned_named(spawned, "_publish_later") == []
     assert home.registrations[client_id].token == "n2:b:1"
 
 
@@ -290,8 +290,8 @@ async def test_a_delayed_will_outlives_its_home(autojump_clock: trio.abc.Clock) 
     assert views[-1].owner(views[-1].shard_for_client(client_id)) == replica
     await keeper.on_view(views[-2], views[-1])
     # Its edge n3 lives, but the connection closed: nothing goes out before the delay.
-    assert _spawned_named(spawned, "_publish_will_now") == []
+    assert _spawned_named(spawned, "_publish_now") == []
     (waiting,) = _spawned_named(spawned, "_publish_will_when_due")
     await keeper._publish_will_when_due(*waiting)
-    (published,) = _spawned_named(spawned, "_publish_will_now")
+    (published,) = _spawned_named(spawned, "_publish_now")
     assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0

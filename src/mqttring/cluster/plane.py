@@ -239,7 +239,7 @@ class DataPlane:
         self.fenced = False
         log.warning("node %s: back in the majority's view (epoch %d); serving again",
                     self.node_id, self.view.epoch)
-        self.spawn(self.sessions.publish_owed_wills)
+        self.sessions.wills.publish_owed()
         for node in self.router.registry.sync_peers(self.view):
             self.router.registry.sync_to(node)
 
@@ -264,7 +264,7 @@ class DataPlane:
         stamped with the new incarnation, which peers accept.
         """
         self._life.end()
-        self.sessions.on_declared_down()
+        self.sessions.wills.on_declared_down()
         return self.links.clear()
 
     # -- lifecycle --------------------------------------------------------------------------

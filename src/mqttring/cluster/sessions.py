@@ -12,7 +12,11 @@ The *home* of a client id is the owner of ``shard(client id)`` in the current vi
   stays live.
 * **Wills** live at the home, so the will of a client whose edge node dies is still
   published: when the view marks a node down, each home publishes the wills registered for
-  it.  A clean DISCONNECT (``sclose`` without will) removes the will.
+  it.  A clean DISCONNECT (``sclose`` without will) removes the will.  An edge's close is
+  acknowledged, and asked again of each newer home until one answers: a close in flight to
+  a home that dies still reaches the replica that takes over.  A will with an MQTT 5 delay
+  keeps its registration (and its replicas' copies) until it falls due, so the delay
+  survives the home too.  How the wills go out is ``mqttring.cluster.wills``.
 * **Clean sessions** live at the edge (their subscriptions route straight to it).
 * **Persistent sessions** live at the home, always: their subscriptions route to the home,
   which stores every queued QoS 1/2 message and runs the ``Session`` machine.  When the
@@ -37,12 +41,11 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
-from mqttring.broker.router import PublishRefused
 from mqttring.broker.sessions import (
     LocalSessions,
     SessionUnavailable,
@@ -51,7 +54,6 @@ from mqttring.broker.sessions import (
     fresh_start,
     resume_until_close,
     will_delay,
-    will_message,
 )
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
@@ -63,13 +65,12 @@ from mqttring.cluster.messages import (
     V5Client,
     WillDelete,
     WillRegister,
-    WillSpec,
 )
 from mqttring.cluster.relay import RemoteSession, SessionRelay
+from mqttring.cluster.wills import OwedWill, Wills, undelayed, will_from_wire, will_to_wire
 from mqttring.lsm import Durability
 from mqttring.protocol.packets import Connect, Will
 from mqttring.protocol.packets5 import Connect5, Will5
-from mqttring.protocol.properties import PropertyId, decode_properties, encode_properties
 from mqttring.protocol.session import Session
 from mqttring.raft.view import ClusterView
 
@@ -92,54 +93,6 @@ class Registration:
     will_due: float | None = None
 
 
-def will_to_wire(will: Will | Will5 | None) -> WillSpec | None:
-    """An MQTT 5 will travels with its encoded will properties (the Will Delay Interval in
-    them already bounded by the session expiry: ``effective_will``)."""
-    if will is None:
-        return None
-    if type(will) is Will5:
-        return WillSpec(will.topic, will.payload, will.qos, will.retain,
-                        encode_properties(will.properties, "WILL"), will.delay)
-    return WillSpec(will.topic, will.payload, will.qos, will.retain)
-
-
-def will_from_wire(spec: WillSpec | None) -> Will | Will5 | None:
-    """The inverse of ``will_to_wire``; malformed will properties from a peer raise the
-    codec's error, which the link treats as a peer protocol error."""
-    if spec is None:
-        return None
-    if spec.props is not None:
-        props, _ = decode_properties(spec.props, 0, len(spec.props), "WILL")
-        return Will5(spec.topic, spec.payload, spec.qos, spec.retain, props)
-    return Will(spec.topic, spec.payload, spec.qos, spec.retain)
-
-
-def _undelayed(will: Will | Will5) -> Will | Will5:
-    """``will`` as published once its delay has run: without its Will Delay Interval."""
-    if type(will) is Will5:
-        return replace(will, properties=will.properties.without(
-            PropertyId.WILL_DELAY_INTERVAL))
-    return will
-
-
-@dataclass(frozen=True)
-class OwedWill:
-    """A will that fell due while this node, its keeper, was fenced.
-
-    With ``token`` set, the registration of connection ``token`` is still held (here, and at
-    the replicas, which were not told it ended): ending it later (``_end_registration``)
-    publishes the will at whichever node is then the home.  Without, the registration is
-    gone everywhere (a takeover, a will delay that ran out) and only this node knows of it.
-    """
-
-    client_id: str
-    will: Will | Will5
-    reason: str
-    #: The registration still held: its connection's token, and the node it was on.
-    token: str | None = None
-    edge: str | None = None
-
-
 class ClusterSessions(LocalSessions):
     """The cluster's ``SessionManager``; see the module docstring."""
 
@@ -155,9 +108,6 @@ class ClusterSessions(LocalSessions):
         self.holds = holds
         self.wait_for_view_change = wait_for_view_change
         self.patience = patience
-        #: Wills due while fenced: published once this node serves again
-        #: (``on_declared_down`` says which survive a declaration of this node's death).
-        self.owed_wills: list[OwedWill] = []
         self.links = links
         self.view = view
         self.spawn = spawn
@@ -176,6 +126,10 @@ class ClusterSessions(LocalSessions):
         #: previous life registered, or a home would take a new connection for the old one.
         self._token_prefix = f"{node_id}:{secrets.token_hex(4)}"
         self._tokens = itertools.count(1)
+        #: Publishes the wills this node keeps: now, after their delay, or owed while fenced.
+        self.wills = Wills(node_id, core, spawn, fenced, wait_for_view_change,
+                           lambda client_id: client_id in self.registrations,
+                           self._end_registration)
 
     def home(self, client_id: str, view: ClusterView | None = None) -> str | None:
         view = view or self.view()
@@ -382,7 +336,7 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                await self._publish_will(client_id, previous.will, "taken over")
+                self.wills.publish(client_id, previous.will, "taken over")
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 
@@ -423,7 +377,7 @@ class ClusterSessions(LocalSessions):
             # (an owed will, back from a fence) publishes the will now.
             will = current.will
             assert will is not None
-            publish_will, current.will = True, _undelayed(will)
+            publish_will, current.will = True, undelayed(will)
         elif publish_will and current.will is not None and will_delay(current.will) \
                 and not self.core.shutting_down:
             self._delay_will(client_id, current, reason, closed_at)
@@ -432,14 +386,12 @@ class ClusterSessions(LocalSessions):
             # Cut off: no will goes out from here now.  The registration stays, here and
             # at the replicas (not told it ended), so that the majority's will keepers
             # still hold the will if this node is declared down (``OwedWill``).
-            log.info("will of %r owed (%s); held while fenced", client_id, reason)
-            self.owed_wills.append(OwedWill(client_id, current.will, reason, token,
-                                            current.node))
+            self.wills.owe(OwedWill(client_id, current.will, reason, token, current.node))
             return True
         del self.registrations[client_id]
         self._replicate(client_id, WillDelete(client_id, token))
         if publish_will:
-            await self._publish_will(client_id, current.will, reason)
+            self.wills.publish(client_id, current.will, reason)
         return True
 
     def _delay_will(self, client_id: str, registration: Registration, reason: str,
@@ -492,78 +444,6 @@ class ClusterSessions(LocalSessions):
         current = self.replica_registrations.get(message.client_id)
         if current is not None and current.token == message.token:
             del self.replica_registrations[message.client_id]
-
-    async def _publish_will(self, client_id: str, will: Will | Will5 | None, reason: str
-                            ) -> None:
-        if will is None:
-            return
-        delay = will_delay(will)
-        if delay and not self.core.shutting_down:
-            log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, delay, reason)
-            self.spawn(self._publish_will_later, client_id, will, delay, reason)
-            return
-        if self.fenced():
-            log.info("will of %r owed (%s); held while fenced", client_id, reason)
-            self.owed_wills.append(OwedWill(client_id, will, reason))
-            return
-        if not self.core.shutting_down:
-            # Every will says why it went out: an operator asking "why did my device's will
-            # fire?" finds the answer in the log of its home.
-            log.info("publishing the will of %r on %r: %s", client_id, will.topic, reason,
-                     extra={"client_id": client_id, "event": "will"})
-            self.core.metrics.messages_received += 1
-            # In a task: a will waits for its topic's owner like any publish (through a
-            # failover, say), and neither the lock held here nor a view change may wait.
-            self.spawn(self._publish_will_now, will)
-
-    async def _publish_will_later(self, client_id: str, will: Will5, delay: int,
-                                  reason: str) -> None:
-        """MQTT 5 Will Delay Interval at the will keeper: published unless the client id
-        registered a new connection meanwhile (section 3.1.3.2.2).  The home is the lock of
-        the id, so every reconnect, on any node, registers here first."""
-        await trio.sleep(delay)
-        if client_id in self.registrations:
-            log.info("delayed will of %r not published: it reconnected", client_id)
-            return
-        await self._publish_will(client_id, _undelayed(will), f"{reason}, after its will delay")
-
-    async def _publish_will_now(self, will: Will | Will5) -> None:
-        message = will_message(will, "")
-        for attempt in range(3):
-            try:
-                await self.core.router.publish(message)
-                return
-            except PublishRefused as exc:
-                log.warning("will on %r not accepted (%s), attempt %d", will.topic, exc,
-                            attempt + 1)
-                await self.wait_for_view_change(1.0)
-        log.error("will on %r dropped after 3 refusals", will.topic)
-
-    async def publish_owed_wills(self) -> None:
-        """Back in the view (in this life or the next): publish what fell due meanwhile."""
-        wills, self.owed_wills = self.owed_wills, []
-        for owed in wills:
-            reason = f"{owed.reason}; owed while this node was fenced"
-            if owed.token is None:
-                await self._publish_will(owed.client_id, owed.will, reason)
-            else:
-                # Wherever the registration is now: here (then it ends and its replicas are
-                # told), or at the home the view moved it to.  A client that connected again
-                # meanwhile took it over (publishing the will): the token no longer matches.
-                self.spawn(self._end_registration, owed.client_id, owed.token, True)
-
-    def on_declared_down(self) -> None:
-        """Declared down while fenced: keep the owed wills nobody else will publish.
-
-        The will keepers of the majority still hold the registrations this node kept, and
-        publish the wills of those whose edge left the view: this node's own connections.
-        The others' edges live on, so their registrations there look current: this node
-        ends them once it serves again in its next life (late, not lost).  A will whose
-        registration is gone everywhere is known here only: kept too.
-        """
-        me = self.node_id
-        self.owed_wills = [owed for owed in self.owed_wills
-                           if owed.token is None or owed.edge != me]
 
     async def on_sopen(self, node: str, message: SessionOpen) -> None:
         req, client_id, edge, token, clean = (message.req, message.client_id, message.edge,
@@ -690,5 +570,4 @@ class ClusterSessions(LocalSessions):
             home = self.home(handler.client_id)
 
 
-__all__ = ["ClusterSessions", "OwedWill", "Registration", "RemoteSession", "will_from_wire",
-           "will_to_wire"]
+__all__ = ["ClusterSessions", "Registration", "RemoteSession"]
