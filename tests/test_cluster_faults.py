@@ -144,7 +144,7 @@ def test_a_delayed_will_outlives_its_home_killed_within_the_delay(
     """An MQTT 5 client on A whose home is B closes its connection uncleanly with a will
     delayed 8 s, and B is killed with SIGKILL right after, maybe before the close reached
     it.  The replica that becomes the client's home publishes the will when it falls due:
-    not before the delay, not lost with B (before 2026-11-25 the close was sent once and the
+    not before the delay, not lost with B (before 2026-11-24 the close was sent once and the
     delay ran only in a task of B's life), and not late."""
     cluster = fresh_cluster()
     view = cluster.view("a")

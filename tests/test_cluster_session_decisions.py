@@ -277,7 +277,7 @@ async def test_a_reconnect_within_the_will_delay_cancels_the_will(
 
 async def test_a_delayed_will_outlives_its_home(autojump_clock: trio.abc.Clock) -> None:
     """The home dies within the delay: the replica that becomes the home publishes the will
-    when it falls due.  Before 2026-11-25 the delay ran only in a task of the home's life,
+    when it falls due.  Before 2026-11-24 the delay ran only in a task of the home's life,
     and its replicas had been told the registration ended: the will was lost."""
     meta = Metadata("n1", "n2", "n3")
     views = [meta.view()]
