@@ -12,7 +12,7 @@ import trio
 from mqttring.cluster.errors import PeerUnavailable
 from mqttring.cluster.links import STREAM_KIND, Links
 from mqttring.cluster.messages import CatchUp, RoutePull
-from mqttring.rpc import RpcServer, derive_key, thin_stream_timeouts
+from mqttring.rpc import RpcServer, derive_key, leave_bbr, retransmitting
 
 KEY = derive_key("s3cret", "mqttring-rpc-v1")
 
@@ -73,8 +73,8 @@ async def test_a_bbr_connection_is_switched_to_a_congestion_control_with_thin_st
     nursery: trio.Nursery,
 ) -> None:
     """Linux applies thin-stream linear timeouts only out of initial slow start, which BBR
-    never leaves; a link under BBR gets CUBIC (or Reno) instead, and any other congestion
-    control is left as the operator chose it."""
+    never leaves; ``leave_bbr`` gives such a connection CUBIC (or Reno) instead, and leaves
+    any other congestion control as the operator chose it."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     nursery.start_soon(trio.serve_listeners, lambda stream: trio.sleep_forever(), listeners)
     port = listeners[0].socket.getsockname()[1]
@@ -87,12 +87,39 @@ async def test_a_bbr_connection_is_switched_to_a_congestion_control_with_thin_st
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
     except OSError:  # no BBR in this kernel: whatever it has must stay
         before = congestion()
-        thin_stream_timeouts(stream)
+        assert not leave_bbr(stream)
         assert congestion() == before
     else:
-        thin_stream_timeouts(stream)
+        assert leave_bbr(stream)
         assert congestion() in (b"cubic", b"reno")
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
-    thin_stream_timeouts(stream)
+    assert not leave_bbr(stream)
     assert congestion() == b"reno"
     await stream.aclose()
+
+
+async def test_a_slow_reader_is_not_taken_for_a_lossy_network(nursery: trio.Nursery) -> None:
+    """A link leaves BBR only when it resends on a timeout (a lossy network), not when its
+    peer stops reading: the sender then probes a zero window, with a backoff of its own,
+    and a loaded node must not lose BBR's short queues to that."""
+    reading = trio.Event()
+
+    async def never_reads(stream: trio.SocketStream) -> None:
+        await reading.wait()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nursery.start_soon(trio.serve_listeners, never_reads, listeners)
+    port = listeners[0].socket.getsockname()[1]
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    assert not retransmitting(stream)
+    with trio.move_on_after(2):  # the peer's buffers fill: the send blocks
+        while True:
+            await stream.send_all(b"x" * 65536)
+    info = stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    with trio.fail_after(10):
+        while info[4] == 0:  # tcpi_backoff: the zero-window probes have begun
+            await trio.sleep(0.05)
+            info = stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    assert not retransmitting(stream)
+    reading.set()
+    await trio.aclose_forcefully(stream)

@@ -322,7 +322,7 @@ _THIN_STREAM_CONGESTION = (b"cubic", b"reno")
 
 
 class SocketOptions(Protocol):
-    """What ``thin_stream_timeouts`` needs: a ``socket.socket`` or a ``trio.SocketStream``."""
+    """What the helpers below need: a ``socket.socket`` or a ``trio.SocketStream``."""
 
     def setsockopt(self, level: int, option: int, value: int | bytes) -> None: ...
 
@@ -336,12 +336,10 @@ def thin_stream_timeouts(stream: SocketOptions) -> None:
     messages), and on a lossy network a segment lost a few times in a row otherwise holds
     everything behind it for seconds (0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 6.4 s of backoff for
     six losses), stalling the publishers whose messages wait in that frame.  The fault
-    suite's 15% loss saw a link carry nothing for 13 s that way, with every publisher stalled
-    behind it.  Linux applies linear timeouts (the first six retries) only to a connection
-    out of initial slow start, which BBR never leaves: a connection under BBR is switched
-    to CUBIC (or Reno, which every user may set).  Cluster links carry little, so the
-    choice costs no throughput that matters.  Linux only; elsewhere, or where refused,
-    TCP's default backoff stays.
+    suite's 15% loss saw a link carry nothing for 13 s that way, with every publisher
+    stalled behind it.  Linux applies linear timeouts (the first six retries) only to a
+    connection out of initial slow start, which BBR never leaves: see ``leave_bbr``.
+    Linux only; elsewhere, or where refused, TCP's default backoff stays.
 
     The connection itself is never abandoned for a stall (no TCP_USER_TIMEOUT): much of what
     the links carry is sent once, unacknowledged (relayed session bytes, client
@@ -349,20 +347,54 @@ def thin_stream_timeouts(stream: SocketOptions) -> None:
     """
     with contextlib.suppress(OSError):
         stream.setsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, 1)
+
+
+def leave_bbr(stream: SocketOptions) -> bool:
+    """Switch a connection under BBR to CUBIC (or Reno, which every user may set), so that
+    Linux applies its thin-stream linear timeouts; True if it was switched.
+
+    Not done up front on the data links: on a healthy network that would change the data
+    path (BBR paces, and keeps queues short under load) for a fault most never see.  The
+    links switch once a connection is seen resending on a timeout (``retransmitting``);
+    Raft's connections, which carry little, switch at once.  (Measured on loopback, the
+    pair benchmark could not tell the two apart: QoS 0 at 275-309k/s with BBR links,
+    275-285k/s with CUBIC, within this VM's run-to-run spread.)
+    """
     option = getattr(socket, "TCP_CONGESTION", None)
     if option is None:
-        return
+        return False
     try:
         current = stream.getsockopt(socket.IPPROTO_TCP, option, 16).rstrip(b"\0")
     except OSError:
-        return
-    if current in _NO_THIN_STREAMS:
-        for name in _THIN_STREAM_CONGESTION:
-            try:
-                stream.setsockopt(socket.IPPROTO_TCP, option, name)
-                return
-            except OSError:
-                continue
+        return False
+    if current not in _NO_THIN_STREAMS:
+        return False
+    for name in _THIN_STREAM_CONGESTION:
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, option, name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+#: Offset in Linux's ``struct tcp_info`` of ``tcpi_retransmits`` (u8): segments resent on
+#: a retransmission timeout in the current episode.  Zero-window probes (a slow reader, not
+#: a lossy network) count elsewhere.
+_TCPI_RETRANSMITS = 2
+
+
+def retransmitting(stream: SocketOptions) -> bool:
+    """True while the connection is resending on a retransmission timeout (Linux's
+    TCP_INFO); False where that cannot be read."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        info = stream.getsockopt(socket.IPPROTO_TCP, option, 8)
+    except OSError:
+        return False
+    return len(info) > _TCPI_RETRANSMITS and info[_TCPI_RETRANSMITS] > 0
 
 
 class RpcClient:

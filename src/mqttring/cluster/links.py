@@ -73,7 +73,15 @@ from mqttring.cluster.messages import (
     encode_frame,
 )
 from mqttring.cluster.wire import MAX_BATCH_BYTES
-from mqttring.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
+from mqttring.rpc import (
+    MAX_FRAME,
+    FramedStream,
+    Peer,
+    ProtocolError,
+    RpcClient,
+    leave_bbr,
+    retransmitting,
+)
 
 log = logging.getLogger("mqttring.cluster.links")
 
@@ -84,6 +92,8 @@ MAX_BATCH = 2_000
 MAX_EARLY_REPLIES = 10_000
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
+#: Seconds between two looks at whether a link's connection is retransmitting.
+RETRANSMIT_POLL = 0.1
 #: Room in a frame around one maximal client payload (topic, framing, other messages).
 FRAME_HEADROOM = 1024 * 1024
 
@@ -91,6 +101,12 @@ FRAME_HEADROOM = 1024 * 1024
 def frame_limit(max_packet_size: int) -> int:
     """The link frame size that carries any PUBLISH the broker accepts from clients."""
     return max(MAX_FRAME, max_packet_size + FRAME_HEADROOM)
+
+
+def _socket_of(stream: trio.abc.Stream) -> trio.SocketStream | None:
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return stream if isinstance(stream, trio.SocketStream) else None
 
 
 def discard_unsent(stream: trio.abc.Stream) -> None:
@@ -244,6 +260,7 @@ class Link:
                     async with trio.open_nursery() as nursery:
                         self.connection_scope = nursery.cancel_scope
                         nursery.start_soon(self._watch, stream, nursery.cancel_scope)
+                        nursery.start_soon(self._linear_timeouts_on_loss, stream)
                         await self._drain(stream)
                 except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
                     # The nursery wraps what its tasks raise in an ExceptionGroup: a broken
@@ -281,6 +298,19 @@ class Link:
             log.info("link %s -> %s: peer closed the connection", self.owner.node_id,
                      self.node_id)
         scope.cancel()
+
+    async def _linear_timeouts_on_loss(self, stream: FramedStream) -> None:
+        """Take this connection out of BBR the first time it waits on a retransmission
+        timeout, so that from its next timeout on Linux retries at a linear interval
+        (``mqttring.rpc.leave_bbr``: why not from the start)."""
+        sock = _socket_of(stream.stream)
+        if sock is None:
+            return
+        while not retransmitting(sock):
+            await trio.sleep(RETRANSMIT_POLL)
+        if leave_bbr(sock):
+            log.info("link %s -> %s is retransmitting: left BBR for linear retransmission "
+                     "timeouts", self.owner.node_id, self.node_id)
 
     async def _drain(self, stream: FramedStream) -> None:
         queue = self.queue

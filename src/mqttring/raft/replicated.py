@@ -57,7 +57,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from mqttring.raft.state import Command, MetadataState, Result
-from mqttring.rpc import thin_stream_timeouts
+from mqttring.rpc import leave_bbr, thin_stream_timeouts
 
 RAFT_PASSWORD_PURPOSE = "mqttring-raft-v1"
 
@@ -103,6 +103,7 @@ def _thin_stream(conn: Any) -> None:
     sock = getattr(conn, "_TcpConnection__socket", None)
     if isinstance(sock, socket.socket):
         thin_stream_timeouts(sock)
+        leave_bbr(sock)
 
 
 class ReplicatedMetadata(SyncObjConsumer):
