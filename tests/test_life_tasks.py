@@ -11,7 +11,7 @@ import trio
 
 from mqttring.cluster.errors import PeerUnavailable
 from mqttring.cluster.life import LifeTasks
-from mqttring.cluster.links import discard_unsent
+from mqttring.tcp_options import discard_unsent
 
 
 async def test_a_task_spawned_just_before_the_life_ends_never_runs() -> None:

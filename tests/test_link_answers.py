@@ -12,7 +12,8 @@ import trio
 from mqttring.cluster.errors import PeerUnavailable
 from mqttring.cluster.links import STREAM_KIND, Links
 from mqttring.cluster.messages import CatchUp, RoutePull
-from mqttring.rpc import RpcServer, derive_key, leave_bbr, retransmitting
+from mqttring.rpc import RpcServer, derive_key
+from mqttring.tcp_options import leave_bbr, retransmitting
 
 KEY = derive_key("s3cret", "mqttring-rpc-v1")
 

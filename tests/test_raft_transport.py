@@ -24,7 +24,7 @@ import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from mqttring.raft.replicated import RaftTimeouts, ReplicatedMetadata, make_syncobj
-from mqttring.rpc import TCP_THIN_LINEAR_TIMEOUTS
+from mqttring.tcp_options import TCP_THIN_LINEAR_TIMEOUTS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -48,12 +48,9 @@ peer reconnects and the node keeps running.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import socket
 import ssl
-import struct
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
@@ -73,15 +70,8 @@ from mqttring.cluster.messages import (
     encode_frame,
 )
 from mqttring.cluster.wire import MAX_BATCH_BYTES
-from mqttring.rpc import (
-    MAX_FRAME,
-    FramedStream,
-    Peer,
-    ProtocolError,
-    RpcClient,
-    leave_bbr,
-    retransmitting,
-)
+from mqttring.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
+from mqttring.tcp_options import discard_unsent, leave_bbr, retransmitting, socket_of
 
 log = logging.getLogger("mqttring.cluster.links")
 
@@ -101,22 +91,6 @@ FRAME_HEADROOM = 1024 * 1024
 def frame_limit(max_packet_size: int) -> int:
     """The link frame size that carries any PUBLISH the broker accepts from clients."""
     return max(MAX_FRAME, max_packet_size + FRAME_HEADROOM)
-
-
-def _socket_of(stream: trio.abc.Stream) -> trio.SocketStream | None:
-    if isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    return stream if isinstance(stream, trio.SocketStream) else None
-
-
-def discard_unsent(stream: trio.abc.Stream) -> None:
-    """Make the stream's coming close a TCP reset, which drops unsent data (SO_LINGER 0)."""
-    while isinstance(stream, trio.SSLStream):
-        stream = stream.transport_stream
-    if isinstance(stream, trio.SocketStream):
-        with contextlib.suppress(OSError):
-            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                     struct.pack("ii", 1, 0))
 
 
 R = TypeVar("R", bound=Reply)
@@ -302,8 +276,8 @@ class Link:
     async def _linear_timeouts_on_loss(self, stream: FramedStream) -> None:
         """Take this connection out of BBR the first time it waits on a retransmission
         timeout, so that from its next timeout on Linux retries at a linear interval
-        (``mqttring.rpc.leave_bbr``: why not from the start)."""
-        sock = _socket_of(stream.stream)
+        (``mqttring.tcp_options.leave_bbr``: why not from the start)."""
+        sock = socket_of(stream.stream)
         if sock is None:
             return
         while not retransmitting(sock):

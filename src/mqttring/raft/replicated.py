@@ -32,7 +32,7 @@ Settings, and why
   inflated term, deposing each new leader (measured: a 5-node partition converged 8.8 s
   after the heal, with ten terms of elections).  This transport abandons an attempt pending
   for longer than ``connectionTimeout`` and starts a new one.  Its connections also get
-  TCP's linear retransmission timeouts (``mqttring.rpc.thin_stream_timeouts``): on a lossy
+  TCP's linear retransmission timeouts (``mqttring.tcp_options``, under BBR too): on a lossy
   network a heartbeat lost a few times in a row otherwise waits out a doubling backoff, and
   a node that the leader does not count up for 4.5 s fences itself.
 * ``journalFile`` and ``fullDumpFile`` live in ``<data_dir>/raft/``.  The journal is an
@@ -57,7 +57,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from mqttring.raft.state import Command, MetadataState, Result
-from mqttring.rpc import leave_bbr, thin_stream_timeouts
+from mqttring.tcp_options import leave_bbr, thin_stream_timeouts
 
 RAFT_PASSWORD_PURPOSE = "mqttring-raft-v1"
 

@@ -1,0 +1,119 @@
+"""TCP options for cluster connections (links, RPC, Raft): how they behave on a bad network.
+
+Linux only, like the fault suite that found each of them; elsewhere, or where the kernel
+refuses, a connection keeps TCP's defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from typing import Protocol
+
+import trio
+
+#: Linux's TCP_THIN_LINEAR_TIMEOUTS (not in Python's socket module).
+TCP_THIN_LINEAR_TIMEOUTS = 16
+
+
+#: Congestion controls that never set a slow-start threshold, and so keep a connection "in
+#: initial slow start" for Linux, which then never applies thin-stream linear timeouts.
+_NO_THIN_STREAMS = (b"bbr",)
+#: What such a connection is switched to: the first one the kernel lets us set.
+_THIN_STREAM_CONGESTION = (b"cubic", b"reno")
+
+
+class SocketOptions(Protocol):
+    """What the helpers below need: a ``socket.socket`` or a ``trio.SocketStream``."""
+
+    def setsockopt(self, level: int, option: int, value: int | bytes) -> None: ...
+
+    def getsockopt(self, level: int, option: int, buffersize: int) -> bytes: ...
+
+
+def thin_stream_timeouts(stream: SocketOptions) -> None:
+    """Retransmit at a linear, not doubling, timeout while few packets are in flight.
+
+    Cluster connections are thin streams most of the time (a request, a frame of a few
+    messages), and on a lossy network a segment lost a few times in a row otherwise holds
+    everything behind it for seconds (0.2 + 0.4 + 0.8 + 1.6 + 3.2 + 6.4 s of backoff for
+    six losses), stalling the publishers whose messages wait in that frame.  The fault
+    suite's 15% loss saw a link carry nothing for 13 s that way, with every publisher
+    stalled behind it.  Linux applies linear timeouts (the first six retries) only to a
+    connection out of initial slow start, which BBR never leaves: see ``leave_bbr``.
+    Linux only; elsewhere, or where refused, TCP's default backoff stays.
+
+    The connection itself is never abandoned for a stall (no TCP_USER_TIMEOUT): much of what
+    the links carry is sent once, unacknowledged (relayed session bytes, client
+    acknowledgements, closes), on the promise that a link loses data only with a node.
+    """
+    with contextlib.suppress(OSError):
+        stream.setsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, 1)
+
+
+def leave_bbr(stream: SocketOptions) -> bool:
+    """Switch a connection under BBR to CUBIC (or Reno, which every user may set), so that
+    Linux applies its thin-stream linear timeouts; True if it was switched.
+
+    Not done up front on the data links: on a healthy network that would change the data
+    path (BBR paces, and keeps queues short under load) for a fault most never see.  The
+    links switch once a connection is seen resending on a timeout (``retransmitting``);
+    Raft's connections, which carry little, switch at once.  (Measured on loopback, the
+    pair benchmark could not tell the two apart: QoS 0 at 275-309k/s with BBR links,
+    271-285k/s with CUBIC, within this VM's run-to-run spread.)
+    """
+    option = getattr(socket, "TCP_CONGESTION", None)
+    if option is None:
+        return False
+    try:
+        current = stream.getsockopt(socket.IPPROTO_TCP, option, 16).rstrip(b"\0")
+    except OSError:
+        return False
+    if current not in _NO_THIN_STREAMS:
+        return False
+    for name in _THIN_STREAM_CONGESTION:
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, option, name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+#: Offset in Linux's ``struct tcp_info`` of ``tcpi_retransmits`` (u8): segments resent on
+#: a retransmission timeout in the current episode.  Zero-window probes (a slow reader, not
+#: a lossy network) count elsewhere.
+_TCPI_RETRANSMITS = 2
+
+
+def retransmitting(stream: SocketOptions) -> bool:
+    """True while the connection is resending on a retransmission timeout (Linux's
+    TCP_INFO); False where that cannot be read."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        info = stream.getsockopt(socket.IPPROTO_TCP, option, 8)
+    except OSError:
+        return False
+    return len(info) > _TCPI_RETRANSMITS and info[_TCPI_RETRANSMITS] > 0
+
+
+def socket_of(stream: trio.abc.Stream) -> trio.SocketStream | None:
+    """The TCP stream under ``stream`` (under TLS, its transport), if there is one."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return stream if isinstance(stream, trio.SocketStream) else None
+
+
+def discard_unsent(stream: trio.abc.Stream) -> None:
+    """Make the stream's coming close a TCP reset, which drops unsent data (SO_LINGER 0)."""
+    tcp = socket_of(stream)
+    if tcp is not None:
+        with contextlib.suppress(OSError):
+            tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+__all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SocketOptions", "discard_unsent", "leave_bbr",
+           "retransmitting", "socket_of", "thin_stream_timeouts"]
