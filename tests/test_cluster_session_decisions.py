@@ -271,7 +271,8 @@ async def test_a_reconnect_within_the_will_delay_cancels_the_will(
     for waiting in _spawned_named(spawned, "_publish_will_when_due"):
         await home._publish_will_when_due(*waiting)
     assert _spawned_named(spawned, "_publish_now") == []
-    assert _spawned_named(spawned, "_publish_later") == []
+    # Nothing else waits to publish it either.
+    assert {fn.__name__ for fn, _ in spawned} == {"_publish_will_when_due"}
     assert home.registrations[client_id].token == "n2:b:1"
 
 
@@ -295,3 +296,21 @@ async def test_a_delayed_will_outlives_its_home(autojump_clock: trio.abc.Clock) 
     await keeper._publish_will_when_due(*waiting)
     (published,) = _spawned_named(spawned, "_publish_now")
     assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0
+
+
+async def test_a_takeover_publishes_no_delayed_will_but_an_undelayed_one() -> None:
+    """A takeover ends the old connection as the new one of the same client id begins: within
+    any Will Delay Interval, so that will is not published (section 3.1.3.2.2); a will
+    without a delay is."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    _, home, _, spawned = make_node("n1", views)
+    delayed, plain = (client_homed_at(views[-1], "n1"),
+                      next(f"device-{k}" for k in range(1000, 2000) if views[-1].owner(
+                          views[-1].shard_for_client(f"device-{k}")) == "n1"))
+    await home.register(delayed, "n1", "n1:a:1", DELAYED_WILL, True)
+    await home.register(plain, "n1", "n1:a:2", WILL, True)
+    await home.register(delayed, "n1", "n1:a:3", None, True)
+    await home.register(plain, "n1", "n1:a:4", None, True)
+    assert [args[0] for args in _spawned_named(spawned, "_publish_now")] == [WILL]
+    assert spawned == [(fn, args) for fn, args in spawned if fn.__name__ == "_publish_now"]

@@ -128,7 +128,6 @@ class ClusterSessions(LocalSessions):
         self._tokens = itertools.count(1)
         #: Publishes the wills this node keeps: now, after their delay, or owed while fenced.
         self.wills = Wills(node_id, core, spawn, fenced, wait_for_view_change,
-                           lambda client_id: client_id in self.registrations,
                            self._end_registration)
 
     def home(self, client_id: str, view: ClusterView | None = None) -> str | None:
@@ -327,6 +326,8 @@ class ClusterSessions(LocalSessions):
                 # (that connection is closed already).
                 log.info("delayed will of %r not published: it reconnected", client_id)
             elif previous is not None and previous.token != token:
+                # Taken over: the old connection ends as the new one begins, so a will with
+                # a Will Delay Interval is not published (the client id is back at once).
                 log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node,
                          extra={"client_id": client_id, "event": "takeover"})
                 self.relay.detach_proxy(client_id, previous.token)
@@ -336,7 +337,8 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                self.wills.publish(client_id, previous.will, "taken over")
+                if previous.will is not None and not will_delay(previous.will):
+                    self.wills.publish(client_id, previous.will, "taken over")
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 

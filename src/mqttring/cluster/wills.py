@@ -1,13 +1,11 @@
-"""How a home publishes the wills it keeps: now, after an MQTT 5 delay, or when it serves again.
+"""How a home publishes the wills it keeps: now, or once it serves again.
 
 The registrations themselves (which connection of a client id is live, and whose will that
-is) are ``mqttring.cluster.sessions``'s; a will reaches this module once its registration
-ended uncleanly.  Three things can stand between that and the PUBLISH:
+is) are ``mqttring.cluster.sessions``'s, and so is the MQTT 5 Will Delay Interval: a closed
+connection keeps its registration until its will falls due, so that the delay survives the
+home.  A will reaches this module once it is due.  Two things can stand between that and
+the PUBLISH:
 
-* **Will Delay Interval** (MQTT 5, section 3.1.3.2.2) of a will whose registration is gone
-  (a takeover): published after the delay unless the client id registered again.  A
-  connection that simply closed keeps its registration until its will falls due instead
-  (``ClusterSessions``), so that the delay survives the home.
 * **A fence.**  A node that cannot prove it is in the majority's view publishes no will: it
   owes it (``OwedWill``) and publishes it when it serves again, in this life or the next
   (``publish_owed``).  If the majority declares it down meanwhile, its will keepers publish
@@ -22,10 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import trio
-
 from mqttring.broker.router import PublishRefused
-from mqttring.broker.sessions import will_delay, will_message
+from mqttring.broker.sessions import will_message
 from mqttring.cluster.messages import WillSpec
 from mqttring.protocol.packets import Will
 from mqttring.protocol.packets5 import Will5
@@ -91,16 +87,12 @@ class Wills:
     def __init__(self, node_id: str, core: BrokerCore, spawn: Callable[..., None],
                  fenced: Callable[[], bool],
                  wait_for_view_change: Callable[[float], Awaitable[None]],
-                 registered: Callable[[str], bool],
                  end_registration: Callable[[str, str, bool], Awaitable[None]]) -> None:
         self.node_id = node_id
         self.core = core
         self.spawn = spawn
         self.fenced = fenced
         self.wait_for_view_change = wait_for_view_change
-        #: Whether a client id has a registration at this home (a reconnect cancels a
-        #: delayed will).
-        self.registered = registered
         #: Ends a registration wherever the view puts its home, publishing its will there.
         self.end_registration = end_registration
         #: Wills due while fenced: published once this node serves again
@@ -108,12 +100,8 @@ class Wills:
         self.owed: list[OwedWill] = []
 
     def publish(self, client_id: str, will: Will | Will5 | None, reason: str) -> None:
+        """Publish a will that is due (its delay, if any, has run), or owe it if fenced."""
         if will is None:
-            return
-        delay = will_delay(will)
-        if delay and not self.core.shutting_down:
-            log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, delay, reason)
-            self.spawn(self._publish_later, client_id, will, delay, reason)
             return
         if self.fenced():
             self.owe(OwedWill(client_id, will, reason))
@@ -131,17 +119,6 @@ class Wills:
     def owe(self, owed: OwedWill) -> None:
         log.info("will of %r owed (%s); held while fenced", owed.client_id, owed.reason)
         self.owed.append(owed)
-
-    async def _publish_later(self, client_id: str, will: Will5, delay: int,
-                             reason: str) -> None:
-        """MQTT 5 Will Delay Interval at the will keeper: published unless the client id
-        registered a new connection meanwhile (section 3.1.3.2.2).  The home is the lock of
-        the id, so every reconnect, on any node, registers here first."""
-        await trio.sleep(delay)
-        if self.registered(client_id):
-            log.info("delayed will of %r not published: it reconnected", client_id)
-            return
-        self.publish(client_id, undelayed(will), f"{reason}, after its will delay")
 
     async def _publish_now(self, will: Will | Will5) -> None:
         message = will_message(will, "")
