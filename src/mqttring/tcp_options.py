@@ -56,12 +56,15 @@ def leave_bbr(stream: SocketOptions) -> bool:
     """Switch a connection under BBR to CUBIC (or Reno, which every user may set), so that
     Linux applies its thin-stream linear timeouts; True if it was switched.
 
-    Not done up front on the data links: on a healthy network that would change the data
-    path (BBR paces, and keeps queues short under load) for a fault most never see.  The
-    links switch once a connection is seen resending on a timeout (``retransmitting``);
-    Raft's connections, which carry little, switch at once.  (Measured on loopback, the
-    pair benchmark could not tell the two apart: QoS 0 at 275-309k/s with BBR links,
-    271-285k/s with CUBIC, within this VM's run-to-run spread.)
+    Done when every cluster connection opens (``RpcClient.connect``, Raft's transport), not
+    when one is first seen retransmitting: that version (c37f073) let the first loss
+    episode of a link double its timeout before the switch: under the fault suite's 15%
+    loss its longest publish gaps were 1.5-12.1 s in six runs against 0.8-4.6 s in six
+    switched up front (docs/faults.md).  What BBR gives up, pacing and short queues under
+    load, matters on long, shared paths, not between brokers on one network; on loopback
+    the pair benchmark could not tell the two apart (QoS 0 at 275-309k/s with BBR links,
+    271-285k/s with CUBIC, within this VM's run-to-run spread).  Any other congestion control is the
+    operator's choice and stays.
     """
     option = getattr(socket, "TCP_CONGESTION", None)
     if option is None:
@@ -81,25 +84,6 @@ def leave_bbr(stream: SocketOptions) -> bool:
     return False
 
 
-#: Offset in Linux's ``struct tcp_info`` of ``tcpi_retransmits`` (u8): segments resent on
-#: a retransmission timeout in the current episode.  Zero-window probes (a slow reader, not
-#: a lossy network) count elsewhere.
-_TCPI_RETRANSMITS = 2
-
-
-def retransmitting(stream: SocketOptions) -> bool:
-    """True while the connection is resending on a retransmission timeout (Linux's
-    TCP_INFO); False where that cannot be read."""
-    option = getattr(socket, "TCP_INFO", None)
-    if option is None:
-        return False
-    try:
-        info = stream.getsockopt(socket.IPPROTO_TCP, option, 8)
-    except OSError:
-        return False
-    return len(info) > _TCPI_RETRANSMITS and info[_TCPI_RETRANSMITS] > 0
-
-
 def socket_of(stream: trio.abc.Stream) -> trio.SocketStream | None:
     """The TCP stream under ``stream`` (under TLS, its transport), if there is one."""
     while isinstance(stream, trio.SSLStream):
@@ -116,4 +100,4 @@ def discard_unsent(stream: trio.abc.Stream) -> None:
 
 
 __all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SocketOptions", "discard_unsent", "leave_bbr",
-           "retransmitting", "socket_of", "thin_stream_timeouts"]
+           "socket_of", "thin_stream_timeouts"]

@@ -71,7 +71,7 @@ from mqttring.cluster.messages import (
 )
 from mqttring.cluster.wire import MAX_BATCH_BYTES
 from mqttring.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
-from mqttring.tcp_options import discard_unsent, leave_bbr, retransmitting, socket_of
+from mqttring.tcp_options import discard_unsent
 
 log = logging.getLogger("mqttring.cluster.links")
 
@@ -82,8 +82,6 @@ MAX_BATCH = 2_000
 MAX_EARLY_REPLIES = 10_000
 RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
-#: Seconds between two looks at whether a link's connection is retransmitting.
-RETRANSMIT_POLL = 0.1
 #: Room in a frame around one maximal client payload (topic, framing, other messages).
 FRAME_HEADROOM = 1024 * 1024
 
@@ -234,7 +232,6 @@ class Link:
                     async with trio.open_nursery() as nursery:
                         self.connection_scope = nursery.cancel_scope
                         nursery.start_soon(self._watch, stream, nursery.cancel_scope)
-                        nursery.start_soon(self._linear_timeouts_on_loss, stream)
                         await self._drain(stream)
                 except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
                     # The nursery wraps what its tasks raise in an ExceptionGroup: a broken
@@ -272,19 +269,6 @@ class Link:
             log.info("link %s -> %s: peer closed the connection", self.owner.node_id,
                      self.node_id)
         scope.cancel()
-
-    async def _linear_timeouts_on_loss(self, stream: FramedStream) -> None:
-        """Take this connection out of BBR the first time it waits on a retransmission
-        timeout, so that from its next timeout on Linux retries at a linear interval
-        (``mqttring.tcp_options.leave_bbr``: why not from the start)."""
-        sock = socket_of(stream.stream)
-        if sock is None:
-            return
-        while not retransmitting(sock):
-            await trio.sleep(RETRANSMIT_POLL)
-        if leave_bbr(sock):
-            log.info("link %s -> %s is retransmitting: left BBR for linear retransmission "
-                     "timeouts", self.owner.node_id, self.node_id)
 
     async def _drain(self, stream: FramedStream) -> None:
         queue = self.queue
