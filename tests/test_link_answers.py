@@ -110,7 +110,7 @@ async def test_a_cluster_connection_leaves_bbr_and_retries_at_linear_timeouts(
     suite's longest stalls under loss with it."""
     _server_b, address = await _server(nursery, "b")
     client = await RpcClient.connect(address, KEY, "a")
-    tcp = socket_of(client._fs.stream)
+    tcp = socket_of(client.stream)
     assert tcp is not None
     default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip().encode()
     congestion = tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")

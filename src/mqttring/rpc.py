@@ -369,6 +369,12 @@ class RpcClient:
             raise RpcError(str(reply.get("error")))
         return reply.get("body") or {}
 
+    @property
+    def stream(self) -> trio.abc.Stream:
+        """The connection under the frames: close it forcefully after a call cut off
+        mid-way, which leaves the framing unusable."""
+        return self._fs.stream
+
     async def open_stream(self, kind: str, body: dict[str, Any] | None = None) -> FramedStream:
         """Turn this connection into a ``kind`` stream; the client must not ``call`` again."""
         await self._fs.send({"t": "stream", "kind": kind, "body": body or {}})

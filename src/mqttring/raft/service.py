@@ -1,12 +1,12 @@
 """``MetadataService``: one node's membership in the cluster metadata, for trio code.
 
 It owns the pysyncobj node (through ``RaftBridge``, ``bridge.py``), the cluster RPC server
-on ``config.cluster``, and small loops: heartbeats to the leader, the leader's failure
-detector, the quorum watch, and a watcher that notices leader changes (which are not log
-entries); what the detector and the quorum proof decide is in ``liveness.py``.  Readers
-get immutable ``ClusterView`` snapshots: ``view()`` returns the latest, ``subscribe()``
-pushes each new one.  Nothing here blocks the trio loop: the bridge awaits pysyncobj's
-callbacks, and each view applied on the Raft thread comes back through
+on ``config.cluster``, and small loops: heartbeats to every member (``heartbeats.py``), the
+leader's failure detector, the quorum watch, and a watcher that notices leader changes (which
+are not log entries); what the detector and the quorum proof decide is in ``liveness.py``.
+Readers get immutable ``ClusterView`` snapshots: ``view()`` returns the latest,
+``subscribe()`` pushes each new one.  Nothing here blocks the trio loop: the bridge awaits
+pysyncobj's callbacks, and each view applied on the Raft thread comes back through
 ``TrioToken.run_sync_soon``.  This module decides what to commit and whom to admit; the
 bridge only gets pysyncobj to do it.
 
@@ -58,15 +58,14 @@ from mqttring.errors import describe_error
 from mqttring.logs import WaitLog
 from mqttring.raft import state as sm
 from mqttring.raft.bridge import CommitError, RaftBridge
+from mqttring.raft.heartbeats import Heartbeats
 from mqttring.raft.liveness import FailureDetector, QuorumProof
 from mqttring.raft.peers import PeersFile
 from mqttring.raft.replicated import DEFAULT_TIMEOUTS, RAFT_PASSWORD_PURPOSE, RaftTimeouts
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
-    AuthError,
     Peer,
-    RpcClient,
     RpcError,
     RpcServer,
     call_once,
@@ -367,45 +366,25 @@ class MetadataService:
             await trio.sleep(0.05)
 
     async def _heartbeat_loop(self) -> None:
-        client: RpcClient | None = None
-        while True:
-            await trio.sleep(self.config.heartbeat_interval)
-            view = self._view
-            me = view.members.get(self.node_id)
-            if me is not None and me.state is MemberState.DOWN:
+        """Heartbeats to every member (``heartbeats.py``), and a new incarnation whenever
+        the view says this node was marked down."""
+        beats = Heartbeats(self.node_id, self._rpc_key, self.client_tls,
+                           self.config.heartbeat_interval, self.view,
+                           lambda: self.incarnation, self._quorum.proved)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(beats.run)
+            while True:
+                await trio.sleep(self.config.heartbeat_interval)
+                me = self._view.members.get(self.node_id)
+                if me is None or me.state is not MemberState.DOWN:
+                    continue
                 log.warning("%s was marked down; rejoining with a new incarnation", self.node_id)
-                self._join_via = [m.cluster for m in view.members.values()
+                self._join_via = [m.cluster for m in self._view.members.values()
                                   if m.node_id != self.node_id] or self._join_via
                 with contextlib.suppress(trio.TooSlowError):
                     await self._join()
                     # Admitted again by the leader: that is a proof of quorum.
                     self._quorum.proved(trio.current_time())
-                continue
-            leader = view.members.get(view.leader or "")
-            if leader is None or leader.node_id == self.node_id:
-                continue
-            try:
-                if client is None or client.peer != leader.node_id:
-                    if client is not None:
-                        await client.aclose()
-                    client = None
-                    client = await RpcClient.connect(leader.cluster, self._rpc_key, self.node_id,
-                                                     tls=self.client_tls)
-                sent = trio.current_time()
-                answer = await client.call("heartbeat", {"node_id": self.node_id,
-                                                         "incarnation": self.incarnation},
-                                           timeout=2.0)
-                if answer.get("leader") and answer.get("member_up"):
-                    self._quorum.proved(sent)
-            except (OSError, RpcError, EOFError, AuthError, trio.TooSlowError,
-                    trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                # (AuthError: the leader refused our certificate, say an expired one; we go
-                # on trying, and the leader declares us down after the grace period.)
-                log_at = logging.WARNING if isinstance(exc, AuthError) else logging.DEBUG
-                log.log(log_at, "heartbeat to %s failed: %s", leader.node_id, exc)
-                if client is not None:
-                    await trio.aclose_forcefully(client._fs.stream)
-                client = None
 
     async def _watch_quorum(self) -> None:
         """Log when this node loses and regains its proof of quorum: without a majority the
