@@ -205,6 +205,15 @@ class Topology:
             others = self._set(n for n in self.nodes if n != node)
             self._apply(node, f"    ip saddr {others} numgen random mod 100 < {percent} drop\n")
 
+    def degrade(self, node: str, percent: int) -> None:
+        """Drop ``percent``% of the packets between ``node`` and every other node, both ways
+        (a failing NIC or cable: the node is slow to reach, not cut off)."""
+        others = [n for n in self.nodes if n != node]
+        rule = f"numgen random mod 100 < {percent} drop"
+        self._apply(node, f"    ip saddr {self._set(others)} {rule}\n")
+        for other in others:
+            self._apply(other, f"    ip saddr {self.addresses[node]} {rule}\n")
+
     def _heal_one(self, node: str) -> None:
         _run(IP, "netns", "exec", self.namespaces[node], NFT, "delete", "table", "inet", TABLE,
              check=False)

@@ -35,13 +35,15 @@ from .workload import (
 
 #: ``none`` is the control: the same run without a fault, which must pass (a harness that
 #: reports failures on a healthy cluster is the harness' bug).
-SCENARIOS = ("none", "kill-follower", "kill-leader", "isolate", "partition", "loss")
+SCENARIOS = ("none", "kill-follower", "kill-leader", "isolate", "partition", "loss", "sick")
 CONVERGE_BOUND = 20.0
 SETTLE_BOUND = 30.0
 DRAIN_BOUND = 20.0
 QUIET = 3.0
 TOTAL_RATE = 120.0  # data messages per second over all publishers
 LOSS_PERCENT = 15
+#: ``sick``: one follower loses this share of its packets to and from every other node.
+SICK_LOSS_PERCENT = 40
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         victims: list[str]
         if scenario == "kill-leader":
             victims = [leader]
-        elif scenario in ("kill-follower", "isolate"):
+        elif scenario in ("kill-follower", "isolate", "sick"):
             victims = [followers[-1]]
         elif scenario == "partition":
             majority = [leader, *followers[: len(nodes) // 2]]
@@ -243,6 +245,8 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
             topology.partition([n for n in nodes if n not in victims], victims)
         elif scenario == "loss":
             topology.loss(LOSS_PERCENT)
+        elif scenario == "sick":
+            topology.degrade(victims[0], SICK_LOSS_PERCENT)
         _wait_until(events["fault"] + min(2.0, timing.fault / 2))
         pending = list(duals)
         while pending and time.monotonic() < events["fault"] + timing.fault:
