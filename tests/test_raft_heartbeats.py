@@ -107,3 +107,31 @@ async def test_heartbeats_follow_the_membership(nursery: trio.Nursery) -> None:
     heard = b.heard
     await trio.sleep(5 * INTERVAL)  # what b would have got, had it still been heartbeated
     assert b.heard <= heard + 1  # one heartbeat may have been on its way
+
+
+async def test_a_peer_that_sends_garbage_ends_only_its_own_connection(
+    nursery: trio.Nursery,
+) -> None:
+    """Bad input from a peer is that connection's end, never the heartbeats' (nor the
+    node's): the heartbeats to the other members go on."""
+    accepted = 0
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        await stream.send_all(b"\x00\x00\x00\x05not msgpack at all")
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nursery.start_soon(trio.serve_listeners, garbage, listeners)
+    bad = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    c = FakeMember("c")
+    await c.start(nursery)
+    c.leader = True
+    proofs: list[float] = []
+    view = view_of({"a": "127.0.0.1:1", "b": bad, "c": c.address})
+    beats = Heartbeats("a", KEY, None, INTERVAL, lambda: view, lambda: 1, proofs.append)
+    nursery.start_soon(beats.run)
+    with trio.fail_after(5):
+        while accepted < 3 or len(proofs) < 3:
+            await trio.sleep(INTERVAL)

@@ -103,3 +103,31 @@ def test_importing_raft_leaves_socket_inet_ntop_working() -> None:
 
     assert socket.inet_ntop(socket.AF_INET, bytes([10, 0, 0, 7])) == "10.0.0.7"
     assert socket.inet_ntop(socket.AF_INET6, bytes(15) + b"\x01") == "::1"
+
+
+async def test_a_member_that_answers_garbage_is_skipped_for_the_next(tmp_path: Path) -> None:
+    """Joining (or rejoining after being marked down) asks each known member in turn: one
+    that sends a frame that is not one (``ProtocolError``) is a failed try, and the next
+    member answers, rather than the error ending the node."""
+    from mqttring.rpc import RpcServer
+
+    service = MetadataService(config(tmp_path), tls=None)
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"\x00\x00\x00\x05not msgpack at all")
+        await stream.aclose()
+
+    async def info(body: dict, peer: object) -> dict:
+        return {"answered": True}
+
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, garbage, listeners)
+        good = RpcServer(service._rpc_key, "other")
+        good.register("info", info)
+        port = await nursery.start(good.serve, "127.0.0.1:0")
+        service._join_via = [f"127.0.0.1:{listeners[0].socket.getsockname()[1]}",
+                             f"127.0.0.1:{port}"]
+        with trio.fail_after(10):
+            assert await service._first_answer("info", {}) == {"answered": True}
+        nursery.cancel_scope.cancel()

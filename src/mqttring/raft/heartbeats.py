@@ -28,7 +28,7 @@ from collections.abc import Callable
 import trio
 
 from mqttring.raft.view import ClusterView
-from mqttring.rpc import AuthError, RpcClient, RpcError
+from mqttring.rpc import AuthError, ProtocolError, RpcClient, RpcError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 #: attempt after this long does better than waiting).
 HEARTBEAT_TIMEOUT = 2.0
 
-FAILURES = (OSError, RpcError, EOFError, AuthError, trio.TooSlowError,
+#: What a peer or the network can do to one heartbeat; each ends that connection only (a
+#: peer that sends garbage, ``ProtocolError``, must not take this node's membership down).
+FAILURES = (OSError, RpcError, EOFError, AuthError, ProtocolError, trio.TooSlowError,
             trio.BrokenResourceError, trio.ClosedResourceError)
 
 

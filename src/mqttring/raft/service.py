@@ -66,6 +66,7 @@ from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wir
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
     Peer,
+    ProtocolError,
     RpcError,
     RpcServer,
     call_once,
@@ -337,7 +338,9 @@ class MetadataService:
                     try:
                         answer = await call_once(address, self._rpc_key, self.node_id, kind,
                                                  body, timeout=10.0, tls=self.client_tls)
-                    except (OSError, RpcError, trio.TooSlowError, EOFError) as exc:
+                    except (OSError, RpcError, ProtocolError, trio.TooSlowError,
+                            EOFError) as exc:
+                        # (ProtocolError: that address answered garbage; the next may not.)
                         waiting.failed(f"{kind} via {address} failed: {exc}")
                         continue
                     waiting.done(f"{kind} answered by {address}")
@@ -458,7 +461,7 @@ class MetadataService:
                         answer = await call_once(leader.cluster, self._rpc_key, self.node_id,
                                                  kind, {**body, "forwarded": True}, timeout,
                                                  tls=self.client_tls)
-                    except (OSError, EOFError, trio.TooSlowError) as exc:
+                    except (OSError, EOFError, ProtocolError, trio.TooSlowError) as exc:
                         waiting.failed(f"forwarding {kind} to {leader.node_id} failed: {exc}")
                     else:
                         waiting.done(f"{kind} forwarded to {leader.node_id}")
