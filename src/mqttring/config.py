@@ -282,7 +282,8 @@ class BrokerConfig:
     cluster_certfile: Path | None = None
     cluster_keyfile: Path | None = None
     replication: Count = 2
-    #: Seconds between a member's heartbeats to the Raft leader.
+    #: Seconds between a member's heartbeats to each other member (the Raft leader's answers
+    #: prove it is in the majority's view).
     heartbeat_interval: Interval = 0.5
     #: Seconds without a heartbeat before the leader marks a member down and moves its shards.
     failure_grace: Interval = 5.0
