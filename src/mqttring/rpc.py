@@ -58,7 +58,7 @@ import trio
 
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import ListenError
-from mqttring.tcp_options import leave_bbr, thin_stream_timeouts
+from mqttring.tcp_options import for_cluster
 
 log = logging.getLogger(__name__)
 
@@ -328,8 +328,7 @@ class RpcClient:
         host, port = parse_hostport(address)
         with trio.fail_after(timeout):
             tcp = await trio.open_tcp_stream(host, port)
-            thin_stream_timeouts(tcp)
-            leave_bbr(tcp)
+            for_cluster(tcp)
             stream: trio.abc.Stream = tcp
             try:
                 fs = FramedStream(stream)

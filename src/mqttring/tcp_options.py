@@ -56,9 +56,10 @@ def leave_bbr(stream: SocketOptions) -> bool:
     """Switch a connection under BBR to CUBIC (or Reno, which every user may set), so that
     Linux applies its thin-stream linear timeouts; True if it was switched.
 
-    Done when every cluster connection opens (``RpcClient.connect``, Raft's transport), not
-    when one is first seen retransmitting: that version (c37f073) let the first loss
-    episode of a link double its timeout before the switch: under the fault suite's 15%
+    Done when every cluster connection opens (``for_cluster``: ``RpcClient.connect`` and
+    Raft's transport), not when one is first seen retransmitting: that version (c37f073)
+    let the first loss episode of a link double its timeout before the switch: under the
+    fault suite's 15%
     loss its longest publish gaps were 1.5-12.1 s in six runs against 0.8-4.6 s in six
     switched up front (docs/faults.md).  What BBR gives up, pacing and short queues under
     load, matters on long, shared paths, not between brokers on one network; on loopback
@@ -84,6 +85,13 @@ def leave_bbr(stream: SocketOptions) -> bool:
     return False
 
 
+def for_cluster(stream: SocketOptions) -> None:
+    """Every connection between nodes (data links, heartbeats, RPC, Raft), as it opens:
+    thin-stream timeouts, and out of BBR so that Linux applies them."""
+    thin_stream_timeouts(stream)
+    leave_bbr(stream)
+
+
 def socket_of(stream: trio.abc.Stream) -> trio.SocketStream | None:
     """The TCP stream under ``stream`` (under TLS, its transport), if there is one."""
     while isinstance(stream, trio.SSLStream):
@@ -99,5 +107,5 @@ def discard_unsent(stream: trio.abc.Stream) -> None:
             tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
-__all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SocketOptions", "discard_unsent", "leave_bbr",
-           "socket_of", "thin_stream_timeouts"]
+__all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SocketOptions", "discard_unsent", "for_cluster",
+           "leave_bbr", "socket_of", "thin_stream_timeouts"]

@@ -57,7 +57,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from mqttring.raft.state import Command, MetadataState, Result
-from mqttring.tcp_options import leave_bbr, thin_stream_timeouts
+from mqttring.tcp_options import for_cluster
 
 RAFT_PASSWORD_PURPOSE = "mqttring-raft-v1"
 
@@ -102,8 +102,7 @@ def _thin_stream(conn: Any) -> None:
     # pysyncobj keeps the socket private; a version that renames it keeps TCP's defaults.
     sock = getattr(conn, "_TcpConnection__socket", None)
     if isinstance(sock, socket.socket):
-        thin_stream_timeouts(sock)
-        leave_bbr(sock)
+        for_cluster(sock)
 
 
 class ReplicatedMetadata(SyncObjConsumer):
