@@ -56,16 +56,15 @@ def leave_bbr(stream: SocketOptions) -> bool:
     """Switch a connection under BBR to CUBIC (or Reno, which every user may set), so that
     Linux applies its thin-stream linear timeouts; True if it was switched.
 
-    Done when every cluster connection opens (``for_cluster``: ``RpcClient.connect`` and
-    Raft's transport), not when one is first seen retransmitting: that version (c37f073)
-    let the first loss episode of a link double its timeout before the switch: under the
-    fault suite's 15%
-    loss its longest publish gaps were 1.5-12.1 s in six runs against 0.8-4.6 s in six
-    switched up front (docs/faults.md).  What BBR gives up, pacing and short queues under
-    load, matters on long, shared paths, not between brokers on one network; on loopback
-    the pair benchmark could not tell the two apart (QoS 0 at 275-309k/s with BBR links,
-    271-285k/s with CUBIC, within this VM's run-to-run spread).  Any other congestion control is the
-    operator's choice and stays.
+    Done when every cluster connection opens (``for_cluster``: ``RpcClient.connect`` and Raft's
+    transport), not when one is first seen retransmitting: that version (c37f073) let the first
+    loss episode of a link double its timeout before the switch: under the fault suite's 15%
+    loss its longest publish gaps were 1.5-12.1 s in six runs against 0.8-4.6 s in six switched
+    up front (docs/faults.md). What BBR gives up, pacing and short queues under load, matters on
+    long, shared paths, not between brokers on one network; on loopback the pair benchmark could
+    not tell the two apart (QoS 0 at 275-309k/s with BBR links, 271-285k/s with CUBIC, within
+    this VM's run-to-run spread). Any other congestion control is the operator's choice and
+    stays.
     """
     option = getattr(socket, "TCP_CONGESTION", None)
     if option is None:
