@@ -58,8 +58,6 @@ class Heartbeats:
         self.view = view
         self.incarnation = incarnation
         self.proved = proved
-        #: Peer -> (the address its task heartbeats, that task's cancel scope).
-        self._tasks: dict[str, tuple[str, trio.CancelScope]] = {}
 
     def peers(self) -> dict[str, str]:
         """Whom to heartbeat: every other member of the view, at its cluster address."""
@@ -68,17 +66,19 @@ class Heartbeats:
 
     async def run(self) -> None:
         """Follow the membership: a task per peer, restarted if its address changes."""
+        #: Peer -> (the address its task heartbeats, that task's cancel scope).
+        tasks: dict[str, tuple[str, trio.CancelScope]] = {}
         async with trio.open_nursery() as nursery:
             while True:
                 wanted = self.peers()
-                for peer, (address, scope) in list(self._tasks.items()):
+                for peer, (address, scope) in list(tasks.items()):
                     if wanted.get(peer) != address:
                         scope.cancel()
-                        del self._tasks[peer]
+                        del tasks[peer]
                 for peer, address in wanted.items():
-                    if peer not in self._tasks:
+                    if peer not in tasks:
                         scope = trio.CancelScope()
-                        self._tasks[peer] = (address, scope)
+                        tasks[peer] = (address, scope)
                         nursery.start_soon(self._beat, peer, address, scope)
                 await trio.sleep(self.interval)
 
