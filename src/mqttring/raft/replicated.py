@@ -35,6 +35,11 @@ Settings, and why
   TCP's linear retransmission timeouts (``mqttring.tcp_options``, under BBR too): on a lossy
   network a heartbeat lost a few times in a row otherwise waits out a doubling backoff, and
   a node that the leader does not count up for 4.5 s fences itself.
+* ``ElectionGatedSyncObj``: pre-vote and the leader lease (``prevote.py``), so that a node
+  that hears the leader badly, or not at all while it hears the others, cannot depose it.
+  pysyncobj has neither and no hook for them, so this subclass reaches into its private
+  fields (name-mangled ``_SyncObj__*``): ``setup.cfg`` pins pysyncobj to the versions this
+  was checked against, and ``ElectionGatedSyncObj`` refuses to start on one that lacks them.
 * ``journalFile`` and ``fullDumpFile`` live in ``<data_dir>/raft/``.  The journal is an
   mmap flushed about once a second, so a kill -9 can lose its tail: nothing is lost that
   the leader cannot resend, because an entry counts as committed only on a majority and a
@@ -44,6 +49,7 @@ Settings, and why
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Callable
@@ -53,11 +59,24 @@ from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.monotonic import monotonic
+from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+from mqttring.raft.prevote import (
+    PRE_VOTE,
+    PRE_VOTE_RESPONSE,
+    TRANSFER_KEY,
+    BadPreVoteMessage,
+    ElectionGate,
+    LogPosition,
+    PreVoteRequest,
+    PreVoteResponse,
+)
 from mqttring.raft.state import Command, MetadataState, Result
 from mqttring.tcp_options import for_cluster
+
+log = logging.getLogger(__name__)
 
 RAFT_PASSWORD_PURPOSE = "mqttring-raft-v1"
 
@@ -88,6 +107,17 @@ class TimelyTcpTransport(TCPTransport):
         _thin_stream(conn)
         super()._onOutgoingConnected(conn)
 
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        syncobj = self._syncObj
+        if not isinstance(syncobj, ElectionGatedSyncObj) or syncobj.screen_message(node, message):
+            super()._onMessageReceived(node, message)
+
+    def send(self, node: Any, message: Any) -> bool:
+        syncobj = self._syncObj
+        if isinstance(syncobj, ElectionGatedSyncObj):
+            message = syncobj.tag_vote_request(message)
+        return bool(super().send(node, message))
+
     def _connectIfNecessarySingle(self, node: Any) -> bool:
         conn = self._connections.get(node)
         started = self._lastConnectAttempt.get(node)
@@ -103,6 +133,109 @@ def _thin_stream(conn: Any) -> None:
     sock = getattr(conn, "_TcpConnection__socket", None)
     if isinstance(sock, socket.socket):
         for_cluster(sock)
+
+
+#: pysyncobj's private fields and methods that ``ElectionGatedSyncObj`` reads or sets.
+_PRIVATE = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline", "_SyncObj__raftCurrentTerm",
+            "_SyncObj__selfNode", "_SyncObj__otherNodes", "_SyncObj__transport",
+            "_SyncObj__transferInProgress", "_SyncObj__connectedToAnyone",
+            "_SyncObj__generateRaftTimeout", "_SyncObj__getCurrentLogTerm",
+            "_SyncObj__getCurrentLogIndex")
+
+
+class ElectionGatedSyncObj(SyncObj):
+    """pysyncobj's node with pre-vote and the leader lease (``prevote.py``).
+
+    Everything here runs on the Raft thread: ``_onTick`` before pysyncobj's own tick, and
+    the transport's hooks inside its poll.  pysyncobj starts an election in its tick when
+    the election deadline has passed; the gate runs first and, unless a pre-vote round has
+    won (or a leadership transfer asked for the election), pushes the deadline back by a
+    fresh election timeout and sends pre-votes instead.  A round that wins sets the
+    deadline to zero, and pysyncobj's next tick starts the election as it always did.
+    """
+
+    def __init__(self, *args: Any, lease: float, **kwargs: Any) -> None:
+        # Set before SyncObj.__init__: pysyncobj pickles attributes set after it into dumps,
+        # and starts ticking (and calling the hooks below) before it returns.
+        self.election_gate = ElectionGate(lease)
+        self._transfer_vote_term: int | None = None
+        super().__init__(*args, **kwargs)
+        missing = [name for name in _PRIVATE if not hasattr(self, name)]
+        if missing:
+            self.destroy()
+            raise RuntimeError(f"this pysyncobj lacks {', '.join(missing)}: pre-vote needs "
+                               "the version setup.cfg pins")
+
+    def _log_position(self) -> LogPosition:
+        return LogPosition(self._SyncObj__getCurrentLogTerm(),
+                           self._SyncObj__getCurrentLogIndex())
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if hasattr(self, "_SyncObj__otherNodes"):  # absent only on an unsupported version
+            self._gate_election(monotonic())
+        super()._onTick(timeToWait)
+
+    def _gate_election(self, now: float) -> None:
+        others = self._SyncObj__otherNodes
+        if (self._SyncObj__selfNode is None or self._SyncObj__raftState == _RAFT_STATE.LEADER
+                or self._SyncObj__raftElectionDeadline >= now or not others
+                or not self._SyncObj__connectedToAnyone()):
+            return  # pysyncobj starts no election on this tick (or needs no votes at all)
+        gate = self.election_gate
+        term = self._SyncObj__raftCurrentTerm
+        if self._SyncObj__transferInProgress:
+            self._transfer_vote_term = term + 1  # the leader asked: its lease must not refuse
+            gate.campaign_started()
+            return
+        if gate.may_campaign(term):
+            self._transfer_vote_term = None
+            gate.campaign_started()
+            return
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        request = gate.start_round(term, self._log_position(), len(others) + 1,
+                                   self._SyncObj__selfNode.id)
+        transport = self._SyncObj__transport
+        for node in others:
+            transport.send(node, request.to_message())
+
+    def screen_message(self, node: Any, message: Any) -> bool:
+        """Handle pre-votes; say whether pysyncobj may see ``message`` (the lease drops
+        vote requests); note the leader's append-entries for the lease."""
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind is None:
+            return True
+        gate = self.election_gate
+        now = monotonic()
+        term = self._SyncObj__raftCurrentTerm
+        try:
+            if kind == PRE_VOTE:
+                answer = gate.answer(now, self._isLeader(), term, self._log_position(),
+                                     PreVoteRequest.from_message(message))
+                self._SyncObj__transport.send(node, answer.to_message())
+                return False
+            if kind == PRE_VOTE_RESPONSE:
+                if (gate.on_response(node.id, PreVoteResponse.from_message(message))
+                        and self._SyncObj__raftState != _RAFT_STATE.LEADER):
+                    self._SyncObj__raftElectionDeadline = 0  # campaign on the next tick
+                return False
+        except BadPreVoteMessage as exc:
+            log.warning("raft: dropped a malformed pre-vote message from %s: %s", node.id, exc)
+            return False
+        if kind == "request_vote":
+            return gate.admit_vote_request(now, self._isLeader(), message)
+        if kind == "append_entries":
+            leader_term = message.get("term")
+            if isinstance(leader_term, int) and leader_term >= term:
+                gate.heard_from_leader(now)
+        return True
+
+    def tag_vote_request(self, message: Any) -> Any:
+        """A vote request of the election a leadership transfer started says so."""
+        if (isinstance(message, dict) and message.get("type") == "request_vote"
+                and self._transfer_vote_term is not None
+                and message.get("term") == self._transfer_vote_term):
+            return {**message, TRANSFER_KEY: True}
+        return message
 
 
 class ReplicatedMetadata(SyncObjConsumer):
@@ -163,8 +296,9 @@ def make_syncobj(
         logCompactionMinTime=60,
         onStateChanged=on_state_changed,
     )
-    return SyncObj(self_raft, [p for p in peers if p != self_raft], conf=conf,
-                   consumers=[consumer], transportClass=TimelyTcpTransport)
+    return ElectionGatedSyncObj(self_raft, [p for p in peers if p != self_raft], conf=conf,
+                                consumers=[consumer], transportClass=TimelyTcpTransport,
+                                lease=timeouts.election_min)
 
 
 class RaftHost:
