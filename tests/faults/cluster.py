@@ -251,6 +251,16 @@ class Cluster:
             time.sleep(0.2)
         raise RuntimeError(f"cluster {names} did not settle in {timeout}s; last: {last!r}")
 
+    def raft_terms(self) -> dict[str, int]:
+        """Each live node's Raft term (nodes that do not answer are left out): how many
+        elections a fault caused, for the report."""
+        terms: dict[str, int] = {}
+        for name, node in self.nodes.items():
+            if node.alive:
+                with contextlib.suppress(Exception):
+                    terms[name] = int(self.status(name)["raft"]["term"])
+        return terms
+
     def leader(self, timeout: float = 10.0) -> str:
         """The node whose own status says it is the Raft leader (bounded polling)."""
         deadline = time.monotonic() + timeout

@@ -99,9 +99,9 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
         "| nodes | scenario | result | acked | lost (pers.) | lost (clean) | dups | reorders "
         "| retained regr. | 2 live sessions | convergence s | will delay s | spurious wills "
-        "| max stall s | crashes |",
+        "| max stall s | Raft elections | crashes |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- |",
+        "| --- | --- |",
     ]
     for r in summary["runs"]:
         d = r["delivery"]
@@ -115,7 +115,8 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {d['duplicates']} | {d['reorders']} | {len(r['retained']['regressions'])} "
             f"| {r['dual_sessions']['violations']} | {_fmt(r['convergence']['seconds'])} "
             f"| {will_txt} | {sum(bool(w.get('spurious')) for w in r['wills'])} "
-            f"| {_fmt(r.get('stall', {}).get('max_gap_s'))} | {crashes} |")
+            f"| {_fmt(r.get('stall', {}).get('max_gap_s'))} "
+            f"| {r.get('raft', {}).get('elections', '-')} | {crashes} |")
     lines += ["", "## Failures", ""]
     for r in summary["runs"]:
         if r["failures"]:
@@ -153,6 +154,10 @@ def details(r: dict[str, Any]) -> list[str]:
         out.append(f"longest PUBACK gap {s['max_gap_s']} s overall, per publisher "
                    f"{s['per_publisher_max_gap_s']}; abandoned connections "
                    f"{s['abandoned_connections']}")
+    raft = r.get("raft")
+    if raft:
+        out.append(f"Raft terms before the fault {raft['terms_before_fault']}, after "
+                   f"{raft['terms_after']}: {raft['elections']} elections")
     c = r["convergence"]
     out.append(f"convergence {c['seconds']} s after the heal (rounds {c.get('rounds')})"
                + (f", last missing {c['last_missing']}" if c.get("last_missing") else ""))

@@ -236,6 +236,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
                 report["notes"] = [f"leader moved {leader} -> {current} before the fault"]
                 victims = [current]
                 report["victims"] = victims
+        terms_before = cluster.raft_terms()
         events["fault"] = time.monotonic()
         if scenario.startswith("kill"):
             cluster.kill9(victims[0])
@@ -285,6 +286,10 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         except RuntimeError as exc:
             report["settled_s_after_stop"] = None
             report["settle_error"] = str(exc)[-400:]
+        terms_after = cluster.raft_terms()
+        report["raft"] = {"terms_before_fault": terms_before, "terms_after": terms_after,
+                          "elections": max(terms_after.values(), default=0)
+                          - max(terms_before.values(), default=0)}
         acked = [a for p in pubs for a in p.acked()]
         _drain(subs, acked)
         stop_sub.set()
