@@ -187,7 +187,7 @@ class ElectionGatedSyncObj(SyncObj):
             self._transfer_vote_term = term + 1  # the leader asked: its lease must not refuse
             gate.campaign_started()
             return
-        if gate.may_campaign(term):
+        if gate.may_campaign(term) and not gate.in_lease(now, False):
             self._transfer_vote_term = None
             gate.campaign_started()
             return
@@ -215,7 +215,8 @@ class ElectionGatedSyncObj(SyncObj):
                 return False
             if kind == PRE_VOTE_RESPONSE:
                 if (gate.on_response(node.id, PreVoteResponse.from_message(message))
-                        and self._SyncObj__raftState != _RAFT_STATE.LEADER):
+                        and self._SyncObj__raftState != _RAFT_STATE.LEADER
+                        and not gate.in_lease(now, False)):
                     self._SyncObj__raftElectionDeadline = 0  # campaign on the next tick
                 return False
         except BadPreVoteMessage as exc:
