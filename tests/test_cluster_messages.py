@@ -109,11 +109,12 @@ def test_a_frame_of_mixed_messages_keeps_their_order(messages: list[Any]) -> Non
 def test_the_wire_form_is_a_tagged_array() -> None:
     """Compact as the lists it replaced: the tag first, then the fields in order."""
     raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, [m.DlvEntry("t", b"p", 1, [2],
-                                                                            False)])]))
+                                                                            False)])], 9))
     # The trailing fields: shares (none here), then the MQTT 5 properties a 3.1.1 message
     # does not have, the RETAIN flag it was published with, and a tracked copy's witness.
+    # The frame's own last field is its number in the link session (cluster/replay.py).
     assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False, "", False, 0,
-                                                       None, False, ""]]]]]
+                                                       None, False, ""]]]], 9]
 
 
 def test_entries_of_senders_without_witnesses_still_decode() -> None:
@@ -176,26 +177,40 @@ def test_a_request_gets_its_id_in_a_copy_not_by_slot() -> None:
     assert (message.req, numbered.req, numbered.shard) == (0, 17, 3)
 
 
-async def _serve(links: Links, *payloads: bytes) -> Exception | None:
-    """Feed ``payloads`` as frames to ``serve_stream``; what it raised (None at EOF)."""
+async def _serve(links: Links, *payloads: bytes, session: int = 1) -> Exception | None:
+    """Feed ``payloads`` as frames of link session ``session`` to ``serve_stream``; what it
+    raised (None at EOF)."""
+    return (await _serve_acked(links, *payloads, session=session))[0]
+
+
+async def _serve_acked(links: Links, *payloads: bytes, session: int = 1
+                       ) -> tuple[Exception | None, list[int]]:
+    """``_serve``, and the acknowledgements the receiver wrote back, in order."""
     ours, theirs = trio.testing.memory_stream_pair()
     framed = FramedStream(ours)
     sender = FramedStream(theirs)
     for payload in payloads:
         await sender.send_packed(payload)
-    await theirs.aclose()
+    await theirs.send_eof()  # the receiver's answers still flow the other way
+    error: Exception | None = None
     try:
-        await links.serve_stream(framed, Peer("peer", "127.0.0.1:1"), {})
+        await links.serve_stream(framed, Peer("peer", "127.0.0.1:1"), {"session": session})
     except (ProtocolError, EOFError) as exc:
-        return None if isinstance(exc, EOFError) else exc
-    return None
+        error = None if isinstance(exc, EOFError) else exc
+    await ours.send_eof()
+    raw = b""
+    while chunk := await theirs.receive_some():
+        raw += chunk
+    acks = [int.from_bytes(raw[i:i + 8], "big") for i in range(0, len(raw), 8)]
+    return error, acks
 
 
 async def test_a_bad_frame_is_counted_and_closes_the_link_after_the_good_ones() -> None:
     got: list[tuple[str, Any]] = []
     links = make_links(lambda node, msg: got.append((node, msg)))
-    good = m.encode_frame(0, 0, [m.RoutePull(), m.SessionKick(0, "c", "a:1")])
-    error = await _serve(links, good, BAD_FRAMES["unknown-tag"], good)
+    good = m.encode_frame(0, 0, [m.RoutePull(), m.SessionKick(0, "c", "a:1")], 1)
+    error = await _serve(links, good, BAD_FRAMES["unknown-tag"],
+                         m.encode_frame(0, 0, [m.RoutePull()], 3))
     assert isinstance(error, PeerProtocolError)
     assert got == [("peer", m.RoutePull()), ("peer", m.SessionKick(0, "c", "a:1"))]
     assert links.protocol_errors == {"peer": 1} and links.received_messages == 2
@@ -206,15 +221,18 @@ async def test_a_message_whose_content_fails_its_checks_is_a_protocol_error() ->
         raise ValueError("QoS 0 batch index does not cover its blob")
 
     links = make_links(handler)
-    error = await _serve(links, m.encode_frame(0, 0, [m.Batch(b"\x30\x02\x00\x00", 1, [])]))
+    error = await _serve(links, m.encode_frame(0, 0, [m.Batch(b"\x30\x02\x00\x00", 1, [])], 1))
     assert isinstance(error, PeerProtocolError) and "Batch" in str(error)
     assert links.protocol_errors == {"peer": 1}
 
 
 async def test_a_fenced_off_frame_is_refused_not_a_protocol_error() -> None:
-    links = Links("me", b"k" * 32, lambda node, msg: None, admit=lambda node, inc, epoch: inc >= 2)
-    error = await _serve(links, m.encode_frame(1, 0, [m.RoutePull()]))
-    assert isinstance(error, ProtocolError) and not isinstance(error, PeerProtocolError)
+    got: list[Any] = []
+    links = Links("me", b"k" * 32, lambda node, msg: got.append(msg),
+                  admit=lambda node, inc, epoch: inc >= 2)
+    error, acks = await _serve_acked(links, m.encode_frame(1, 0, [m.RoutePull()], 1))
+    assert error is None and got == []  # never applied; the link goes on
+    assert acks == [1]  # acknowledged, so that it is not replayed
     assert links.refused_frames == 1 and links.protocol_errors == {}
 
 
@@ -222,7 +240,7 @@ async def test_an_ack_wakes_its_request_with_the_typed_body() -> None:
     links = make_links()
     pending = links._pending[5] = _Pending("peer")
     rows = m.ShardRows([(b"k", {"v": 1})])
-    await _serve(links, m.encode_frame(0, 0, [m.Ack(5, True, rows)]))
+    await _serve(links, m.encode_frame(0, 0, [m.Ack(5, True, rows)], 1))
     assert pending.done.is_set() and pending.ok and pending.result == rows
 
 

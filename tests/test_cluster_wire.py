@@ -152,7 +152,7 @@ def test_a_frame_never_exceeds_the_peer_limit() -> None:
     batch = [link.queue.popleft() for _ in range(len(link.queue))]
     sent = []
     while True:
-        payload = link._pack(batch)
+        payload = link._pack(batch, len(sent) + 1)
         assert payload is not None and len(payload) <= 10_000
         sent += decode_frame(payload).messages
         if not link.queue:
@@ -164,5 +164,5 @@ def test_a_frame_never_exceeds_the_peer_limit() -> None:
 def test_a_message_too_big_for_any_frame_is_dropped_not_sent() -> None:
     link = make_link(max_frame=10_000)
     link.push(Dlv(0, [DlvEntry("t", b"x" * 20_000, 0, [])]))
-    assert link._pack([link.queue.popleft()]) is None
+    assert link._pack([link.queue.popleft()], 1) is None
     assert link.dropped == 1 and link.queued == 0

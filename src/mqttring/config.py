@@ -298,6 +298,9 @@ class BrokerConfig:
     #: and longest a durable write waits for a replica the view still names; past it the
     #: publish is refused (no PUBACK) rather than acknowledged on incomplete state.
     cluster_write_patience: Interval = 15.0
+    #: A data link whose frames see no acknowledgement for this long while TCP retransmits
+    #: is replaced by a fresh connection, which sends them again (``cluster/replay.py``).
+    link_stall_timeout: Interval = 3.0
     #: Relative share of shards this node takes on the ring (an integer >= 1).
     node_weight: Count = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.

@@ -106,5 +106,19 @@ def discard_unsent(stream: trio.abc.Stream) -> None:
             tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
+def retransmitting(stream: trio.abc.Stream) -> bool:
+    """Is TCP retransmitting on ``stream`` now (``tcpi_retransmits`` or ``tcpi_backoff``
+    of ``TCP_INFO``, Linux)?  True where that cannot be read: the caller's own evidence of
+    a stall then decides alone."""
+    tcp = socket_of(stream)
+    if tcp is None:
+        return True
+    try:
+        info = tcp.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    except (OSError, AttributeError):
+        return True
+    return len(info) < 5 or info[2] > 0 or info[4] > 0
+
+
 __all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SocketOptions", "discard_unsent", "for_cluster",
-           "leave_bbr", "socket_of", "thin_stream_timeouts"]
+           "leave_bbr", "retransmitting", "socket_of", "thin_stream_timeouts"]

@@ -16,8 +16,9 @@ raises every time a node rejoins), and the receiver judges it against its own vi
   send buffer across a partition, or on a link to a node's earlier process, from being
   applied by the node's new life after the heal.
 
-Refusal is final for that frame (it is counted and the link is closed); the sender learns
-from the view that it was declared down, drops its queues and rejoins in a new incarnation.
+Refusal is final for that frame: it is counted, never applied, and acknowledged so that
+the link does not replay it (``cluster/replay.py``); the sender learns from the view that
+it was declared down, drops its queues and rejoins in a new incarnation.
 """
 
 from __future__ import annotations

@@ -28,17 +28,26 @@ view, or its link breaks, or its link to us (which carries the answers) breaks, 
 requests fail with ``PeerUnavailable`` so the caller can retry, or re-route by the newer
 epoch, instead of waiting forever.
 
-Reconnects: a writer that loses its connection reconnects with backoff for as long as the
-peer is in the view; what is queued meanwhile waits (bounded as above).  A message already
-handed to a broken connection may be lost; everything that matters is acknowledged, so the
-sender retries it (see ``ClusterRouter``).  Every successful (re)connection is reported
-(``on_connected``) so that the router re-sends its full route set to that peer.
+Reconnects and replay: frames are numbered per link session, applied once and in order
+by the receiver, acknowledged by number on the same connection, and kept by the sender
+until then (``cluster/replay.py``).  A writer that loses its connection reconnects with
+backoff for as long as the peer is in the view and sends the unacknowledged frames again
+first; what is queued meanwhile waits (bounded as above).  So a connection can be replaced
+at will: one with frames unacknowledged for ``stall_timeout`` while TCP retransmits is
+replaced (``replaced`` in ``stats``) instead of waited out.  Requests in flight on a
+connection that *broke* still fail at once (the peer may be dead: callers decide again by
+the view); on a replaced one they wait, since their frames will be replayed.  Every
+successful (re)connection is reported (``on_connected``) so that the router re-sends its
+full route set to that peer.
 
 Fencing: every frame carries the sender's incarnation and view epoch (``stamp``).  The
-receiver asks ``admit(node, incarnation)`` before it applies anything: a frame from an
-older incarnation of a node, or from a node that the receiver's view marks down in that
-incarnation, is refused and counted, and the link is closed.  So a node that was cut off
-and declared dead can never replay, after the heal, what it queued or decided meanwhile.
+receiver asks ``admit(node, incarnation, epoch)`` before it applies anything.  A frame it
+refuses (an older incarnation of the sender, one the receiver's view marks down, or one
+stamped for an earlier life of the receiver) is never applied: it is counted
+(``refused_frames``), skipped and acknowledged, so that replay does not send it again, and
+the link goes on with the next frame, which a sender in its next life stamps anew.  So a
+node that was cut off and declared dead can never have applied, after the heal, what it
+queued or decided meanwhile.
 
 Protocol errors: a frame that does not decode as a ``Frame`` of this version (unknown tag,
 wrong field type) or a message whose content fails its checks raises ``PeerProtocolError``,
@@ -69,9 +78,10 @@ from mqttring.cluster.messages import (
     decode_frame,
     encode_frame,
 )
+from mqttring.cluster.replay import ACK, InboundSession, OutboundWindow, Verdict
 from mqttring.cluster.wire import MAX_BATCH_BYTES
-from mqttring.rpc import MAX_FRAME, FramedStream, Peer, ProtocolError, RpcClient
-from mqttring.tcp_options import discard_unsent
+from mqttring.rpc import MAX_FRAME, FramedStream, Peer, RpcClient
+from mqttring.tcp_options import discard_unsent, retransmitting
 
 log = logging.getLogger("mqttring.cluster.links")
 
@@ -84,6 +94,12 @@ RECONNECT_MIN = 0.05
 RECONNECT_MAX = 2.0
 #: Room in a frame around one maximal client payload (topic, framing, other messages).
 FRAME_HEADROOM = 1024 * 1024
+#: Bytes of frames a link keeps unacknowledged before it waits for acknowledgements
+#: (at least two frames of the largest size are always allowed).
+MAX_UNACKED_BYTES = 32 * 1024 * 1024
+#: Default ``link_stall_timeout``: no acknowledgement for this long while TCP retransmits,
+#: and the connection is replaced.
+STALL_TIMEOUT = 3.0
 
 
 def frame_limit(max_packet_size: int) -> int:
@@ -167,8 +183,15 @@ class Link:
         self.cancel_scope = trio.CancelScope()
         #: Cancels the current connection only (``Links.reset``); the link reconnects.
         self.connection_scope: trio.CancelScope | None = None
-        #: Bumped when the queue is discarded, so a batch in flight is not put back.
+        #: Bumped when the queue is discarded (``Links.clear``).
         self.generation = 0
+        #: Frames sent and not yet acknowledged, for replay (``cluster/replay.py``).
+        self.window = OutboundWindow(owner.max_unacked_bytes)
+        self.window_room = trio.Event()
+        #: Set by the stall guard: the connection ends by replacement, not by a failure.
+        self.replacing = False
+        self.replaced = 0
+        self.replayed = 0
 
     def push(self, message: LinkMessage) -> bool:
         if self.queued >= self.owner.max_queued:
@@ -215,7 +238,9 @@ class Link:
                     client = await RpcClient.connect(
                         self.address, self.owner.key, self.owner.node_id, tls=self.owner.tls
                     )
-                    stream = await client.open_stream(STREAM_KIND, {"node": self.owner.node_id})
+                    stream = await client.open_stream(
+                        STREAM_KIND, {"node": self.owner.node_id,
+                                      "session": self.window.session})
                 except Exception as exc:  # refused, unreachable, handshake failed: retry
                     log.debug("link %s -> %s: connect failed: %s", self.owner.node_id,
                               self.node_id, exc)
@@ -228,10 +253,12 @@ class Link:
                 generation = self.generation
                 self.connected, self.down = True, False
                 self.owner.on_connected(self.node_id)
+                self.replacing = False
                 try:
                     async with trio.open_nursery() as nursery:
                         self.connection_scope = nursery.cancel_scope
                         nursery.start_soon(self._watch, stream, nursery.cancel_scope)
+                        nursery.start_soon(self._guard, stream, nursery.cancel_scope)
                         await self._drain(stream)
                 except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
                     # The nursery wraps what its tasks raise in an ExceptionGroup: a broken
@@ -241,44 +268,84 @@ class Link:
                 finally:
                     self.connection_scope = None
                     self.connected = False
-                    self.down = True
-                    if self.closed or self.generation != generation:
-                        # The peer left the view, or this node's life ended: what still
-                        # sits in the kernel's send buffer belongs to that life.  A plain
-                        # close would go on retransmitting it and, after a partition heals,
-                        # deliver it; a reset discards it.
+                    replaced = self.replacing and not self.closed
+                    # A replaced connection's frames are replayed on the next one: requests
+                    # may wait for it, as they would have waited on this one.
+                    self.down = not replaced
+                    if self.closed or self.generation != generation or replaced:
+                        # The peer left the view, or this node's life ended, or the frames
+                        # are replayed on the next connection: what still sits in the
+                        # kernel's send buffer must not arrive (after a partition heals,
+                        # say).  A plain close would go on retransmitting it; a reset
+                        # discards it.
                         discard_unsent(stream.stream)
                     with trio.CancelScope(shield=True):
                         await trio.aclose_forcefully(stream.stream)
-                self.owner.link_broken(self)
+                if not replaced:
+                    self.owner.link_broken(self)
 
     async def _watch(self, stream: FramedStream, scope: trio.CancelScope) -> None:
-        """The peer never writes on our link: end of stream means it died or restarted.
+        """Read the peer's acknowledgements, the only thing it writes on our link; end of
+        stream means it died or restarted.
 
         Without this a dead peer would only be noticed at the next failed write, and a
         request to it (a route registration a SUBACK waits for) would hang until the
         failure detector changed the view.
         """
+        pending = bytearray()
         try:
-            while await stream.stream.receive_some(4096):
-                pass
+            while chunk := await stream.stream.receive_some(4096):
+                pending += chunk
+                whole = len(pending) - len(pending) % ACK.size
+                if whole:
+                    (seq,) = ACK.unpack_from(pending, whole - ACK.size)  # cumulative
+                    del pending[:whole]
+                    self.window.on_ack(seq, trio.current_time())
+                    self.window_room.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("link %s -> %s broke: %s", self.owner.node_id, self.node_id,
                      exc.__cause__ or exc)
+        except PeerProtocolError as exc:
+            self.owner._protocol_error(self.node_id, exc)
         else:
             log.info("link %s -> %s: peer closed the connection", self.owner.node_id,
                      self.node_id)
         scope.cancel()
 
+    async def _guard(self, stream: FramedStream, scope: trio.CancelScope) -> None:
+        """Replace the connection when its frames see no acknowledgement for the stall
+        timeout while TCP retransmits (a peer merely slow to apply them is not stalled):
+        a fresh connection starts with a fresh retransmission timer, where this one may
+        be backing off for tens of seconds."""
+        timeout = self.owner.stall_timeout
+        while True:
+            await trio.sleep(timeout / 4)
+            stalled = self.window.stalled_for(trio.current_time())
+            if stalled > timeout and retransmitting(stream.stream):
+                log.warning("link %s -> %s: no acknowledgement for %.1f s while TCP "
+                            "retransmits; replacing the connection (%d frames to send again)",
+                            self.owner.node_id, self.node_id, stalled, len(self.window))
+                self.replaced += 1
+                self.replacing = True
+                scope.cancel()
+                return
+
     async def _drain(self, stream: FramedStream) -> None:
+        for payload in self.window.reconnected(trio.current_time()):
+            await stream.send_packed(payload)
+            self.replayed += 1
         queue = self.queue
         while True:
+            while self.window.full():
+                self.window_room = trio.Event()
+                await self.window_room.wait()
             if not queue:
                 self.wakeup = trio.Event()
                 if not queue:
                     await self.wakeup.wait()
             batch = [queue.popleft() for _ in range(min(len(queue), MAX_BATCH))]
-            payload = self._pack(batch)
+            seq = self.window.next_seq()
+            payload = self._pack(batch, seq)
             if payload is None:
                 continue
             # Packed batches count their PUBLISHes; the one at the tail of this frame is
@@ -288,20 +355,15 @@ class Link:
             if self.queued < self.owner.max_queued:
                 self.room.set()
                 self.room = trio.Event()
-            generation = self.generation
-            try:
-                await stream.send_packed(payload)
-            except BaseException:
-                if generation == self.generation:
-                    # Not sent: keep them for the next connection (unless discarded meanwhile).
-                    queue.extendleft(reversed(batch))
-                    self.queued += n
-                raise
+            # In the window before the write: a write cut short is sent again, whole, on
+            # the next connection.
+            self.window.sent(seq, payload, trio.current_time())
+            await stream.send_packed(payload)
             self.sent_messages += n
             self.sent_frames += 1
             self.sent_bytes += len(payload)
 
-    def _pack(self, batch: list[LinkMessage]) -> bytes | None:
+    def _pack(self, batch: list[LinkMessage], seq: int) -> bytes | None:
         """``batch`` packed into one frame the peer accepts, or None if there is nothing left.
 
         Too big a frame (many large payloads) gives back its second half to the queue and
@@ -312,7 +374,7 @@ class Link:
         limit = self.owner.max_frame
         incarnation, epoch = self.owner.stamp()
         while True:
-            payload = encode_frame(incarnation, epoch, batch)
+            payload = encode_frame(incarnation, epoch, batch, seq)
             if len(payload) <= limit:
                 return payload
             if len(batch) == 1:
@@ -336,15 +398,20 @@ class Links:
                  max_queued: int = MAX_QUEUED, max_frame: int = MAX_FRAME, *,
                  stamp: Stamp = _no_stamp, admit: Admit = _always,
                  on_connected: Callable[[str], None] = _ignore,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None,
+                 stall_timeout: float = STALL_TIMEOUT,
+                 max_unacked_bytes: int = MAX_UNACKED_BYTES) -> None:
         self.node_id = node_id
         #: Client context of cluster TLS for the links this node opens (None: plain TCP).
         self.tls = tls
         self.stamp = stamp
         self.admit = admit
+        self.stall_timeout = stall_timeout
+        self.max_unacked_bytes = max(max_unacked_bytes, 2 * max_frame)
         #: Called with the peer's id each time its link (re)connects.
         self.on_connected = on_connected
-        #: Frames refused because their sender was fenced off (stale or down incarnation).
+        #: Frames refused (never applied) because their sender was fenced off (stale or
+        #: down incarnation), or they were meant for an earlier life of this node.
         self.refused_frames = 0
         #: Per peer: frames or messages it sent that we could not read (``PeerProtocolError``;
         #: each closed its link).
@@ -355,6 +422,10 @@ class Links:
         self.max_frame = max_frame
         self._handler = handler
         self._links: dict[str, Link] = {}
+        #: Per sending peer: what of its current link session this node applied.
+        self._inbound: dict[str, InboundSession] = {}
+        #: Per sending peer: the connection being served (a newer one replaces it).
+        self._serving: dict[str, trio.CancelScope] = {}
         self._pending: dict[int, _Pending] = {}
         #: Answers to peers we have no link to yet (see ``reply``), per peer.
         self._early_replies: dict[str, list[LinkMessage]] = {}
@@ -385,6 +456,8 @@ class Links:
                 self._nursery.start_soon(link.run)
         for node_id in [n for n in self._early_replies if n not in peers]:
             del self._early_replies[node_id]
+        for node_id in [n for n in self._inbound if n not in peers]:
+            del self._inbound[node_id]
 
     def _close(self, link: Link) -> None:
         link.closed = True
@@ -414,12 +487,16 @@ class Links:
         """
         dropped = 0
         for link in self._links.values():
-            dropped += link.queued
+            dropped += link.queued + len(link.window)
             link.queue.clear()
             link.queued = 0
             link.generation += 1
             link.room.set()
             link.room = trio.Event()
+            # The frames in flight belong to the ended life too; the next connection opens
+            # a new session, which receivers that refused the old one accept.
+            link.window = OutboundWindow(self.max_unacked_bytes)
+            link.window_room.set()
             if link.connection_scope is not None:
                 # The connection may be stuck behind a partition with frames of the ended
                 # life in its buffers: start a fresh one rather than wait out TCP's backoff.
@@ -437,6 +514,8 @@ class Links:
                    "frames": link.sent_frames, "bytes": link.sent_bytes,
                    "dropped": link.dropped,
                    "connected": int(link.connected),
+                   "unacked": len(link.window), "replaced": link.replaced,
+                   "replayed": link.replayed,
                    "protocol_errors": self.protocol_errors.get(node, 0)}
             for node, link in self._links.items()
         }
@@ -527,28 +606,56 @@ class Links:
     async def serve_stream(self, stream: FramedStream, peer: Peer, body: dict[str, Any]) -> None:
         """RPC stream handler for ``data.link``: dispatch every message of every frame."""
         node = peer.node_id
+        session = body.get("session")
+        if type(session) is not int or session < 1:
+            raise self._protocol_error(node, PeerProtocolError(
+                f"data link without a session number: {session!r}"))
+        inbound = self._inbound.get(node)
+        if inbound is None or inbound.session != session:
+            inbound = self._inbound[node] = InboundSession(session)
+        previous = self._serving.pop(node, None)
+        if previous is not None:
+            previous.cancel()  # the peer replaced that connection: this one replays it
+        scope = self._serving[node] = trio.CancelScope()
         try:
-            await self._serve_frames(stream, node)
+            with scope:
+                await self._serve_frames(stream, node, inbound)
         finally:
-            # The peer's answers to our requests travel on this connection: those in flight
-            # on it are lost with it.  Fail the requests now so that their callers retry
-            # (on the connection the peer opens next) instead of waiting out their timeouts.
-            self._fail_pending(node)
+            if self._serving.get(node) is scope:
+                del self._serving[node]
+            if not scope.cancelled_caught:
+                # The peer's answers to our requests travel on this connection: those in
+                # flight on it are lost with it, unless a newer connection replays them.
+                # Fail the requests now so that their callers retry (on the connection the
+                # peer opens next) instead of waiting out their timeouts.
+                self._fail_pending(node)
 
-    async def _serve_frames(self, stream: FramedStream, node: str) -> None:
+    async def _serve_frames(self, stream: FramedStream, node: str,
+                            inbound: InboundSession) -> None:
         handler = self._handler
         stream.max_frame = self.max_frame
+        refused_here = 0
         while True:
             try:
                 frame = decode_frame(await stream.receive_bytes())
+                verdict = inbound.verdict(frame.seq)
             except PeerProtocolError as exc:
                 raise self._protocol_error(node, exc) from None
+            if verdict is Verdict.DUPLICATE:
+                await self._acknowledge(stream, inbound)
+                continue
             incarnation = frame.incarnation
             if not self.admit(node, incarnation, frame.epoch):
+                # Fenced off: never applied, and acknowledged so that it is not replayed.
                 self.refused_frames += 1
-                log.warning("refused a frame from %s (incarnation %d, epoch %d): fenced off",
-                            node, incarnation, frame.epoch)
-                raise ProtocolError(f"frame from a fenced-off life of {node} or of this node")
+                if not refused_here:
+                    log.warning("refused a frame from %s (incarnation %d, epoch %d): "
+                                "fenced off (later ones on this connection are counted)",
+                                node, incarnation, frame.epoch)
+                refused_here += 1
+                inbound.applied(frame.seq)
+                await self._acknowledge(stream, inbound)
+                continue
             for message in frame.messages:
                 try:
                     if type(message) is Ack:
@@ -562,6 +669,15 @@ class Links:
                     raise self._protocol_error(node, PeerProtocolError(
                         f"bad {type(message).__name__} message: {exc}")) from None
                 self.received_messages += message.count if type(message) is Batch else 1
+            inbound.applied(frame.seq)
+            await self._acknowledge(stream, inbound)
+
+    @staticmethod
+    async def _acknowledge(stream: FramedStream, inbound: InboundSession) -> None:
+        """Tell the sender how far this node applied its session, once per burst: not while
+        another whole frame is already waiting to be read."""
+        if inbound.last is not None and not stream.has_frame():
+            await stream.stream.send_all(ACK.pack(inbound.last))
 
     def _protocol_error(self, node: str, exc: PeerProtocolError) -> PeerProtocolError:
         """Count and log ``exc`` from ``node``; the caller raises it to close the link."""

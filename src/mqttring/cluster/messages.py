@@ -58,9 +58,10 @@ from mqttring.cluster.messages_sessions import (
 #: version 3 carried one message per ``Pub``/``Dlv`` (version 4 carries batches); version 4
 #: had no shared subscriptions (a version 4 node would take a share's ``DlvEntry`` for an
 #: ordinary one and know neither ``Redispatch`` nor ``SharedDone``); version 5 sent a route
-#: set in one ``RouteSync`` whatever its size (version 6 sends it in parts).
+#: set in one ``RouteSync`` whatever its size (version 6 sends it in parts); version 6
+#: frames were not numbered (version 7 numbers them for replay, ``cluster/replay.py``).
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 6
+FRAME_VERSION = 7
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
@@ -443,6 +444,9 @@ class Frame(msgspec.Struct, array_like=True, gc=False):
     incarnation: int
     epoch: int
     messages: list[LinkMessage]
+    #: The frame's number in its link session (``cluster/replay.py``): frames are applied
+    #: in order, once, and acknowledged by number.
+    seq: int = 0
 
 
 class _FrameHead(msgspec.Struct, array_like=True):
@@ -456,9 +460,9 @@ _decoder = msgspec.msgpack.Decoder(Frame)
 _head_decoder = msgspec.msgpack.Decoder(_FrameHead)
 
 
-def encode_frame(incarnation: int, epoch: int, messages: list[Any]) -> bytes:
+def encode_frame(incarnation: int, epoch: int, messages: list[Any], seq: int = 0) -> bytes:
     """The bytes of one link frame carrying ``messages``."""
-    return _encoder.encode(Frame(FRAME_VERSION, incarnation, epoch, messages))
+    return _encoder.encode(Frame(FRAME_VERSION, incarnation, epoch, messages, seq))
 
 
 def decode_frame(payload: bytes) -> Frame:

@@ -117,7 +117,8 @@ class DataPlane:
                            max_frame=frame_limit(config.limits.max_packet_size),
                            stamp=self._stamp, admit=self._admit,
                            on_connected=self._on_link_connected,
-                           tls=self.metadata.client_tls)
+                           tls=self.metadata.client_tls,
+                           stall_timeout=config.link_stall_timeout)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
         #: Wakes whatever retries "by the newer view" (router, deliveries, replication).

@@ -1,0 +1,206 @@
+"""Link frames numbered, acknowledged and replayed (``mqttring.cluster.replay``), and the
+receiving end of ``Links`` that applies them once, in order.
+
+The end-to-end case (a real connection stalled by nftables, replaced, its frames replayed,
+nothing lost) is ``tests/faults/test_link_stall.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from mqttring.cluster import messages as m
+from mqttring.cluster.errors import PeerProtocolError
+from mqttring.cluster.links import Links
+from mqttring.cluster.replay import InboundSession, OutboundWindow, Verdict
+from mqttring.rpc import FramedStream, Peer, ProtocolError
+
+# -- the sender's window ---------------------------------------------------------------------
+
+
+def test_frames_stay_in_the_window_until_acknowledged_and_are_replayed_in_order() -> None:
+    window = OutboundWindow(max_bytes=1000)
+    for seq, payload in enumerate([b"a", b"bb", b"ccc"], start=1):
+        assert window.next_seq() == seq
+        window.sent(seq, payload, now=10.0)
+    assert len(window) == 3 and window.bytes == 6
+    window.on_ack(1, now=11.0)
+    assert window.reconnected(now=12.0) == [b"bb", b"ccc"]
+    window.on_ack(3, now=13.0)
+    assert len(window) == 0 and window.bytes == 0 and window.reconnected(14.0) == []
+    assert window.next_seq() == 4
+
+
+def test_acknowledgements_are_cumulative_and_may_repeat() -> None:
+    window = OutboundWindow(max_bytes=1000)
+    for seq in (1, 2, 3):
+        window.sent(seq, b"x", now=0.0)
+    window.on_ack(2, now=1.0)
+    window.on_ack(1, now=2.0)  # an older one, overtaken: nothing changes
+    assert window.acked == 2 and len(window) == 1
+
+
+def test_an_acknowledgement_of_a_frame_never_sent_is_a_protocol_error() -> None:
+    window = OutboundWindow(max_bytes=1000)
+    window.sent(1, b"x", now=0.0)
+    with pytest.raises(PeerProtocolError):
+        window.on_ack(2, now=1.0)
+
+
+def test_a_stall_counts_from_the_last_progress() -> None:
+    window = OutboundWindow(max_bytes=1000)
+    assert window.stalled_for(100.0) == 0.0  # nothing in flight: never stalled
+    window.sent(1, b"x", now=10.0)
+    window.sent(2, b"y", now=12.0)
+    assert window.stalled_for(13.0) == 3.0  # from the oldest frame's send
+    window.on_ack(1, now=14.0)
+    assert window.stalled_for(15.0) == 1.0  # from the acknowledgement
+    window.reconnected(now=20.0)
+    assert window.stalled_for(20.5) == 0.5  # a new connection gets a whole timeout
+    window.on_ack(2, now=21.0)
+    assert window.stalled_for(99.0) == 0.0
+
+
+def test_the_window_fills_by_bytes() -> None:
+    window = OutboundWindow(max_bytes=10)
+    window.sent(1, b"x" * 6, now=0.0)
+    assert not window.full()
+    window.sent(2, b"x" * 6, now=0.0)
+    assert window.full()
+    window.on_ack(1, now=1.0)
+    assert not window.full()
+
+
+def test_sessions_differ() -> None:
+    assert len({OutboundWindow(10).session for _ in range(50)}) == 50
+
+
+# -- the receiver's session ------------------------------------------------------------------
+
+
+def test_the_receiver_applies_each_frame_once_in_order() -> None:
+    inbound = InboundSession(7)
+    assert inbound.verdict(5) is Verdict.APPLY  # a restarted receiver meets it mid-way
+    inbound.applied(5)
+    assert inbound.verdict(5) is Verdict.DUPLICATE
+    assert inbound.verdict(4) is Verdict.DUPLICATE
+    assert inbound.verdict(6) is Verdict.APPLY
+    with pytest.raises(PeerProtocolError):
+        inbound.verdict(8)  # 6 and 7 never arrived
+    with pytest.raises(PeerProtocolError):
+        inbound.verdict(0)
+
+
+# -- the receiving end of Links ----------------------------------------------------------------
+
+
+async def _serve(links: Links, payloads: list[bytes], session: int = 1,
+                 node: str = "peer") -> tuple[Exception | None, list[int]]:
+    """Feed ``payloads`` as one connection of ``session``; what ``serve_stream`` raised
+    (None at the end of the stream) and the acknowledgements it wrote."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    sender = FramedStream(theirs)
+    for payload in payloads:
+        await sender.send_packed(payload)
+    await theirs.send_eof()
+    error: Exception | None = None
+    try:
+        await links.serve_stream(FramedStream(ours), Peer(node, "127.0.0.1:1"),
+                                 {"session": session})
+    except (ProtocolError, EOFError) as exc:
+        error = None if isinstance(exc, EOFError) else exc
+    await ours.send_eof()
+    raw = b""
+    while chunk := await theirs.receive_some():
+        raw += chunk
+    return error, [int.from_bytes(raw[i:i + 8], "big") for i in range(0, len(raw), 8)]
+
+
+def _frame(seq: int, *messages: Any, incarnation: int = 1, epoch: int = 1) -> bytes:
+    return m.encode_frame(incarnation, epoch, list(messages) or [m.RoutePull()], seq)
+
+
+def _recording() -> tuple[Links, list[Any]]:
+    got: list[Any] = []
+    return Links("me", b"k" * 32, lambda node, msg: got.append(msg)), got
+
+
+async def test_a_replayed_connection_applies_only_what_the_last_one_did_not() -> None:
+    links, got = _recording()
+    kick = [m.SessionKick(0, f"c{i}", "a:1") for i in range(5)]
+    _, acks = await _serve(links, [_frame(1, kick[0]), _frame(2, kick[1])])
+    assert acks[-1] == 2
+    # The sender never saw that acknowledgement: it replays 2 and goes on.
+    error, acks = await _serve(links, [_frame(2, kick[1]), _frame(3, kick[2]),
+                                       _frame(4, kick[3])])
+    assert error is None and acks[-1] == 4
+    assert got == kick[:4]
+
+
+async def test_acknowledgements_coalesce_over_frames_read_together() -> None:
+    links, got = _recording()
+    _, acks = await _serve(links, [_frame(seq) for seq in range(1, 11)])
+    assert len(got) == 10 and acks[-1] == 10
+    assert len(acks) < 10  # frames that arrived in one read are acknowledged once
+
+
+async def test_a_new_session_starts_afresh() -> None:
+    links, got = _recording()
+    await _serve(links, [_frame(1), _frame(2)], session=1)
+    error, acks = await _serve(links, [_frame(1), _frame(2)], session=2)
+    assert error is None and acks[-1] == 2 and len(got) == 4
+
+
+async def test_a_gap_in_a_session_is_a_protocol_error() -> None:
+    links, got = _recording()
+    error, _ = await _serve(links, [_frame(1), _frame(3)])
+    assert isinstance(error, PeerProtocolError) and len(got) == 1
+    assert links.protocol_errors == {"peer": 1}
+
+
+async def test_a_link_without_a_session_is_refused() -> None:
+    links, got = _recording()
+    ours, theirs = trio.testing.memory_stream_pair()
+    await FramedStream(theirs).send_packed(_frame(1))
+    with pytest.raises(PeerProtocolError):
+        await links.serve_stream(FramedStream(ours), Peer("peer", "x:1"), {})
+    assert got == []
+
+
+async def test_fenced_off_frames_are_skipped_and_the_senders_next_life_applied() -> None:
+    """A node's link session spans its lives (a restarted node links before it is admitted,
+    at incarnation 0): what fencing refuses is never applied, and acknowledged so that it
+    is not replayed; what the same session sends in the next life is applied."""
+    got: list[Any] = []
+    links = Links("me", b"k" * 32, lambda node, msg: got.append(msg),
+                  admit=lambda node, inc, epoch: inc >= 2)
+    kick = m.SessionKick(0, "c", "a:1")
+    error, acks = await _serve(links, [_frame(1, incarnation=1), _frame(2, incarnation=1)])
+    assert error is None and got == [] and acks[-1] == 2
+    error, acks = await _serve(links, [_frame(2, incarnation=1), _frame(3, kick, incarnation=2)])
+    assert error is None and got == [kick] and acks[-1] == 3
+    assert links.refused_frames == 2 and links.protocol_errors == {}
+
+
+async def test_a_newer_connection_of_a_peer_replaces_the_one_being_served() -> None:
+    links, got = _recording()
+    old_ours, old_theirs = trio.testing.memory_stream_pair()
+    await FramedStream(old_theirs).send_packed(_frame(1))
+    ended = trio.Event()
+
+    async def serve_old() -> None:
+        await links.serve_stream(FramedStream(old_ours), Peer("peer", "x:1"), {"session": 1})
+        ended.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_old)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [m.RoutePull()] and not ended.is_set()  # waiting for more on it
+        error, acks = await _serve(links, [_frame(1), _frame(2)])
+        with trio.fail_after(5):
+            await ended.wait()  # the newer connection ended the older one's service
+    assert error is None and acks[-1] == 2 and len(got) == 2
