@@ -185,27 +185,36 @@ async def _serve(links: Links, *payloads: bytes, session: int = 1) -> Exception 
 
 async def _serve_acked(links: Links, *payloads: bytes, session: int = 1
                        ) -> tuple[Exception | None, list[int]]:
-    """``_serve``, and the acknowledgements the receiver wrote back, in order."""
+    """``_serve``, and the acknowledgements the receiver wrote back, in order (with
+    ``autojump_clock``, every one due: its delay passes while everything waits)."""
     ours, theirs = trio.testing.memory_stream_pair()
-    framed = FramedStream(ours)
     sender = FramedStream(theirs)
-    for payload in payloads:
-        await sender.send_packed(payload)
-    await theirs.send_eof()  # the receiver's answers still flow the other way
-    error: Exception | None = None
-    try:
-        await links.serve_stream(framed, Peer("peer", "127.0.0.1:1"), {"session": session})
-    except (ProtocolError, EOFError) as exc:
-        error = None if isinstance(exc, EOFError) else exc
+    outcome: list[Exception | None] = []
+
+    async def serve() -> None:
+        try:
+            await links.serve_stream(FramedStream(ours), Peer("peer", "127.0.0.1:1"),
+                                     {"session": session})
+        except (ProtocolError, EOFError) as exc:
+            outcome.append(None if isinstance(exc, EOFError) else exc)
+        else:
+            outcome.append(None)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        for payload in payloads:
+            await sender.send_packed(payload)
+        await trio.sleep(1)
+        await theirs.send_eof()
     await ours.send_eof()
     raw = b""
     while chunk := await theirs.receive_some():
         raw += chunk
-    acks = [int.from_bytes(raw[i:i + 8], "big") for i in range(0, len(raw), 8)]
-    return error, acks
+    return outcome[0], [int.from_bytes(raw[i:i + 8], "big") for i in range(0, len(raw), 8)]
 
 
-async def test_a_bad_frame_is_counted_and_closes_the_link_after_the_good_ones() -> None:
+async def test_a_bad_frame_is_counted_and_closes_the_link_after_the_good_ones(
+        autojump_clock: trio.abc.Clock) -> None:
     got: list[tuple[str, Any]] = []
     links = make_links(lambda node, msg: got.append((node, msg)))
     good = m.encode_frame(0, 0, [m.RoutePull(), m.SessionKick(0, "c", "a:1")], 1)
@@ -216,7 +225,8 @@ async def test_a_bad_frame_is_counted_and_closes_the_link_after_the_good_ones() 
     assert links.protocol_errors == {"peer": 1} and links.received_messages == 2
 
 
-async def test_a_message_whose_content_fails_its_checks_is_a_protocol_error() -> None:
+async def test_a_message_whose_content_fails_its_checks_is_a_protocol_error(
+        autojump_clock: trio.abc.Clock) -> None:
     def handler(node: str, msg: Any) -> None:
         raise ValueError("QoS 0 batch index does not cover its blob")
 
@@ -226,7 +236,8 @@ async def test_a_message_whose_content_fails_its_checks_is_a_protocol_error() ->
     assert links.protocol_errors == {"peer": 1}
 
 
-async def test_a_fenced_off_frame_is_refused_not_a_protocol_error() -> None:
+async def test_a_fenced_off_frame_is_refused_not_a_protocol_error(
+        autojump_clock: trio.abc.Clock) -> None:
     got: list[Any] = []
     links = Links("me", b"k" * 32, lambda node, msg: got.append(msg),
                   admit=lambda node, inc, epoch: inc >= 2)
@@ -236,7 +247,8 @@ async def test_a_fenced_off_frame_is_refused_not_a_protocol_error() -> None:
     assert links.refused_frames == 1 and links.protocol_errors == {}
 
 
-async def test_an_ack_wakes_its_request_with_the_typed_body() -> None:
+async def test_an_ack_wakes_its_request_with_the_typed_body(
+        autojump_clock: trio.abc.Clock) -> None:
     links = make_links()
     pending = links._pending[5] = _Pending("peer")
     rows = m.ShardRows([(b"k", {"v": 1})])
