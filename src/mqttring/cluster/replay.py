@@ -19,9 +19,10 @@ Each link has a *session* (a random id, new for each life of the link: a new ``L
 the sender's queue discarded by ``Links.clear``).  Every frame carries the next number of
 its session.  The receiver applies frames in order, at most once per session, and writes
 back the number of the last one it applied (8 bytes, big-endian; cumulative, so one
-acknowledgement covers every frame before it: ``links.py`` writes at most one per 10 ms).  The sender keeps every frame until it is acknowledged (``OutboundWindow``),
-sends them all again, in order, on its next connection, and the receiver skips those it
-already applied (``InboundSession``).  So a connection may now be replaced at any moment:
+acknowledgement covers every frame before it: ``links.py`` writes at most one per 10 ms).
+The sender keeps every frame until it is acknowledged (``OutboundWindow``), sends them all
+again, in order, on its next connection, and the receiver skips those it already applied
+(``InboundSession``).  So a connection may now be replaced at any moment:
 the sender replaces one whose oldest unacknowledged frame has seen no progress for the
 stall timeout while TCP is retransmitting, and starts again with a fresh connection (and a
 fresh retransmission timer).
