@@ -121,6 +121,9 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
     for peer in "bc":
         assert samples[("mqttring_link_connected", (("peer", peer),))] == 1
         assert samples[("mqttring_link_sent_bytes_total", (("peer", peer),))] > 0
+        # Healthy loopback links never stall, so none was replaced; the window is exported.
+        assert samples[("mqttring_link_replaced_connections_total", (("peer", peer),))] == 0
+        assert ("mqttring_link_unacked_frames", (("peer", peer),)) in samples
     leader = views["a"]["leader"]
     assert scrape(http[leader])[("mqttring_raft_leader", ())] == 1
     # The shipped Grafana dashboard charts only metrics a cluster node exposes.

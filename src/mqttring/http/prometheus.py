@@ -77,6 +77,12 @@ _LINKS = {
     "dropped": ("link_dropped_messages", "Messages dropped at a full link.", True),
     "connected": ("link_connected", "1 while the link to a peer is connected.", False),
     "protocol_errors": ("link_protocol_errors", "Malformed frames from a peer.", True),
+    "unacked": ("link_unacked_frames", "Frames sent to a peer and not yet acknowledged "
+                "(kept for replay).", False),
+    "replaced": ("link_replaced_connections", "Connections to a peer replaced because "
+                 "they stalled while TCP retransmitted.", True),
+    "replayed": ("link_replayed_frames", "Frames sent to a peer again, on a new "
+                 "connection.", True),
 }
 
 
