@@ -131,6 +131,10 @@ def test_python_construction_is_checked_and_normalised():
         StoreSettings(memtable_max_bytes="1")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^replication = 0: "):
         dataclasses.replace(config, replication=0)
+    with pytest.raises(ConfigError, match=r"^link_replay_window = 0: "):
+        dataclasses.replace(config, link_replay_window=0)
+    with pytest.raises(ConfigError, match=r"^link_stall_timeout = 0"):
+        dataclasses.replace(config, link_stall_timeout=0)
     nested = BrokerConfig(limits={"max_inflight": 5})  # type: ignore[arg-type]
     assert nested.limits == Limits(max_inflight=5)
 

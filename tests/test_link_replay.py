@@ -15,7 +15,7 @@ import trio.testing
 
 from mqttring.cluster import messages as m
 from mqttring.cluster.errors import PeerProtocolError
-from mqttring.cluster.links import Links
+from mqttring.cluster.links import Link, Links
 from mqttring.cluster.replay import InboundSession, OutboundWindow, Verdict
 from mqttring.rpc import FramedStream, Peer, ProtocolError
 
@@ -73,6 +73,15 @@ def test_the_window_fills_by_bytes() -> None:
     assert window.full()
     window.on_ack(1, now=1.0)
     assert not window.full()
+
+
+def test_a_links_window_holds_at_least_two_of_its_largest_frames() -> None:
+    small = Links("me", b"k" * 32, lambda node, msg: None, max_frame=10_000,
+                  max_unacked_bytes=100)
+    assert Link(small, "peer", "x:1").window.max_bytes == 20_000
+    large = Links("me", b"k" * 32, lambda node, msg: None, max_frame=10_000,
+                  max_unacked_bytes=1_000_000)
+    assert Link(large, "peer", "x:1").window.max_bytes == 1_000_000
 
 
 def test_sessions_differ() -> None:

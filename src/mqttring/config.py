@@ -301,6 +301,10 @@ class BrokerConfig:
     #: A data link whose frames see no acknowledgement for this long while TCP retransmits
     #: is replaced by a fresh connection, which sends them again (``cluster/replay.py``).
     link_stall_timeout: Interval = 3.0
+    #: Bytes of frames a data link keeps until its peer acknowledges them (for replay); a
+    #: link with this much unacknowledged stops sending until acknowledgements arrive.
+    #: Raised to two of the largest frames if set below (``limits.max_packet_size``).
+    link_replay_window: Count = 32 * 1024 * 1024
     #: Relative share of shards this node takes on the ring (an integer >= 1).
     node_weight: Count = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.

@@ -118,7 +118,8 @@ class DataPlane:
                            stamp=self._stamp, admit=self._admit,
                            on_connected=self._on_link_connected,
                            tls=self.metadata.client_tls,
-                           stall_timeout=config.link_stall_timeout)
+                           stall_timeout=config.link_stall_timeout,
+                           max_unacked_bytes=config.link_replay_window)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
         #: Wakes whatever retries "by the newer view" (router, deliveries, replication).
