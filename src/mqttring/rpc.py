@@ -129,11 +129,6 @@ class FramedStream:
                 raise EOFError("connection closed by peer")
             self._buffer += chunk
 
-    def has_frame(self) -> bool:
-        """A whole frame is already buffered: the next ``receive_bytes`` will not read."""
-        buffer = self._buffer
-        return len(buffer) >= 4 and len(buffer) >= 4 + _LEN.unpack_from(buffer)[0]
-
     async def receive_bytes(self) -> bytes:
         """The next frame's payload, undecoded: for a stream handler with its own codec
         (the data links decode typed frames, ``mqttring.cluster.messages``)."""
