@@ -21,11 +21,12 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from link_support import serve_frames
 from mqttring.cluster import messages as m
 from mqttring.cluster.errors import PeerProtocolError
 from mqttring.cluster.links import Links, _Pending
 from mqttring.cluster.plane import DataPlane
-from mqttring.rpc import FramedStream, Peer, ProtocolError
+from mqttring.rpc import ProtocolError
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(m.LinkMessage)
 REQUEST_TYPES: tuple[type, ...] = typing.get_args(m.Request)
@@ -177,40 +178,9 @@ def test_a_request_gets_its_id_in_a_copy_not_by_slot() -> None:
     assert (message.req, numbered.req, numbered.shard) == (0, 17, 3)
 
 
-async def _serve(links: Links, *payloads: bytes, session: int = 1) -> Exception | None:
-    """Feed ``payloads`` as frames of link session ``session`` to ``serve_stream``; what it
-    raised (None at EOF)."""
-    return (await _serve_acked(links, *payloads, session=session))[0]
-
-
-async def _serve_acked(links: Links, *payloads: bytes, session: int = 1
-                       ) -> tuple[Exception | None, list[int]]:
-    """``_serve``, and the acknowledgements the receiver wrote back, in order (with
-    ``autojump_clock``, every one due: its delay passes while everything waits)."""
-    ours, theirs = trio.testing.memory_stream_pair()
-    sender = FramedStream(theirs)
-    outcome: list[Exception | None] = []
-
-    async def serve() -> None:
-        try:
-            await links.serve_stream(FramedStream(ours), Peer("peer", "127.0.0.1:1"),
-                                     {"session": session})
-        except (ProtocolError, EOFError) as exc:
-            outcome.append(None if isinstance(exc, EOFError) else exc)
-        else:
-            outcome.append(None)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
-        for payload in payloads:
-            await sender.send_packed(payload)
-        await trio.sleep(1)
-        await theirs.send_eof()
-    await ours.send_eof()
-    raw = b""
-    while chunk := await theirs.receive_some():
-        raw += chunk
-    return outcome[0], [int.from_bytes(raw[i:i + 8], "big") for i in range(0, len(raw), 8)]
+async def _serve(links: Links, *payloads: bytes) -> Exception | None:
+    """Feed ``payloads`` as frames to ``serve_stream``; what it raised (None at EOF)."""
+    return (await serve_frames(links, list(payloads)))[0]
 
 
 async def test_a_bad_frame_is_counted_and_closes_the_link_after_the_good_ones(
@@ -241,7 +211,7 @@ async def test_a_fenced_off_frame_is_refused_not_a_protocol_error(
     got: list[Any] = []
     links = Links("me", b"k" * 32, lambda node, msg: got.append(msg),
                   admit=lambda node, inc, epoch: inc >= 2)
-    error, acks = await _serve_acked(links, m.encode_frame(1, 0, [m.RoutePull()], 1))
+    error, acks = await serve_frames(links, [m.encode_frame(1, 0, [m.RoutePull()], 1)])
     assert error is None and got == []  # never applied; the link goes on
     assert acks == [1]  # acknowledged, so that it is not replayed
     assert links.refused_frames == 1 and links.protocol_errors == {}

@@ -13,11 +13,12 @@ import pytest
 import trio
 import trio.testing
 
+from link_support import serve_frames
 from mqttring.cluster import messages as m
 from mqttring.cluster.errors import PeerProtocolError
 from mqttring.cluster.links import Link, Links
 from mqttring.cluster.replay import InboundSession, OutboundWindow, Verdict
-from mqttring.rpc import FramedStream, Peer, ProtocolError
+from mqttring.rpc import FramedStream, Peer
 
 # -- the sender's window ---------------------------------------------------------------------
 
@@ -107,36 +108,7 @@ def test_the_receiver_applies_each_frame_once_in_order() -> None:
 # -- the receiving end of Links ----------------------------------------------------------------
 
 
-async def _serve(links: Links, payloads: list[bytes], session: int = 1,
-                 node: str = "peer") -> tuple[Exception | None, list[int]]:
-    """Feed ``payloads`` as one connection of ``session``; what ``serve_stream`` raised
-    (None at the end of the stream) and the acknowledgements it wrote.  Tests that call
-    it take ``autojump_clock``: the receiver's acknowledgement delay then passes as soon
-    as everything waits, and every acknowledgement due is written before the stream ends."""
-    ours, theirs = trio.testing.memory_stream_pair()
-    sender = FramedStream(theirs)
-    outcome: list[Exception | None] = []
-
-    async def serve() -> None:
-        try:
-            await links.serve_stream(FramedStream(ours), Peer(node, "127.0.0.1:1"),
-                                     {"session": session})
-        except (ProtocolError, EOFError) as exc:
-            outcome.append(None if isinstance(exc, EOFError) else exc)
-        else:
-            outcome.append(None)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
-        for payload in payloads:
-            await sender.send_packed(payload)
-        await trio.sleep(1)  # virtual time: many acknowledgement delays
-        await theirs.send_eof()
-    await ours.send_eof()
-    raw = b""
-    while chunk := await theirs.receive_some():
-        raw += chunk
-    return outcome[0], [int.from_bytes(raw[i:i + 8], "big") for i in range(0, len(raw), 8)]
+_serve = serve_frames
 
 
 def _frame(seq: int, *messages: Any, incarnation: int = 1, epoch: int = 1) -> bytes:
