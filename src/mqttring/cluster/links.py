@@ -40,19 +40,15 @@ the view); on a replaced one they wait, since their frames will be replayed.  Ev
 successful (re)connection is reported (``on_connected``) so that the router re-sends its
 full route set to that peer.
 
-Fencing: every frame carries the sender's incarnation and view epoch (``stamp``).  The
-receiver asks ``admit(node, incarnation, epoch)`` before it applies anything.  A frame it
-refuses (an older incarnation of the sender, one the receiver's view marks down, or one
-stamped for an earlier life of the receiver) is never applied: it is counted
-(``refused_frames``), skipped and acknowledged, so that replay does not send it again, and
-the link goes on with the next frame, which a sender in its next life stamps anew.  So a
-node that was cut off and declared dead can never have applied, after the heal, what it
-queued or decided meanwhile.
+Fencing: every frame carries the sender's incarnation and view epoch (``stamp``); the
+receiving end (``cluster/inbound.py``) applies only what ``admit`` accepts, so a node that
+was cut off and declared dead can never have applied, after the heal, what it queued or
+decided meanwhile.
 
-Protocol errors: a frame that does not decode as a ``Frame`` of this version (unknown tag,
-wrong field type) or a message whose content fails its checks raises ``PeerProtocolError``,
-counted per peer (``protocol_errors``, in ``stats``), which closes that peer's link; the
-peer reconnects and the node keeps running.
+Protocol errors: a frame or an acknowledgement that does not decode, or a message whose
+content fails its checks, raises ``PeerProtocolError``, counted per peer
+(``protocol_errors``, in ``stats``), which closes that peer's link; the peer reconnects and
+the node keeps running.
 """
 
 from __future__ import annotations
@@ -69,16 +65,9 @@ import trio
 
 from mqttring.cluster import wire
 from mqttring.cluster.errors import PeerProtocolError, PeerUnavailable, RemoteError
-from mqttring.cluster.messages import (
-    Ack,
-    Batch,
-    LinkMessage,
-    Reply,
-    Request,
-    decode_frame,
-    encode_frame,
-)
-from mqttring.cluster.replay import ACK, InboundSession, OutboundWindow, Verdict
+from mqttring.cluster.inbound import Admit, LinkReceiver, MessageHandler
+from mqttring.cluster.messages import Ack, Batch, LinkMessage, Reply, Request, encode_frame
+from mqttring.cluster.replay import ACK, OutboundWindow
 from mqttring.cluster.wire import MAX_BATCH_BYTES
 from mqttring.rpc import MAX_FRAME, FramedStream, Peer, RpcClient
 from mqttring.tcp_options import discard_unsent, retransmitting
@@ -100,8 +89,6 @@ MAX_UNACKED_BYTES = 32 * 1024 * 1024
 #: Default ``link_stall_timeout``: no acknowledgement for this long while TCP retransmits,
 #: and the connection is replaced.
 STALL_TIMEOUT = 3.0
-#: The receiver acknowledges at most this often per connection.
-ACK_DELAY = 0.01
 
 
 def frame_limit(max_packet_size: int) -> int:
@@ -111,14 +98,8 @@ def frame_limit(max_packet_size: int) -> int:
 
 R = TypeVar("R", bound=Reply)
 T = TypeVar("T")
-#: Called for every inbound message but ``Ack``, in order; it must not block: anything that waits
-#: (a store write, an answer from a third node) runs in a task it starts, or the link's
-#: reader would stall and two nodes waiting on each other's links would deadlock.
-MessageHandler = Callable[[str, LinkMessage], None]
 #: (incarnation, epoch) of this node, stamped on every frame it sends.
 Stamp = Callable[[], tuple[int, int]]
-#: May frames from ``node`` in ``incarnation`` be applied here?
-Admit = Callable[[str, int, int], bool]
 
 
 def in_frames(items: list[T], size: Callable[[T], int], budget: int) -> Iterator[list[T]]:
@@ -159,33 +140,6 @@ class _Pending:
         self.done = trio.Event()
         self.ok = False
         self.result: Reply | str | Exception | None = None
-
-
-class _Acknowledger:
-    """Writes the receiver's acknowledgements on one served connection: the number of the
-    last frame applied, at most once per ``ACK_DELAY`` (acknowledging every burst of frames
-    cost the pair benchmark 7% of its QoS 1 rate; the sender needs acknowledgements only to
-    free its window and to tell a stall, both on a scale of seconds).  The only writer on
-    that connection."""
-
-    def __init__(self, stream: FramedStream, inbound: InboundSession) -> None:
-        self._stream = stream
-        self._inbound = inbound
-        self._event = trio.Event()
-        self._sent = 0
-
-    def due(self) -> None:
-        self._event.set()
-
-    async def run(self) -> None:
-        while True:
-            await self._event.wait()
-            await trio.sleep(ACK_DELAY)
-            self._event = trio.Event()
-            last = self._inbound.last
-            if last is not None and last != self._sent:
-                self._sent = last
-                await self._stream.stream.send_all(ACK.pack(last))
 
 
 class Link:
@@ -434,14 +388,10 @@ class Links:
         #: Client context of cluster TLS for the links this node opens (None: plain TCP).
         self.tls = tls
         self.stamp = stamp
-        self.admit = admit
         self.stall_timeout = stall_timeout
         self.max_unacked_bytes = max(max_unacked_bytes, 2 * max_frame)
         #: Called with the peer's id each time its link (re)connects.
         self.on_connected = on_connected
-        #: Frames refused (never applied) because their sender was fenced off (stale or
-        #: down incarnation), or they were meant for an earlier life of this node.
-        self.refused_frames = 0
         #: Per peer: frames or messages it sent that we could not read (``PeerProtocolError``;
         #: each closed its link).
         self.protocol_errors: dict[str, int] = {}
@@ -449,18 +399,29 @@ class Links:
         self.max_queued = max_queued
         #: Frame size limit both ways; nodes of one cluster must agree (same limits).
         self.max_frame = max_frame
-        self._handler = handler
         self._links: dict[str, Link] = {}
-        #: Per sending peer: what of its current link session this node applied.
-        self._inbound: dict[str, InboundSession] = {}
-        #: Per sending peer: the connection being served (a newer one replaces it).
-        self._serving: dict[str, trio.CancelScope] = {}
+        #: The receiving end: every peer's link to this node.
+        self.receiver = LinkReceiver(handler, admit, max_frame=max_frame,
+                                     on_answer=self._on_ack, on_lost=self._fail_pending,
+                                     on_protocol_error=self._protocol_error)
         self._pending: dict[int, _Pending] = {}
         #: Answers to peers we have no link to yet (see ``reply``), per peer.
         self._early_replies: dict[str, list[LinkMessage]] = {}
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
-        self.received_messages = 0
+
+    @property
+    def refused_frames(self) -> int:
+        """Frames from fenced-off senders, never applied (``LinkReceiver``)."""
+        return self.receiver.refused_frames
+
+    @property
+    def received_messages(self) -> int:
+        return self.receiver.received_messages
+
+    async def serve_stream(self, stream: FramedStream, peer: Peer, body: dict[str, Any]) -> None:
+        """RPC stream handler for ``data.link`` (``LinkReceiver.serve_stream``)."""
+        await self.receiver.serve_stream(stream, peer, body)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -485,8 +446,7 @@ class Links:
                 self._nursery.start_soon(link.run)
         for node_id in [n for n in self._early_replies if n not in peers]:
             del self._early_replies[node_id]
-        for node_id in [n for n in self._inbound if n not in peers]:
-            del self._inbound[node_id]
+        self.receiver.forget_others(peers)
 
     def _close(self, link: Link) -> None:
         link.closed = True
@@ -630,85 +590,7 @@ class Links:
                 # exists: keep the answer for the link ``update_peers`` is about to open.
                 self._early_replies.setdefault(node_id, []).append(answer)
 
-    # -- receiving ------------------------------------------------------------------------
-
-    async def serve_stream(self, stream: FramedStream, peer: Peer, body: dict[str, Any]) -> None:
-        """RPC stream handler for ``data.link``: dispatch every message of every frame."""
-        node = peer.node_id
-        session = body.get("session")
-        if type(session) is not int or session < 1:
-            raise self._protocol_error(node, PeerProtocolError(
-                f"data link without a session number: {session!r}"))
-        inbound = self._inbound.get(node)
-        if inbound is None or inbound.session != session:
-            inbound = self._inbound[node] = InboundSession(session)
-        previous = self._serving.pop(node, None)
-        if previous is not None:
-            previous.cancel()  # the peer replaced that connection: this one replays it
-        scope = self._serving[node] = trio.CancelScope()
-        try:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    acks = _Acknowledger(stream, inbound)
-                    nursery.start_soon(acks.run)
-                    await self._serve_frames(stream, node, inbound, acks)
-        except BaseExceptionGroup as group:
-            # The nursery wraps what the frame loop raised (the end of the stream, a
-            # protocol error); the RPC server, which closes the connection, expects it bare.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
-        finally:
-            if self._serving.get(node) is scope:
-                del self._serving[node]
-            if not scope.cancelled_caught:
-                # The peer's answers to our requests travel on this connection: those in
-                # flight on it are lost with it, unless a newer connection replays them.
-                # Fail the requests now so that their callers retry (on the connection the
-                # peer opens next) instead of waiting out their timeouts.
-                self._fail_pending(node)
-
-    async def _serve_frames(self, stream: FramedStream, node: str,
-                            inbound: InboundSession, acks: _Acknowledger) -> None:
-        handler = self._handler
-        stream.max_frame = self.max_frame
-        refused_here = 0
-        while True:
-            try:
-                frame = decode_frame(await stream.receive_bytes())
-                verdict = inbound.verdict(frame.seq)
-            except PeerProtocolError as exc:
-                raise self._protocol_error(node, exc) from None
-            if verdict is Verdict.DUPLICATE:
-                acks.due()
-                continue
-            incarnation = frame.incarnation
-            if not self.admit(node, incarnation, frame.epoch):
-                # Fenced off: never applied, and acknowledged so that it is not replayed.
-                self.refused_frames += 1
-                if not refused_here:
-                    log.warning("refused a frame from %s (incarnation %d, epoch %d): "
-                                "fenced off (later ones on this connection are counted)",
-                                node, incarnation, frame.epoch)
-                refused_here += 1
-                inbound.applied(frame.seq)
-                acks.due()
-                continue
-            for message in frame.messages:
-                try:
-                    if type(message) is Ack:
-                        self._on_ack(message)
-                    else:
-                        handler(node, message)
-                except (ValueError, TypeError, KeyError, IndexError) as exc:
-                    # Well-typed, yet its content fails a check (a batch index that does not
-                    # cover its blob, a database we do not replicate): a version skew or a
-                    # bug of an authenticated peer.  Close its link, keep the node running.
-                    raise self._protocol_error(node, PeerProtocolError(
-                        f"bad {type(message).__name__} message: {exc}")) from None
-                self.received_messages += message.count if type(message) is Batch else 1
-            inbound.applied(frame.seq)
-            acks.due()
+    # -- what the receiving end hands back ---------------------------------------------
 
     def _protocol_error(self, node: str, exc: PeerProtocolError) -> PeerProtocolError:
         """Count and log ``exc`` from ``node``; the caller raises it to close the link."""
