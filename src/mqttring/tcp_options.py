@@ -6,10 +6,13 @@ refuses, a connection keeps TCP's defaults.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import socket
 import struct
-from typing import Protocol
+import termios
+from typing import NamedTuple, Protocol
 
 import trio
 
@@ -106,19 +109,45 @@ def discard_unsent(stream: trio.abc.Stream) -> None:
             tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
-def retransmitting(stream: trio.abc.Stream) -> bool:
-    """Is TCP retransmitting on ``stream`` now (``tcpi_retransmits`` or ``tcpi_backoff``
-    of ``TCP_INFO``, Linux)?  True where that cannot be read: the caller's own evidence of
-    a stall then decides alone."""
+#: ``struct tcp_info`` (Linux): ``tcpi_retransmits`` and ``tcpi_backoff`` are bytes 2 and
+#: 4; ``tcpi_total_retrans`` is the 32-bit word at byte 100.
+_TCP_INFO_LEN = 104
+_TOTAL_RETRANS = struct.Struct("=I")
+#: ``SIOCOUTQ`` (Linux, the same number as ``TIOCOUTQ``): bytes in a socket's send queue,
+#: sent but not acknowledged by the peer's TCP, or not sent yet.
+_SIOCOUTQ = getattr(termios, "TIOCOUTQ", None)
+
+
+class SendState(NamedTuple):
+    """What the kernel says of a connection's sending side (``send_state``)."""
+
+    #: TCP is retransmitting now (``tcpi_retransmits`` or ``tcpi_backoff``).
+    retransmitting: bool
+    #: Segments retransmitted over the connection's life (``tcpi_total_retrans``).
+    retransmitted: int
+    #: Bytes written and not yet acknowledged by the peer's TCP (``SIOCOUTQ``).
+    queued: int
+
+
+def send_state(stream: trio.abc.Stream) -> SendState | None:
+    """``stream``'s sending side as Linux's ``TCP_INFO`` and ``SIOCOUTQ`` tell it; None
+    where they cannot be read (no TCP socket, another kernel): the caller's own evidence
+    then decides alone."""
     tcp = socket_of(stream)
-    if tcp is None:
-        return True
+    if tcp is None or _SIOCOUTQ is None:
+        return None
     try:
-        info = tcp.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+        sock = tcp.socket
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        queued = array.array("i", [0])
+        fcntl.ioctl(sock.fileno(), _SIOCOUTQ, queued, True)
     except (OSError, AttributeError):
-        return True
-    return len(info) < 5 or info[2] > 0 or info[4] > 0
+        return None
+    if len(info) < _TCP_INFO_LEN:
+        return None
+    return SendState(info[2] > 0 or info[4] > 0, _TOTAL_RETRANS.unpack_from(info, 100)[0],
+                     queued[0])
 
 
-__all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SocketOptions", "discard_unsent", "for_cluster",
-           "leave_bbr", "retransmitting", "socket_of", "thin_stream_timeouts"]
+__all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SendState", "SocketOptions", "discard_unsent",
+           "for_cluster", "leave_bbr", "send_state", "socket_of", "thin_stream_timeouts"]

@@ -4,9 +4,10 @@ Run by ``test_link_stall.py`` inside a network namespace of its own (it installs
 rules on that namespace's loopback, which touch nothing else).  Two real ``Links`` with
 real RPC servers: node a sends numbered ``SessionKick`` messages to b (sent once, never
 acknowledged by the layer above, the kind a lost connection used to lose), then nftables
-drops every packet of the link's established connection, and a goes on sending.  The
-connection stalls; the stall guard must replace it (a fresh connection: new port, not cut)
-and replay what was unacknowledged, so that b applies every message once, in order.
+drops every packet of the link's established connection (``both``), or only b's
+acknowledgements of frames (``acks``), and a goes on sending.  The connection stalls; the
+stall guard must replace it (a fresh connection: new port, not cut) and replay what was
+unacknowledged, so that b applies every message once, in order.
 Prints one JSON line with what happened.
 """
 
@@ -35,14 +36,21 @@ def _link_ports(port_b: int) -> list[int]:
     return [int(line.split()[2].rsplit(":", 1)[1]) for line in out.splitlines() if line]
 
 
-def _cut(port_a: int, port_b: int) -> None:
+def _cut(port_a: int, port_b: int, mode: str) -> None:
+    """``both``: every packet of the connection dropped.  ``acks``: only b's segments that
+    carry data, its acknowledgements of frames (a pure TCP ACK is 52 bytes of IPv4 with
+    timestamps): a's bytes all arrive and a's TCP never needs to retransmit."""
+    if mode == "both":
+        rules = (f"    tcp sport {port_a} tcp dport {port_b} drop\n"
+                 f"    tcp sport {port_b} tcp dport {port_a} drop\n")
+    else:
+        rules = f"    tcp sport {port_b} tcp dport {port_a} ip length > 52 drop\n"
     script = ("table inet mqstall {\n  chain input { type filter hook input priority 0;\n"
-              f"    tcp sport {port_a} tcp dport {port_b} drop\n"
-              f"    tcp sport {port_b} tcp dport {port_a} drop\n  }}\n}}\n")
+              f"{rules}  }}\n}}\n")
     subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True, timeout=10)
 
 
-async def main() -> dict[str, Any]:
+async def main(mode: str) -> dict[str, Any]:
     got: list[str] = []
     a = Links("a", KEY, lambda node, msg: None, stall_timeout=STALL_TIMEOUT)
     b = Links("b", KEY, lambda node, msg: got.append(msg.client_id))
@@ -64,13 +72,14 @@ async def main() -> dict[str, Any]:
         ports = await trio.to_thread.run_sync(_link_ports, servers[1])
         if len(ports) != 1:
             raise RuntimeError(f"expected one link connection to b, found ports {ports}")
-        await trio.to_thread.run_sync(_cut, ports[0], servers[1])
+        await trio.to_thread.run_sync(_cut, ports[0], servers[1], mode)
         cut_at = time.monotonic()
         for i in range(BEFORE, BEFORE + DURING):
             a.send_control("b", SessionKick(0, f"m{i}", "x:1"))
             await trio.sleep(0.001)
-        with trio.move_on_after(STALL_TIMEOUT + 15):
-            while len(got) < BEFORE + DURING:
+        with trio.move_on_after(2 * STALL_TIMEOUT + 15):
+            # Until b applied everything and a heard so (acknowledgements freed its window).
+            while len(got) < BEFORE + DURING or a.stats()["b"]["unacked"]:
                 await trio.sleep(0.01)
         done_after = time.monotonic() - cut_at
         after_ports = await trio.to_thread.run_sync(_link_ports, servers[1])
@@ -79,9 +88,10 @@ async def main() -> dict[str, Any]:
     return {"received": len(got), "in_order": got == [f"m{i}" for i in range(len(got))],
             "distinct": len(set(got)), "expected": BEFORE + DURING,
             "done_after_s": round(done_after, 2), "replaced": stats["replaced"],
-            "replayed": stats["replayed"], "old_port": ports[0], "new_ports": after_ports}
+            "replayed": stats["replayed"], "unacked": stats["unacked"],
+            "old_port": ports[0], "new_ports": after_ports}
 
 
 if __name__ == "__main__":
-    print(json.dumps(trio.run(main)))
+    print(json.dumps(trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "both")))
     sys.stdout.flush()

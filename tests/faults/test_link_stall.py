@@ -23,17 +23,21 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(90)
 
 
-def test_a_stalled_link_is_replaced_and_its_frames_replayed() -> None:
+@pytest.mark.parametrize("cut", ["both", "acks"])
+def test_a_stalled_link_is_replaced_and_its_frames_replayed(cut: str) -> None:
+    """``both``: TCP retransmits into a black hole.  ``acks``: a's bytes all arrive, b's
+    acknowledgements never do, and a's TCP has nothing to retransmit (a sick node's links
+    waited 8 s like that for a sample to catch TCP retransmitting)."""
     ok, why = can_create_namespaces()
     if not ok:
         pytest.skip(f"needs network namespaces: {why}")
-    ns = f"{PREFIX}{os.getpid()}s"
+    ns = f"{PREFIX}{os.getpid()}s{cut[0]}"
     subprocess.run([IP, "netns", "add", ns], check=True, timeout=20)
     try:
         subprocess.run([IP, "-n", ns, "link", "set", "lo", "up"], check=True, timeout=20)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         run = subprocess.run([IP, "netns", "exec", ns, sys.executable, "-m",
-                              "tests.faults.link_stall"], cwd=ROOT, env=env,
+                              "tests.faults.link_stall", cut], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60)
     finally:
         delete_namespace(ns)
@@ -42,5 +46,6 @@ def test_a_stalled_link_is_replaced_and_its_frames_replayed() -> None:
     assert result["replaced"] >= 1, f"the stalled connection was never replaced: {result}"
     assert result["old_port"] not in result["new_ports"], result
     assert result["received"] == result["expected"], f"messages lost: {result}"
+    assert result["unacked"] == 0, f"the sender never heard its frames were applied: {result}"
     assert result["distinct"] == result["received"] and result["in_order"], (
         f"messages applied twice or out of order: {result}")

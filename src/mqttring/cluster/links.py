@@ -33,8 +33,9 @@ by the receiver, acknowledged by number on the same connection, and kept by the 
 until then (``cluster/replay.py``).  A writer that loses its connection reconnects with
 backoff for as long as the peer is in the view and sends the unacknowledged frames again
 first; what is queued meanwhile waits (bounded as above).  So a connection can be replaced
-at will: one with frames unacknowledged for ``stall_timeout`` while TCP retransmits is
-replaced (``replaced`` in ``stats``) instead of waited out.  Requests in flight on a
+at will: one with frames unacknowledged for ``stall_timeout`` while TCP retransmits, or for
+twice that with every byte delivered (the acknowledgements are what is lost), is replaced
+(``StallJudge``; ``replaced`` in ``stats``) instead of waited out.  Requests in flight on a
 connection that *broke* still fail at once (the peer may be dead: callers decide again by
 the view); on a replaced one they wait, since their frames will be replayed.  Every
 successful (re)connection is reported (``on_connected``) so that the router re-sends its
@@ -67,10 +68,10 @@ from mqttring.cluster import wire
 from mqttring.cluster.errors import PeerProtocolError, PeerUnavailable, RemoteError
 from mqttring.cluster.inbound import Admit, LinkReceiver, MessageHandler
 from mqttring.cluster.messages import Ack, Batch, LinkMessage, Reply, Request, encode_frame
-from mqttring.cluster.replay import ACK, OutboundWindow
+from mqttring.cluster.replay import ACK, OutboundWindow, StallJudge
 from mqttring.cluster.wire import MAX_BATCH_BYTES
 from mqttring.rpc import MAX_FRAME, FramedStream, Peer, RpcClient
-from mqttring.tcp_options import discard_unsent, retransmitting
+from mqttring.tcp_options import discard_unsent, send_state
 
 log = logging.getLogger("mqttring.cluster.links")
 
@@ -296,18 +297,20 @@ class Link:
         scope.cancel()
 
     async def _guard(self, stream: FramedStream, scope: trio.CancelScope) -> None:
-        """Replace the connection when its frames see no acknowledgement for the stall
-        timeout while TCP retransmits (a peer merely slow to apply them is not stalled):
-        a fresh connection starts with a fresh retransmission timer, where this one may
-        be backing off for tens of seconds."""
+        """Replace the connection once ``StallJudge`` finds it stalled: a fresh connection
+        starts with a fresh retransmission timer, where this one may be backing off for
+        tens of seconds, or waiting on acknowledgements the peer's kernel keeps resending."""
         timeout = self.owner.stall_timeout
+        judge = StallJudge(timeout)
         while True:
             await trio.sleep(timeout / 4)
-            stalled = self.window.stalled_for(trio.current_time())
-            if stalled > timeout and retransmitting(stream.stream):
-                log.warning("link %s -> %s: no acknowledgement for %.1f s while TCP "
-                            "retransmits; replacing the connection (%d frames to send again)",
-                            self.owner.node_id, self.node_id, stalled, len(self.window))
+            window = self.window
+            stalled = window.stalled_for(trio.current_time())
+            why = judge.why_stalled(stalled, window.progress_at, send_state(stream.stream))
+            if why is not None:
+                log.warning("link %s -> %s: no acknowledgement for %.1f s (%s); replacing "
+                            "the connection (%d frames to send again)", self.owner.node_id,
+                            self.node_id, stalled, why, len(window))
                 self.replaced += 1
                 self.replacing = True
                 scope.cancel()

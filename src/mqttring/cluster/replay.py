@@ -24,7 +24,8 @@ The sender keeps every frame until it is acknowledged (``OutboundWindow``), send
 again, in order, on its next connection, and the receiver skips those it already applied
 (``InboundSession``).  So a connection may now be replaced at any moment:
 the sender replaces one whose oldest unacknowledged frame has seen no progress for the
-stall timeout while TCP is retransmitting, and starts again with a fresh connection (and a
+stall timeout while TCP retransmits, or for twice that with every byte delivered and no
+acknowledgement back (``StallJudge``), and starts again with a fresh connection (and a
 fresh retransmission timer).
 
 A frame the receiver refuses (fencing: the sender's life has ended, or the frame was
@@ -40,6 +41,7 @@ from collections import deque
 from enum import Enum
 
 from mqttring.cluster.errors import PeerProtocolError
+from mqttring.tcp_options import SendState
 
 #: An acknowledgement on the wire: the number of the last frame applied.
 ACK = struct.Struct(">Q")
@@ -108,6 +110,47 @@ class OutboundWindow:
     def stalled_for(self, now: float) -> float:
         """Seconds the oldest frame in flight has seen no progress (0 with none)."""
         return 0.0 if self.progress_at is None else now - self.progress_at
+
+
+class StallJudge:
+    """Decides when a link connection with frames in flight is replaced.  ``links.py`` asks
+    every quarter of the stall timeout, with what the window and the kernel say.
+
+    A connection is stalled after ``timeout`` without progress if TCP retransmitted since
+    the last progress: now, or by its counter, since a sample can fall in a lull between
+    two retransmissions (a sick node's link waited 8 s for a sample to catch TCP
+    retransmitting).  It is stalled after twice that whatever TCP does, once the kernel
+    holds nothing of ours unacknowledged: every byte reached the peer's TCP, so what is
+    missing is the peer's acknowledgement, lost on the way back and retransmitted by the
+    *peer's* kernel, which no counter on this end shows.  A peer merely slow to apply is
+    given the timeout; a large frame still on its way (bytes queued, nothing
+    retransmitted) is never cut short.  Without the kernel's word (``tcp`` None) the stall
+    alone decides.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        #: The progress (``OutboundWindow.progress_at``) the baseline belongs to.
+        self._progress_at: float | None = None
+        #: TCP's retransmission counter when that progress was first seen.
+        self._baseline: int | None = None
+
+    def why_stalled(self, stalled_for: float, progress_at: float | None,
+                    tcp: SendState | None) -> str | None:
+        """Why the connection counts as stalled (for the log), or None if it does not."""
+        if tcp is None:
+            return "TCP state unknown" if stalled_for > self.timeout else None
+        if progress_at != self._progress_at or self._baseline is None:
+            self._progress_at, self._baseline = progress_at, tcp.retransmitted
+        if stalled_for <= self.timeout:
+            return None
+        if tcp.retransmitting:
+            return "TCP retransmits"
+        if tcp.retransmitted > self._baseline:
+            return "TCP retransmitted meanwhile"
+        if stalled_for > 2 * self.timeout and tcp.queued == 0:
+            return "every byte delivered, no acknowledgement back"
+        return None
 
 
 class Verdict(Enum):
