@@ -135,6 +135,9 @@ def test_python_construction_is_checked_and_normalised():
         dataclasses.replace(config, link_replay_window=0)
     with pytest.raises(ConfigError, match=r"^link_stall_timeout = 0"):
         dataclasses.replace(config, link_stall_timeout=0)
+    with pytest.raises(ConfigError, match=r"^link_ack_interval = 1.0: must be at most "
+                                          r"link_stall_timeout / 4"):
+        dataclasses.replace(config, link_ack_interval=1.0)
     nested = BrokerConfig(limits={"max_inflight": 5})  # type: ignore[arg-type]
     assert nested.limits == Limits(max_inflight=5)
 

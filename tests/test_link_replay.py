@@ -191,6 +191,18 @@ async def test_acknowledgements_coalesce(autojump_clock: trio.abc.Clock) -> None
     assert len(got) == 10 and acks == [10]  # one acknowledgement covers the burst
 
 
+async def test_the_acknowledgement_interval_is_the_links_option(
+        autojump_clock: trio.abc.Clock) -> None:
+    """``link_ack_interval``: the connection below is served for 1 s (virtual) and ends; at
+    2 s between acknowledgements none was due yet."""
+    slow = Links("me", b"k" * 32, lambda node, msg: None, ack_interval=2.0)
+    error, acks = await _serve(slow, [_frame(1), _frame(2)])
+    assert error is None and acks == []
+    quick = Links("me", b"k" * 32, lambda node, msg: None, ack_interval=0.5)
+    error, acks = await _serve(quick, [_frame(1), _frame(2)])
+    assert error is None and acks == [2]
+
+
 async def test_a_new_session_starts_afresh(autojump_clock: trio.abc.Clock) -> None:
     links, got = _recording()
     await _serve(links, [_frame(1), _frame(2)], session=1)

@@ -299,8 +299,12 @@ class BrokerConfig:
     #: publish is refused (no PUBACK) rather than acknowledged on incomplete state.
     cluster_write_patience: Interval = 15.0
     #: A data link whose frames see no acknowledgement for this long while TCP retransmits
-    #: is replaced by a fresh connection, which sends them again (``cluster/replay.py``).
+    #: (or twice this long with every byte delivered) is replaced by a fresh connection,
+    #: which sends them again (``cluster/replay.py``).
     link_stall_timeout: Interval = 3.0
+    #: A node acknowledges the frames of each peer's link at most this often: more often
+    #: frees senders' windows sooner and costs a write per burst.
+    link_ack_interval: Interval = 0.01
     #: Bytes of frames a data link keeps until its peer acknowledges them (for replay); a
     #: link with this much unacknowledged stops sending until acknowledgements arrive.
     #: Raised to two of the largest frames if set below (``limits.max_packet_size``).
@@ -349,6 +353,10 @@ class BrokerConfig:
             raise ConfigError(f"fence_after = {self.fence_after} (in effect "
                               f"{self.fence_seconds}s): must exceed failure_grace / 4 = "
                               f"{grace / 4}: a heartbeat cannot prove quorum for less than that")
+        if self.link_ack_interval * 4 > self.link_stall_timeout:
+            raise ConfigError(f"link_ack_interval = {self.link_ack_interval}: must be at most "
+                              f"link_stall_timeout / 4 = {self.link_stall_timeout / 4}: links "
+                              "acknowledged that seldom would look stalled")
         hold = self.limits.slow_subscriber_hold
         if hold >= self.cluster_write_patience:
             raise ConfigError(f"limits.slow_subscriber_hold = {hold}: must be below "

@@ -33,8 +33,8 @@ from mqttring.rpc import FramedStream, Peer
 
 log = logging.getLogger("mqttring.cluster.links")
 
-#: The receiver acknowledges at most this often per connection.
-ACK_DELAY = 0.01
+#: Default ``link_ack_interval``: the receiver acknowledges at most this often per connection.
+ACK_INTERVAL = 0.01
 
 #: Called for every inbound message but ``Ack``, in order; it must not block: anything that waits
 #: (a store write, an answer from a third node) runs in a task it starts, or the link's
@@ -46,13 +46,15 @@ Admit = Callable[[str, int, int], bool]
 
 class Acknowledger:
     """Writes the receiver's acknowledgements on one served connection: the number of the
-    last frame applied, at most once per ``ACK_DELAY`` (acknowledging every burst of frames
+    last frame applied, at most once per ``interval`` (acknowledging every burst of frames
     cost the pair benchmark 7% of its QoS 1 rate; the sender needs acknowledgements only to
     free its window and to tell a stall, both on a scale of seconds).  The only writer on
     that connection."""
 
-    def __init__(self, stream: FramedStream, inbound: InboundSession) -> None:
+    def __init__(self, stream: FramedStream, inbound: InboundSession,
+                 interval: float = ACK_INTERVAL) -> None:
         self._stream = stream
+        self._interval = interval
         self._inbound = inbound
         self._event = trio.Event()
         self._sent = 0
@@ -63,7 +65,7 @@ class Acknowledger:
     async def run(self) -> None:
         while True:
             await self._event.wait()
-            await trio.sleep(ACK_DELAY)
+            await trio.sleep(self._interval)
             self._event = trio.Event()
             last = self._inbound.last
             if last is not None and last != self._sent:
@@ -82,11 +84,13 @@ class LinkReceiver:
 
     def __init__(self, handler: MessageHandler, admit: Admit, *,
                  max_frame: int,
+                 ack_interval: float = ACK_INTERVAL,
                  on_answer: Callable[[Ack], None],
                  on_lost: Callable[[str], None],
                  on_protocol_error: Callable[[str, PeerProtocolError], PeerProtocolError],
                  ) -> None:
         self.max_frame = max_frame
+        self.ack_interval = ack_interval
         self._handler = handler
         self._admit = admit
         self._on_answer = on_answer
@@ -124,7 +128,7 @@ class LinkReceiver:
         try:
             with scope:
                 async with trio.open_nursery() as nursery:
-                    acks = Acknowledger(stream, inbound)
+                    acks = Acknowledger(stream, inbound, self.ack_interval)
                     nursery.start_soon(acks.run)
                     await self._serve_frames(stream, node, inbound, acks)
         except BaseExceptionGroup as group:
@@ -186,4 +190,4 @@ class LinkReceiver:
             acks.due()
 
 
-__all__ = ["ACK_DELAY", "Acknowledger", "Admit", "LinkReceiver", "MessageHandler"]
+__all__ = ["ACK_INTERVAL", "Acknowledger", "Admit", "LinkReceiver", "MessageHandler"]

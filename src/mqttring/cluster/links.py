@@ -66,7 +66,7 @@ import trio
 
 from mqttring.cluster import wire
 from mqttring.cluster.errors import PeerProtocolError, PeerUnavailable, RemoteError
-from mqttring.cluster.inbound import Admit, LinkReceiver, MessageHandler
+from mqttring.cluster.inbound import ACK_INTERVAL, Admit, LinkReceiver, MessageHandler
 from mqttring.cluster.messages import Ack, Batch, LinkMessage, Reply, Request, encode_frame
 from mqttring.cluster.replay import ACK, OutboundWindow, StallJudge
 from mqttring.cluster.wire import MAX_BATCH_BYTES
@@ -386,6 +386,7 @@ class Links:
                  on_connected: Callable[[str], None] = _ignore,
                  tls: ssl.SSLContext | None = None,
                  stall_timeout: float = STALL_TIMEOUT,
+                 ack_interval: float = ACK_INTERVAL,
                  max_unacked_bytes: int = MAX_UNACKED_BYTES) -> None:
         self.node_id = node_id
         #: Client context of cluster TLS for the links this node opens (None: plain TCP).
@@ -405,6 +406,7 @@ class Links:
         self._links: dict[str, Link] = {}
         #: The receiving end: every peer's link to this node.
         self.receiver = LinkReceiver(handler, admit, max_frame=max_frame,
+                                     ack_interval=ack_interval,
                                      on_answer=self._on_ack, on_lost=self._fail_pending,
                                      on_protocol_error=self._protocol_error)
         self._pending: dict[int, _Pending] = {}

@@ -119,6 +119,7 @@ class DataPlane:
                            on_connected=self._on_link_connected,
                            tls=self.metadata.client_tls,
                            stall_timeout=config.link_stall_timeout,
+                           ack_interval=config.link_ack_interval,
                            max_unacked_bytes=config.link_replay_window)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
