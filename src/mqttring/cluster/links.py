@@ -58,7 +58,7 @@ import itertools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar, overload
 
 import msgspec
@@ -558,15 +558,38 @@ class Links:
         (a peer's bug) is a ``RemoteError`` like a refusal, so the caller retries or gives up
         the way it does for any refusal instead of tripping over the wrong type.
         """
+        req, pending = self._expect_answer(node_id)
+        try:
+            await self.send_wait(node_id, msgspec.structs.replace(message, req=req))
+        except BaseException:
+            self._pending.pop(req, None)
+            raise
+        return await self._answer(node_id, message, req, pending, timeout, expect)
+
+    def request_now(self, node_id: str, message: Request, timeout: float = 10.0
+                    ) -> Coroutine[Any, Any, None]:
+        """``request``, with ``message`` queued before this returns (past the back-pressure
+        bound, as ``send_control``); the answer is awaited through what it returns.
+
+        For messages whose order against what other tasks send next matters: a route
+        registration queued in the SUBSCRIBE's own turn reaches the owner before a publish
+        that another client sent right after that SUBSCRIBE (one link is one FIFO), as one
+        broker would order them.  Raises ``PeerUnavailable`` at once, like ``request``."""
+        req, pending = self._expect_answer(node_id)
+        self._links[node_id].append(msgspec.structs.replace(message, req=req))
+        return self._answer(node_id, message, req, pending, timeout, None)
+
+    def _expect_answer(self, node_id: str) -> tuple[int, _Pending]:
         link = self._links.get(node_id)
         if link is None or link.down:
             raise PeerUnavailable(f"{node_id}: no working link")
         req = next(self._ids)
-        message = msgspec.structs.replace(message, req=req)
-        pending = _Pending(node_id)
-        self._pending[req] = pending
+        pending = self._pending[req] = _Pending(node_id)
+        return req, pending
+
+    async def _answer(self, node_id: str, message: Request, req: int, pending: _Pending,
+                      timeout: float, expect: type[R] | None) -> R | None:
         try:
-            await self.send_wait(node_id, message)
             with trio.move_on_after(timeout):
                 await pending.done.wait()
         finally:
