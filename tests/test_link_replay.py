@@ -73,49 +73,39 @@ def test_a_stall_counts_from_the_last_progress() -> None:
 def test_a_stall_with_tcp_retransmitting_is_one_after_the_timeout() -> None:
     judge = StallJudge(timeout=3.0)
     busy = SendState(retransmitting=True, retransmitted=5, queued=900)
-    assert judge.why_stalled(2.9, 10.0, busy) is None  # within the timeout
-    assert judge.why_stalled(3.1, 10.0, busy) == "TCP retransmits"
+    assert judge.why_stalled(2.9, busy) is None  # within the timeout
+    assert judge.why_stalled(3.1, busy) == "TCP retransmits"
 
 
-def test_retransmissions_between_two_samples_count() -> None:
-    """A sample can fall in a lull between retransmissions: the counter tells."""
+def test_retransmissions_in_the_past_do_not_make_a_stall() -> None:
+    """Between two retransmission bursts the connection may be recovering: replacing it
+    then buys a new handshake through the same lossy path (docs/faults.md)."""
     judge = StallJudge(timeout=3.0)
-    assert judge.why_stalled(0.5, 10.0, SendState(False, 7, 900)) is None  # baseline 7
-    assert judge.why_stalled(3.5, 10.0, SendState(False, 7, 900)) is None
-    assert judge.why_stalled(4.0, 10.0, SendState(False, 9, 900)) == (
-        "TCP retransmitted meanwhile")
-
-
-def test_retransmissions_before_the_last_progress_do_not_count() -> None:
-    judge = StallJudge(timeout=3.0)
-    judge.why_stalled(0.5, 10.0, SendState(False, 7, 900))
-    # An acknowledgement moved the progress at 20.0; 9 retransmissions are its past.
-    assert judge.why_stalled(0.2, 20.0, SendState(False, 9, 900)) is None
-    assert judge.why_stalled(5.0, 20.0, SendState(False, 9, 900)) is None
+    assert judge.why_stalled(4.0, SendState(False, 9, 900)) is None
 
 
 def test_acknowledgements_lost_on_the_way_back_are_a_stall_after_twice_the_timeout() -> None:
-    """Every byte reached the peer's TCP and nothing was retransmitted here: the missing
+    """Every byte reached the peer's TCP and nothing is retransmitting here: the missing
     acknowledgement is the peer's to resend, which no counter on this end shows."""
     judge = StallJudge(timeout=3.0)
     delivered = SendState(retransmitting=False, retransmitted=0, queued=0)
-    assert judge.why_stalled(1.0, 10.0, delivered) is None
-    assert judge.why_stalled(5.9, 10.0, delivered) is None  # maybe a peer slow to apply
-    assert judge.why_stalled(6.1, 10.0, delivered) == (
+    assert judge.why_stalled(1.0, delivered) is None
+    assert judge.why_stalled(5.9, delivered) is None  # maybe a peer slow to apply
+    assert judge.why_stalled(6.1, delivered) == (
         "every byte delivered, no acknowledgement back")
 
 
 def test_a_large_frame_still_on_its_way_is_never_cut_short() -> None:
     judge = StallJudge(timeout=3.0)
     sending = SendState(retransmitting=False, retransmitted=0, queued=4_000_000)
-    assert judge.why_stalled(0.1, 10.0, sending) is None
-    assert judge.why_stalled(60.0, 10.0, sending) is None
+    assert judge.why_stalled(0.1, sending) is None
+    assert judge.why_stalled(60.0, sending) is None
 
 
 def test_without_the_kernels_word_the_stall_alone_decides() -> None:
     judge = StallJudge(timeout=3.0)
-    assert judge.why_stalled(2.0, 10.0, None) is None
-    assert judge.why_stalled(3.5, 10.0, None) == "TCP state unknown"
+    assert judge.why_stalled(2.0, None) is None
+    assert judge.why_stalled(3.5, None) == "TCP state unknown"
 
 
 def test_the_window_fills_by_bytes() -> None:

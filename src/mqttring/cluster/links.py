@@ -306,7 +306,7 @@ class Link:
             await trio.sleep(timeout / 4)
             window = self.window
             stalled = window.stalled_for(trio.current_time())
-            why = judge.why_stalled(stalled, window.progress_at, send_state(stream.stream))
+            why = judge.why_stalled(stalled, send_state(stream.stream))
             if why is not None:
                 log.warning("link %s -> %s: no acknowledgement for %.1f s (%s); replacing "
                             "the connection (%d frames to send again)", self.owner.node_id,

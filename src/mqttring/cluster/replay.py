@@ -116,38 +116,32 @@ class StallJudge:
     """Decides when a link connection with frames in flight is replaced.  ``links.py`` asks
     every quarter of the stall timeout, with what the window and the kernel say.
 
-    A connection is stalled after ``timeout`` without progress if TCP retransmitted since
-    the last progress: now, or by its counter, since a sample can fall in a lull between
-    two retransmissions (a sick node's link waited 8 s for a sample to catch TCP
-    retransmitting).  It is stalled after twice that whatever TCP does, once the kernel
-    holds nothing of ours unacknowledged: every byte reached the peer's TCP, so what is
-    missing is the peer's acknowledgement, lost on the way back and retransmitted by the
-    *peer's* kernel, which no counter on this end shows.  A peer merely slow to apply is
-    given the timeout; a large frame still on its way (bytes queued, nothing
-    retransmitted) is never cut short.  Without the kernel's word (``tcp`` None) the stall
-    alone decides.
+    A connection is stalled after ``timeout`` without progress while TCP retransmits.  It
+    is stalled after twice that whatever TCP does, once the kernel holds nothing of ours
+    unacknowledged: every byte reached the peer's TCP, so what is missing is the peer's
+    acknowledgement, lost on the way back and retransmitted by the *peer's* kernel, which
+    no counter on this end shows (a sick node's link waited 8 s for a sample to catch TCP
+    retransmitting).  A peer merely slow to apply is given the timeout; a large frame still
+    on its way (bytes queued, nothing retransmitting) is never cut short.  Without the
+    kernel's word (``tcp`` None) the stall alone decides.
+
+    Counting retransmissions *between* samples as well (``tcpi_total_retrans`` since the
+    last progress) was tried and dropped: it replaced 3-6 connections per 5-node ``sick``
+    run instead of one, and the longest publish gaps grew from 2.7-3.7 s to 2.5-12.7 s
+    (docs/faults.md): each replacement is a new handshake through the same lossy path.
     """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        #: The progress (``OutboundWindow.progress_at``) the baseline belongs to.
-        self._progress_at: float | None = None
-        #: TCP's retransmission counter when that progress was first seen.
-        self._baseline: int | None = None
 
-    def why_stalled(self, stalled_for: float, progress_at: float | None,
-                    tcp: SendState | None) -> str | None:
+    def why_stalled(self, stalled_for: float, tcp: SendState | None) -> str | None:
         """Why the connection counts as stalled (for the log), or None if it does not."""
-        if tcp is None:
-            return "TCP state unknown" if stalled_for > self.timeout else None
-        if progress_at != self._progress_at or self._baseline is None:
-            self._progress_at, self._baseline = progress_at, tcp.retransmitted
         if stalled_for <= self.timeout:
             return None
+        if tcp is None:
+            return "TCP state unknown"
         if tcp.retransmitting:
             return "TCP retransmits"
-        if tcp.retransmitted > self._baseline:
-            return "TCP retransmitted meanwhile"
         if stalled_for > 2 * self.timeout and tcp.queued == 0:
             return "every byte delivered, no acknowledgement back"
         return None
