@@ -80,7 +80,8 @@ _LINKS = {
     "unacked": ("link_unacked_frames", "Frames sent to a peer and not yet acknowledged "
                 "(kept for replay).", False),
     "replaced": ("link_replaced_connections", "Connections to a peer replaced because "
-                 "they stalled while TCP retransmitted.", True),
+                 "they stalled (no acknowledgement while TCP retransmitted, or none for "
+                 "twice link_stall_timeout with every byte delivered).", True),
     "replayed": ("link_replayed_frames", "Frames sent to a peer again, on a new "
                  "connection.", True),
 }
