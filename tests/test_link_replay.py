@@ -72,7 +72,7 @@ def test_a_stall_counts_from_the_last_progress() -> None:
 
 def test_a_stall_with_tcp_retransmitting_is_one_after_the_timeout() -> None:
     judge = StallJudge(timeout=3.0)
-    busy = SendState(retransmitting=True, retransmitted=5, queued=900)
+    busy = SendState(retransmitting=True, queued=900)
     assert judge.why_stalled(2.9, busy) is None  # within the timeout
     assert judge.why_stalled(3.1, busy) == "TCP retransmits"
 
@@ -81,14 +81,14 @@ def test_retransmissions_in_the_past_do_not_make_a_stall() -> None:
     """Between two retransmission bursts the connection may be recovering: replacing it
     then buys a new handshake through the same lossy path (docs/faults.md)."""
     judge = StallJudge(timeout=3.0)
-    assert judge.why_stalled(4.0, SendState(False, 9, 900)) is None
+    assert judge.why_stalled(4.0, SendState(False, 900)) is None
 
 
 def test_acknowledgements_lost_on_the_way_back_are_a_stall_after_twice_the_timeout() -> None:
     """Every byte reached the peer's TCP and nothing is retransmitting here: the missing
     acknowledgement is the peer's to resend, which no counter on this end shows."""
     judge = StallJudge(timeout=3.0)
-    delivered = SendState(retransmitting=False, retransmitted=0, queued=0)
+    delivered = SendState(retransmitting=False, queued=0)
     assert judge.why_stalled(1.0, delivered) is None
     assert judge.why_stalled(5.9, delivered) is None  # maybe a peer slow to apply
     assert judge.why_stalled(6.1, delivered) == (
@@ -97,7 +97,7 @@ def test_acknowledgements_lost_on_the_way_back_are_a_stall_after_twice_the_timeo
 
 def test_a_large_frame_still_on_its_way_is_never_cut_short() -> None:
     judge = StallJudge(timeout=3.0)
-    sending = SendState(retransmitting=False, retransmitted=0, queued=4_000_000)
+    sending = SendState(retransmitting=False, queued=4_000_000)
     assert judge.why_stalled(0.1, sending) is None
     assert judge.why_stalled(60.0, sending) is None
 

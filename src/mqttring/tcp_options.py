@@ -110,9 +110,8 @@ def discard_unsent(stream: trio.abc.Stream) -> None:
 
 
 #: ``struct tcp_info`` (Linux): ``tcpi_retransmits`` and ``tcpi_backoff`` are bytes 2 and
-#: 4; ``tcpi_total_retrans`` is the 32-bit word at byte 100.
-_TCP_INFO_LEN = 104
-_TOTAL_RETRANS = struct.Struct("=I")
+#: 4; only its first word is read.
+_TCP_INFO_LEN = 8
 #: ``SIOCOUTQ`` (Linux, the same number as ``TIOCOUTQ``): bytes in a socket's send queue,
 #: sent but not acknowledged by the peer's TCP, or not sent yet.
 _SIOCOUTQ = getattr(termios, "TIOCOUTQ", None)
@@ -123,8 +122,6 @@ class SendState(NamedTuple):
 
     #: TCP is retransmitting now (``tcpi_retransmits`` or ``tcpi_backoff``).
     retransmitting: bool
-    #: Segments retransmitted over the connection's life (``tcpi_total_retrans``).
-    retransmitted: int
     #: Bytes written and not yet acknowledged by the peer's TCP (``SIOCOUTQ``).
     queued: int
 
@@ -145,8 +142,7 @@ def send_state(stream: trio.abc.Stream) -> SendState | None:
         return None
     if len(info) < _TCP_INFO_LEN:
         return None
-    return SendState(info[2] > 0 or info[4] > 0, _TOTAL_RETRANS.unpack_from(info, 100)[0],
-                     queued[0])
+    return SendState(info[2] > 0 or info[4] > 0, queued[0])
 
 
 __all__ = ["TCP_THIN_LINEAR_TIMEOUTS", "SendState", "SocketOptions", "discard_unsent",

@@ -154,19 +154,14 @@ class RouteRegistry:
         one client and publishes with another without waiting for the SUBACK) missed
         ``test_request_response``'s message on a cluster node about one run in six."""
         topic_filter, target = key
-        change = RouteAdd if kind == "radd" else RouteDel
+        change = (RouteAdd if kind == "radd" else RouteDel)(0, topic_filter, target)
         answers = []
         for node in nodes or self.route_targets(topic_filter, self.view()):
             if node == self.node_id:
-                registrar = registrar_for(target, self.node_id)
-                if kind == "radd":
-                    self.routes.add(topic_filter, target, registrar)
-                else:
-                    self.routes.remove(topic_filter, target, registrar)
+                self._apply(change, self.node_id)
                 continue
             try:
-                answers.append((node, self.links.request_now(node, change(0, topic_filter,
-                                                                            target))))
+                answers.append((node, self.links.request_now(node, change)))
             except PeerUnavailable as exc:
                 self._not_confirmed(kind, topic_filter, node, exc)
         return answers
@@ -192,12 +187,17 @@ class RouteRegistry:
     # -- inbound messages -------------------------------------------------------------------
 
     def on_route(self, node: str, msg: RouteAdd | RouteDel) -> None:
-        registrar = registrar_for(msg.target, node)
-        if type(msg) is RouteAdd:
-            self.routes.add(msg.topic_filter, msg.target, registrar)
-        else:
-            self.routes.remove(msg.topic_filter, msg.target, registrar)
+        self._apply(msg, node)
         self.links.reply(node, msg.req, True)
+
+    def _apply(self, change: RouteAdd | RouteDel, origin: str) -> None:
+        """One route change from ``origin`` (this node or a peer) into the table, held in
+        the name ``registrar_for`` gives, the same whichever way the change arrived."""
+        registrar = registrar_for(change.target, origin)
+        if type(change) is RouteAdd:
+            self.routes.add(change.topic_filter, change.target, registrar)
+        else:
+            self.routes.remove(change.topic_filter, change.target, registrar)
 
     def on_rsync(self, node: str, msg: RouteSync) -> None:
         """A peer's full route set for us, or one part of it (see ``RouteSync``)."""
