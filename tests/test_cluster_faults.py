@@ -29,6 +29,7 @@ from cluster_support import (
     unique,
 )
 from mqtt5_support import Paho5, props
+from mqtt_client import PUBLISH, PUBREL, RawClient, pubcomp, pubrec
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -44,6 +45,52 @@ def payloads_by_topic(got: list[Delivery]) -> dict[str, list[bytes]]:
 
 
 # --------------------------------------------------------------------------- kill -9
+
+
+def test_a_released_qos2_message_is_not_published_again_after_its_home_is_killed(
+    fresh_cluster: Callable[..., NodeCluster], clients: Clients
+) -> None:
+    """Exactly once towards a subscriber across a kill -9 of its session's home: the
+    client, on another node, PUBREC'd a QoS 2 message and got the PUBREL (paho, MQTT.js
+    and libmosquitto hand the message to the application then); the home dies before the
+    PUBCOMP.  The PUBREL left the home only once the new state was stored on the shard's
+    replicas, so the session's next home sends that PUBREL again, never the PUBLISH (which
+    the client would take for a second message)."""
+    cluster = fresh_cluster()
+    view = cluster.view("a")
+    victim, edge = "b", "c"
+    topic = view.topic_owned_by("a", unique("q2"))
+    client_id = view.client_homed_at(victim, unique("q2sub"))
+    sub = RawClient(HOST, cluster.port(edge))
+    try:
+        assert sub.connect(client_id, clean_session=False).return_code == 0
+        assert sub.subscribe([(topic, 2)]) == [2]
+        publisher = clients.connected(cluster.port("a"), name="publisher@a")
+        publisher.publish(topic, "once", 2)
+        first = sub.expect(PUBLISH, timeout=WAIT)
+        sub.send(pubrec(first.packet_id))
+        assert sub.expect(PUBREL, timeout=WAIT).packet_id == first.packet_id
+        cluster.kill(victim)  # no PUBCOMP: lost with the home
+    finally:
+        sub.close()
+    cluster.settle(("a", "c"), timeout=30)
+    deadline = time.monotonic() + 20
+    while True:
+        again = RawClient(HOST, cluster.port(edge))
+        ack = again.connect(client_id, clean_session=False)
+        if ack.return_code == 0 or time.monotonic() > deadline:
+            break
+        again.close()  # the new home may still be loading the shard
+        time.sleep(0.2)
+    try:
+        assert (ack.return_code, ack.session_present) == (0, True), ack
+        rel = again.expect(PUBREL, timeout=WAIT)
+        assert rel.packet_id == first.packet_id
+        again.send(pubcomp(rel.packet_id))
+        extra = again.no_packet_within(1.0)
+        assert extra is None, f"the released message came again: {extra!r}"
+    finally:
+        again.close()
 
 
 def test_kill9_during_qos1_stream_loses_no_acknowledged_message(

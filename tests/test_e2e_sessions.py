@@ -271,3 +271,43 @@ def test_qos2_outbound_pubrel_state_survives_clean_restart(node_factory, paho_an
     finally:
         c2.close()
     assert node.terminate() == 0
+
+
+def test_qos2_outbound_pubrel_state_survives_kill9(node_factory, paho_any, uid):
+    """Exactly once towards a subscriber across a crash: a PUBREL reaches the client only
+    once the PUBREC that caused it is stored durably.  The client has PUBREC'd, got the
+    PUBREL (a client like paho, MQTT.js or libmosquitto hands the message to its application
+    then) and the node dies before the PUBCOMP: the restarted node must resend that PUBREL,
+    not the PUBLISH, which the client would take for a new message (a second delivery).
+    The kill comes at once after the PUBREL, well inside the lazy flusher's interval
+    (``lazy_sync_ms``), so a PUBREL sent ahead of its record fails this every time."""
+    from mqtt_client import PUBREL, RawClient, pubcomp, pubrec
+
+    topic, cid = uid("rel9"), uid("persist")
+    node = node_factory()
+    handle = node.start()
+    c = RawClient(handle.host, handle.port)
+    try:
+        assert c.connect(cid, clean_session=False).return_code == 0
+        assert c.subscribe([(topic, 2)]) == [2]
+        pub = paho_any(handle, uid("pub"))
+        pub.connect()
+        pub.publish(topic, b"once", qos=2)
+        pub.close()
+        p = c.expect(PUBLISH)
+        c.send(pubrec(p.packet_id))
+        assert c.expect(PUBREL).packet_id == p.packet_id
+        node.kill9()  # no PUBCOMP: lost with the crash
+    finally:
+        c.close()
+    handle = node.start()
+    c2 = RawClient(handle.host, handle.port)
+    try:
+        assert c2.connect(cid, clean_session=False).session_present is True
+        first = c2.expect(PUBREL)
+        assert (first.flags, first.packet_id) == (0x2, p.packet_id)
+        c2.send(pubcomp(p.packet_id))
+        assert c2.no_packet_within(0.7) is None, "the released message was published again"
+    finally:
+        c2.close()
+    assert node.terminate() == 0

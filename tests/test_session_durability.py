@@ -21,7 +21,9 @@ import trio
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, Op
 from mqttring.lsm import Durability, LsmStore
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.codec import PacketDecoder
+from mqttring.protocol.packets import Publish, PubRel
+from mqttring.protocol.session import Message, OutState, Session
 
 NUM_SHARDS = 8
 
@@ -117,6 +119,94 @@ def test_acknowledgement_progress_alone_stays_lazy() -> None:
     assert session.has_changes() and not session.durable_due
     assert session.on_puback(1)
     assert not session.durable_due
+
+
+# -- QoS 2: a PUBREL waits for its PUBREC's record ----------------------------------------
+
+
+def decoded(out: bytearray) -> list[object]:
+    decoder = PacketDecoder()
+    decoder.feed(bytes(out))
+    out.clear()
+    return list(decoder)
+
+
+def online_qos2_subscriber(out: bytearray) -> Session:
+    session = offline_subscriber()
+    session.attach(out)
+    session.deliver(Message("t/1", b"one", 2), 2)
+    session.deliver(Message("t/2", b"two", 2), 2)
+    session.take_changes()  # the messages' rows: written before their publishers' PUBRECs
+    out.clear()
+    return session
+
+
+async def test_pubrels_leave_in_order_only_after_their_pubrecs_are_stored_durably(
+        tmp_path: Path) -> None:
+    """Sent before its record, a PUBREL lets the client release the message to its
+    application while a crash can still make the next owner send the PUBLISH again."""
+    with LsmStore(tmp_path / "store") as lsm:
+        writer = GatedWriter(lsm)
+        store = SessionStore(lsm, NUM_SHARDS, writer)
+        out = bytearray()
+        session = online_qos2_subscriber(out)
+        woken: list[str] = []
+        session.on_pubrec(1)
+        assert out == b"" and session.held_releases == [1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.release_when_stored, session, woken.append)
+            await trio.testing.wait_all_tasks_blocked()
+            assert writer.writes == [Durability.DURABLE] and store.releasing(session)
+            session.on_pubrec(2)  # while the first write is on its way: needs one of its own
+            await store.release_when_stored(session, woken.append)  # runs already: returns
+            assert out == b"" and woken == []
+            writer.gate.set()
+        assert decoded(out) == [PubRel(1), PubRel(2)]  # in PUBREC order
+        assert woken == ["sub", "sub"] and writer.writes == [Durability.DURABLE] * 2
+        assert session.held_releases is None and not store.releasing(session)
+        rows = [value for _, value in await lsm.scan("queues", b"")]
+        assert [(row[4], row[5]) for row in rows] == [
+            (1, OutState.AWAIT_PUBCOMP), (2, OutState.AWAIT_PUBCOMP)]
+
+
+async def test_a_failed_write_keeps_the_pubrel_held_and_a_reconnection_does_not_send_it(
+        tmp_path: Path) -> None:
+    class Failing(GatedWriter):
+        async def write(self, batches: Sequence[tuple[int, list[Op]]],
+                        durability: Durability) -> None:
+            self.writes.append(durability)
+            raise OSError("replica unreachable")
+
+    with LsmStore(tmp_path / "store") as lsm:
+        store = SessionStore(lsm, NUM_SHARDS, Failing(lsm))
+        out = bytearray()
+        session = online_qos2_subscriber(out)
+        session.on_pubrec(1)
+        await store.release_when_stored(session, lambda _: None)  # logged, not raised
+        assert out == b"" and session.held_releases == [1]
+        session.detach()
+        again = bytearray()
+        session.attach(again)
+        assert decoded(again) == [Publish("t/2", b"two", 2, dup=True, packet_id=2)], (
+            "the PUBLISH without an answer goes again; the held PUBREL does not")
+
+
+def test_a_clean_session_answers_pubrec_at_once_and_a_stored_one_is_repeated_at_once() -> None:
+    clean = Session("c", True)
+    out = bytearray()
+    clean.attach(out)
+    clean.deliver(Message("t", b"x", 2), 2)
+    out.clear()
+    assert clean.on_pubrec(1) and decoded(out) == [PubRel(1)]
+    assert clean.held_releases is None
+    persistent = online_qos2_subscriber(out)
+    persistent.on_pubrec(1)
+    persistent.on_pubrec(1)  # repeated while held: still one PUBREL to come
+    assert persistent.held_releases == [1] and decoded(out) == []
+    persistent.release(persistent.take_held_releases())
+    assert decoded(out) == [PubRel(1)]
+    persistent.on_pubrec(1)  # repeated once stored: answered at once
+    assert decoded(out) == [PubRel(1)] and persistent.held_releases is None
 
 
 pytestmark = pytest.mark.timeout(30)

@@ -213,6 +213,21 @@ class ClientHandler:
             return  # the connection is shutting down; there is nobody left to write to
         self._writing = True
 
+    def release_soon(self) -> None:
+        """Have the session's held PUBRELs sent once their PUBRECs are stored durably
+        (``SessionStore.release_when_stored``), unless that runs already.  A task of this
+        stretch: the connection does not park while PUBRELs are held (``_idle``), and one
+        that ends leaves them to its session's next connection."""
+        session = self.session
+        store = self.core.session_store
+        if (session is None or not session.held_releases or self._nursery is None
+                or store.releasing(session)):
+            return
+        try:
+            self._nursery.start_soon(store.release_when_stored, session, self.core.wake)
+        except RuntimeError:
+            return  # the connection is shutting down; its next one sends them
+
     def _end(self) -> None:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -314,6 +329,7 @@ class ClientHandler:
         return (not self._busy and not self._accepting and not self._writing
                 and not self._closing and not conn.pending_output
                 and conn.state is ConnState.CONNECTED and self.session is not None
+                and not self.session.held_releases
                 and not self.finished and not self.core.shutting_down)
 
     def _park(self) -> bool:
@@ -470,8 +486,11 @@ class ClientHandler:
                 return
             if conn.pending_output:
                 self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
-            if self.session is not None:
-                flow.room_made(self.session.client_id)  # its acks may have made room
+            session = self.session
+            if session is not None:
+                flow.room_made(session.client_id)  # its acks may have made room
+                if session.held_releases:
+                    self.release_soon()  # PUBRECs came: their PUBRELs wait for the store
             if inline and not self._accepting and received and _handled_inline(received):
                 if await self._handle(received):
                     return

@@ -278,6 +278,8 @@ class BrokerCore:
                 # Acks received, packet ids assigned: progress whose loss only causes a
                 # permitted redelivery, so it is written lazily.
                 await self.manager.persist([session], Durability.LAZY)
+            if session.held_releases:
+                handler.release_soon()  # PUBRECs, or a resumed session's held PUBRELs
 
     def _certificate_login(self, handler: ClientHandler, packet: Connect | Connect5
                            ) -> tuple[Connect | Connect5, ConnectReturnCode]:

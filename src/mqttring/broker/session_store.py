@@ -35,7 +35,10 @@ another's.  The session (``mqttring.protocol.session.Session``) marks what chang
 module turns those marks into one batch of puts and deletes.  Durability is the caller's
 choice: *durable* before an acknowledgement that promises the data (PUBACK/PUBREC of a queued
 message, SUBACK, PUBREC of an inbound QoS 2 id), *lazy* for progress that at worst causes a
-permitted redelivery after a crash (a PUBACK received, a packet id assigned).
+permitted redelivery after a crash (a PUBACK received, a packet id assigned).  A PUBREC
+received is neither: the PUBREL it calls for is held until its record is durable
+(``release_when_stored``), because a crash after the client released the message and before
+the record would make the next owner send the PUBLISH again, which QoS 2 forbids.
 
 With no store (``data_dir`` unset) every method is a no-op: sessions are then kept in memory
 only, for as long as the process runs.
@@ -43,9 +46,10 @@ only, for as long as the process runs.
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from hashlib import blake2b
 
@@ -56,6 +60,8 @@ from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.session import Message, Outbound, OutState, Session, SessionLimits
 from mqttring.protocol.session5 import PublishProps, V5Session
 from mqttring.ring.hashing import shard_of
+
+log = logging.getLogger("mqttring.session_store")
 
 _SEQ = struct.Struct(">Q")
 _PID = struct.Struct(">H")
@@ -117,6 +123,8 @@ class SessionStore:
         )
         #: client id -> the durable write now carrying its changes (``save_changes``).
         self._flushing: dict[str, _Flush] = {}
+        #: ``id()`` of the sessions whose held PUBRELs a ``release_when_stored`` is sending.
+        self._releasing: set[int] = set()
         #: Sessions loaded from a version 1 record (subscriptions inline in the header):
         #: their next save rewrites every row.  Every session read from the store is read by
         #: ``load``, so this needs no read on the SUBSCRIBE path.
@@ -134,6 +142,36 @@ class SessionStore:
         return shard_key(self.shard(client_id), _PID.pack(len(cid)) + cid)
 
     # -- writes -----------------------------------------------------------------------------
+
+    def releasing(self, session: Session) -> bool:
+        """Whether a ``release_when_stored`` runs for ``session`` (and will see new PUBRELs)."""
+        return id(session) in self._releasing
+
+    async def release_when_stored(self, session: Session, wake: Callable[[str], None]) -> None:
+        """Send a persistent session's held PUBRELs once the PUBRECs that called for them
+        are stored durably (``Session.on_pubrec``), in order, and ``wake`` its connection.
+
+        One run per session at a time, looping while PUBRECs keep coming; a second caller
+        returns at once and the running one sends its PUBRELs too.  A write that fails leaves
+        them held (and logged): the session's next PUBREC or connection tries again, and a
+        client that waits for a PUBREL never gets one its record could not promise."""
+        key = id(session)
+        if key in self._releasing:
+            return
+        self._releasing.add(key)
+        try:
+            while session.held_releases:
+                count = session.take_held_releases()
+                try:
+                    await self.save_changes([session], Durability.DURABLE)
+                except Exception as exc:  # the store failed, or replicas are out of reach
+                    log.warning("PUBRELs for %r held: their record was not stored: %s",
+                                session.client_id, exc)
+                    return
+                if session.release(count):
+                    wake(session.client_id)
+        finally:
+            self._releasing.discard(key)
 
     def _subscriptions_prefix(self, client_id: str) -> bytes:
         return shard_key(self.shard(client_id), _SUBSCRIPTIONS, _digest(client_id))

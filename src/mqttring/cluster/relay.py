@@ -251,6 +251,8 @@ class SessionRelay:
         proxy.wake()
         if session.has_changes():
             await self.core.session_store.save_changes([session], Durability.LAZY)
+        if session.held_releases:  # PUBRECs of the previous connection not stored yet
+            await self.core.session_store.release_when_stored(session, self.core.wake)
 
     def detach_proxy(self, client_id: str, token: str) -> None:
         proxy = self.proxies.get(client_id)
@@ -279,7 +281,11 @@ class SessionRelay:
         acknowledge[message.packet_type](message.packet_id)
         proxy.wake()
         self.core.flow.room_made(message.client_id)
-        if session.has_changes():
+        if session.held_releases:
+            # A PUBREC: its PUBREL waits until the new state is stored durably, on this node
+            # and the shard's replicas (the next home must not send the PUBLISH again).
+            await self.core.session_store.release_when_stored(session, self.core.wake)
+        elif session.has_changes():
             await self.core.session_store.save_changes([session], Durability.LAZY)
 
     async def on_q2(self, node: str, message: InboundQos2) -> None:

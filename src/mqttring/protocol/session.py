@@ -213,6 +213,13 @@ class Session:
     #: being stored durably (a queued QoS 1/2 message, an inbound QoS 2 id): whoever takes
     #: the changes must write them durably, even a lazy writer that got there first.
     durable_due: bool = False
+    #: PUBRELs not sent yet, in PUBREC order: the PUBREC that calls for each is not stored
+    #: durably yet (persistent sessions; None: none held).  Sent before, a crash could leave
+    #: the session's next owner resending a PUBLISH the client had already released to its
+    #: application, which takes it for a new message: a second delivery at QoS 2.  The
+    #: store's ``release_when_stored`` writes them and sends them (``take_held_releases``,
+    #: ``release``).
+    held_releases: list[int] | None = None
     #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
     #: Set by whoever binds the client's connection; it is not stored.
     access: ReadAccess | None = None
@@ -436,10 +443,13 @@ class Session:
         self.expire(now)
         access = self.access
         denied: list[int] = []
+        held = self.held_releases
         for pid, entry in self.inflight.items():
             if entry.state == OutState.AWAIT_PUBCOMP:
-                # Only the PUBREL goes again: no payload, and the client holds the id.
-                output += encode_packet(PubRel(entry.packet_id))  # type: ignore[arg-type]
+                # Only the PUBREL goes again: no payload, and the client holds the id.  One
+                # whose PUBREC is not stored yet waits for ``release``.
+                if held is None or pid not in held:
+                    output += encode_packet(PubRel(entry.packet_id))  # type: ignore[arg-type]
             elif access is not None and not access.may_read(entry.message.topic):
                 denied.append(pid)  # sent before an ACL change, or to another identity
             elif self.v5 is not None:
@@ -479,15 +489,66 @@ class Session:
             self._pump(self.output)
 
     def on_pubrec(self, packet_id: int) -> bool:
+        """The client has the QoS 2 message: answer PUBREL.  A persistent session holds
+        the PUBREL back until the new state is stored durably (``held_releases``); a PUBREC
+        repeated for a message whose state is stored already is answered at once."""
         entry = self.inflight.get(packet_id)
         if entry is None or entry.state not in (OutState.AWAIT_PUBREC, OutState.AWAIT_PUBCOMP):
             return False
-        entry.state = OutState.AWAIT_PUBCOMP
-        if self.persistent:
+        held = self.held_releases
+        if self.persistent and (entry.state == OutState.AWAIT_PUBREC
+                                or (held is not None and packet_id in held)):
+            entry.state = OutState.AWAIT_PUBCOMP
             self._dirty[entry.seq] = entry
+            if held is None:
+                self.held_releases = [packet_id]
+            elif packet_id not in held:
+                held.append(packet_id)
+            return True
+        entry.state = OutState.AWAIT_PUBCOMP
         if self.output is not None:
             self.output += encode_packet(PubRel(packet_id))
         return True
+
+    def take_held_releases(self) -> int:
+        """Mark the records of the held PUBRELs to be written again, durably, and say how
+        many there are: once a durable write of this session's changes taken after this
+        call returns, ``release`` (with this count) may send them.  They stay held until
+        then, so a failed write leaves them unsent and ``attach`` never sends one early."""
+        held = self.held_releases
+        if not held:
+            return 0
+        inflight = self.inflight
+        for pid in held:
+            entry = inflight.get(pid)
+            if entry is not None and entry.state == OutState.AWAIT_PUBCOMP:
+                self._dirty[entry.seq] = entry
+        self.durable_due = True
+        return len(held)
+
+    def release(self, count: int) -> bool:
+        """Send the first ``count`` held PUBRELs, now stored durably, in PUBREC order
+        [MQTT-4.6.0-3]; one completed or dropped meanwhile is skipped.  While no connection
+        is attached nothing is written: ``attach`` sends a PUBREL for every released message
+        still awaiting its PUBCOMP.  True if anything was written."""
+        held = self.held_releases
+        if not held or count <= 0:
+            return False
+        taken = held[:count]
+        del held[:count]
+        if not held:
+            self.held_releases = None
+        out = self.output
+        if out is None:
+            return False
+        inflight = self.inflight
+        sent = False
+        for pid in taken:
+            entry = inflight.get(pid)
+            if entry is not None and entry.state == OutState.AWAIT_PUBCOMP:
+                out += encode_packet(PubRel(pid))  # type: ignore[arg-type]
+                sent = True
+        return sent
 
     def on_pubrec_failed(self, packet_id: int) -> bool:
         """MQTT 5: a PUBREC with a failure reason code (>= 0x80) ends the QoS 2 delivery:
