@@ -112,10 +112,11 @@ def test_the_wire_form_is_a_tagged_array() -> None:
     raw = msgspec.msgpack.decode(m.encode_frame(1, 5, [m.Dlv(4, [m.DlvEntry("t", b"p", 1, [2],
                                                                             False)])], 9))
     # The trailing fields: shares (none here), then the MQTT 5 properties a 3.1.1 message
-    # does not have, the RETAIN flag it was published with, and a tracked copy's witness.
-    # The frame's own last field is its number in the link session (cluster/replay.py).
+    # does not have, the RETAIN flag it was published with, a tracked copy's witness and
+    # the QoS 2 identity (``mid``) a QoS 1 message does not have.  The frame's own last
+    # field is its number in the link session (cluster/replay.py).
     assert raw == [m.FRAME_VERSION, 1, 5, [["dlv", 4, [["t", b"p", 1, [2], False, "", False, 0,
-                                                       None, False, ""]]]], 9]
+                                                       None, False, "", 0]]]], 9]
 
 
 def test_entries_of_senders_without_witnesses_still_decode() -> None:

@@ -270,3 +270,30 @@ def test_reattach_drops_inflight_publishes_the_client_may_no_longer_read():
     out3 = bytearray()
     s.attach(out3)
     assert packets(out3) == [PubRel(first[1].packet_id)]
+
+
+def test_a_qos2_message_of_one_identity_is_taken_once_within_the_window():
+    """A cluster node that retries a delivery whose answer it lost makes a second copy of
+    the same publish (same ``mid``): at QoS 2 the session takes one.  QoS 1 copies, and
+    QoS 2 messages without an identity (one node), go through as before."""
+    s = make(max_inflight=10, qos2_dedup_window=2)
+    out = bytearray()
+    s.attach(out)
+    first = Message("t", b"a", 2, mid=11)
+    s.deliver(first, 2)
+    s.deliver(Message("t", b"a", 2, mid=11), 2)  # the retry's copy
+    s.deliver(Message("t", b"a", 2, mid=11), 1)  # granted QoS 1: at least once
+    s.deliver(Message("t", b"z", 2), 2)  # no identity
+    s.deliver(Message("t", b"z", 2), 2)
+    assert [(p.payload, p.qos) for p in packets(out)] == [(b"a", 2), (b"a", 1), (b"z", 2),
+                                                           (b"z", 2)]
+    s.deliver(Message("t", b"b", 2, mid=12), 2)
+    s.deliver(Message("t", b"c", 2, mid=13), 2)  # the window (2) forgets 11
+    s.deliver(Message("t", b"a", 2, mid=11), 2)
+    s.deliver(Message("t", b"c", 2, mid=13), 2)
+    assert [p.payload for p in packets(out)] == [b"b", b"c", b"a"]
+    off = make(qos2_dedup_window=0)
+    off.attach(out)
+    off.deliver(Message("t", b"a", 2, mid=11), 2)
+    off.deliver(Message("t", b"a", 2, mid=11), 2)
+    assert len(packets(out)) == 2

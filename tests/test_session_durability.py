@@ -209,4 +209,26 @@ def test_a_clean_session_answers_pubrec_at_once_and_a_stored_one_is_repeated_at_
     assert decoded(out) == [PubRel(1)] and persistent.held_releases is None
 
 
+
+async def test_the_next_owner_of_a_session_knows_the_qos2_messages_it_holds(
+        tmp_path: Path) -> None:
+    """A QoS 2 message's cluster identity is stored with it: the node that loads the
+    session (a takeover, a restart) drops a retry's copy of a message the session still
+    holds, rather than queue a second one."""
+    with LsmStore(tmp_path / "store") as lsm:
+        store = SessionStore(lsm, NUM_SHARDS)
+        session = offline_subscriber()
+        session.subscriptions["t/#"] = 2
+        session.deliver(Message("t/x", b"once", 2, mid=77), 2)
+        session.deliver(Message("t/y", b"v5", 2, mid=78), 2)  # and one with no properties
+        await store.save_subscriptions(session)
+        await store.save_changes([session], Durability.DURABLE)
+        (stored,) = await store.load_all()
+        loaded = stored.to_session(session.limits)
+        assert [e.message.mid for e in loaded.queue] == [77, 78]
+        loaded.deliver(Message("t/x", b"once", 2, mid=77), 2)  # the retry's copy
+        loaded.deliver(Message("t/z", b"new", 2, mid=79), 2)
+        assert [e.message.payload for e in loaded.queue] == [b"once", b"v5", b"new"]
+
+
 pytestmark = pytest.mark.timeout(30)

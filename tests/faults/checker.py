@@ -9,7 +9,8 @@ Why each rule is shaped the way it is (so that a failure is the broker's, not th
   connection intervals (SUBACK ... close) covers the whole way from the send to ``GRACE``
   seconds after the PUBACK, or lasted until we closed it at the end of the run (an interval
   still open counts as covering).
-* Duplicates are allowed at QoS 1 and only counted.  Order is MQTT's (4.6): per topic, per
+* Duplicates are allowed at QoS 1 and only counted; a message that arrived at QoS 2 must
+  arrive once (``qos2_duplicates``).  Order is MQTT's (4.6): per topic, per
   publisher *connection*; a lower sequence after a higher one is a reorder unless that
   sequence had already been delivered (then it is a re-delivery, counted as a duplicate).
 """
@@ -65,7 +66,7 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
     lost_persistent: set[tuple[str, int]] = set()
     lost_clean: set[tuple[str, int]] = set()
     delivered_anywhere: set[tuple[str, int]] = set()
-    dups = reorders = 0
+    dups = reorders = q2_dups = 0
     samples: list[dict[str, Any]] = []
     acked_at = {(a.pub, a.seq): (a.t_sent, a.t_ack) for a in acked}
     for sub in subs:
@@ -74,6 +75,21 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
             delivered[(d.pub, d.seq)] += 1
             delivered_anywhere.add((d.pub, d.seq))
         sub_dups = sum(n - 1 for n in delivered.values() if n > 1)
+        # Exactly once: a message that arrived at QoS 2 arrives once (publishers never send
+        # a sequence number twice, so every second copy is the broker's).
+        at_qos2: dict[tuple[str, int], int] = defaultdict(int)
+        for d in sub.deliveries:
+            if d.qos == 2:
+                at_qos2[(d.pub, d.seq)] += 1
+        sub_q2_dups = sum(n - 1 for n in at_qos2.values() if n > 1)
+        q2_dups += sub_q2_dups
+        for key in [k for k, n in at_qos2.items() if n > 1][:2]:
+            if len(samples) < SAMPLE:
+                copies = [d for d in sub.deliveries if (d.pub, d.seq) == key]
+                samples.append({"kind": "qos2 duplicate", "sub": sub.name, "pub": key[0],
+                                "seq": key[1], "topic": copies[0].topic,
+                                "t": [round(d.t, 3) for d in copies],
+                                "dup": [d.dup for d in copies]})
         # order per (topic, publisher, connection)
         highest: dict[tuple[str, str, int], int] = {}
         highest_t: dict[tuple[str, str, int], float] = {}
@@ -108,6 +124,8 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
         reorders += sub_reorders
         per_sub[sub.name] = {"clean": sub.clean, "owed": len(due), "lost": len(missing),
                              "delivered": len(sub.deliveries), "duplicates": sub_dups,
+                             "delivered_qos2": sum(at_qos2.values()),
+                             "qos2_duplicates": sub_q2_dups,
                              "reorders": sub_reorders, "session_lost": len(sub.session_lost),
                              "intervals": [[None if v is None else round(v, 3) for v in i]
                                            for i in sub.intervals],
@@ -120,6 +138,7 @@ def check_delivery(subs: list[SubscriberRecord], acked: list[Acked]) -> dict[str
         "lost_clean": len(lost_clean),
         "acked_never_delivered": len(acked_ids - delivered_anywhere),
         "duplicates": dups,
+        "qos2_duplicates": q2_dups,
         "reorders": reorders,
         "sessions_lost": sum(len(s.session_lost) for s in subs if not s.clean),
         "per_subscriber": per_sub,
@@ -164,6 +183,9 @@ def verdict(report: dict[str, Any]) -> list[str]:
     if d["lost_clean"]:
         failures.append(f"lost {d['lost_clean']} acknowledged messages "
                         "(clean subscribers connected throughout)")
+    if d.get("qos2_duplicates"):
+        failures.append(f"{d['qos2_duplicates']} messages delivered at QoS 2 more than once "
+                        "(exactly once broken)")
     if d["reorders"]:
         failures.append(f"{d['reorders']} deliveries out of order")
     if d["sessions_lost"]:

@@ -97,7 +97,8 @@ def markdown(summary: dict[str, Any]) -> str:
         f" s, after-heal {summary['timing']['post']:.0f} s, failure_grace "
         f"{summary['failure_grace']} s). See `docs/faults.md` for what each column means.",
         "",
-        "| nodes | scenario | result | acked | lost (pers.) | lost (clean) | dups | reorders "
+        "| nodes | scenario | result | acked | lost (pers.) | lost (clean) | dups (QoS 2) "
+        "| reorders "
         "| retained regr. | 2 live sessions | convergence s | will delay s | spurious wills "
         "| max stall s | Raft elections | crashes |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
@@ -112,7 +113,8 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {r['nodes']} | {r['scenario']} | {'PASS' if r['ok'] else '**FAIL**'} "
             f"| {d.get('acked', 0)} | {d['lost_persistent']} | {d['lost_clean']} "
-            f"| {d['duplicates']} | {d['reorders']} | {len(r['retained']['regressions'])} "
+            f"| {d['duplicates']} ({d.get('qos2_duplicates', 0)}) | {d['reorders']} "
+            f"| {len(r['retained']['regressions'])} "
             f"| {r['dual_sessions']['violations']} | {_fmt(r['convergence']['seconds'])} "
             f"| {will_txt} | {sum(bool(w.get('spurious')) for w in r['wills'])} "
             f"| {_fmt(r.get('stall', {}).get('max_gap_s'))} "

@@ -190,8 +190,9 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         filter_sets = [["mqf/d/#"], ["mqf/d/+"], list(data_topics)]
         subs: list[Subscriber] = []
         for i, node in enumerate(nodes):
+            # Persistent ones at QoS 2: what the QoS 2 publishers send must arrive once.
             subs.append(Subscriber(f"ps-{node}", order(i), addresses, stop_sub,
-                                   filter_sets[i % 3], clean=False))
+                                   filter_sets[i % 3], clean=False, qos=2))
             subs.append(Subscriber(f"cs-{node}", order(i), addresses, stop_sub,
                                    [*filter_sets[(i + 1) % 3], "mqf/will/#"], clean=True))
         roles += subs
@@ -341,7 +342,8 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
     report["events_s"] = {k: round(v - t0, 3) for k, v in events.items()}
     report["duration_s"] = round(time.monotonic() - t0, 1)
     report.setdefault("delivery", {"lost_persistent": 0, "lost_clean": 0, "reorders": 0,
-                                   "sessions_lost": 0, "duplicates": 0, "acked": 0})
+                                   "sessions_lost": 0, "duplicates": 0,
+                                   "qos2_duplicates": 0, "acked": 0})
     report.setdefault("retained", {"regressions": []})
     report.setdefault("dual_sessions", {"violations": 0})
     report.setdefault("convergence", {"seconds": None, "bound_s": CONVERGE_BOUND})

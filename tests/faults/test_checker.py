@@ -3,7 +3,14 @@ duplicate, reordered and owed, so that a fault-suite failure is the broker's, no
 
 from __future__ import annotations
 
-from .checker import SubscriberRecord, check_delivery, check_dual, check_retained, max_gap
+from .checker import (
+    SubscriberRecord,
+    check_delivery,
+    check_dual,
+    check_retained,
+    max_gap,
+    verdict,
+)
 from .workload import Acked, Delivery
 
 
@@ -39,6 +46,21 @@ def test_redelivery_is_a_duplicate_not_a_reorder() -> None:
     deliveries = [got(1, 1.1), got(2, 2.1), got(2, 2.2), got(3, 3.1)]
     result = check_delivery([SubscriberRecord("ps", False, deliveries, 0.5, [])], history)
     assert (result["duplicates"], result["reorders"], result["lost_persistent"]) == (1, 0, 0)
+
+
+def test_a_second_copy_at_qos2_breaks_exactly_once_and_one_at_qos1_does_not() -> None:
+    history = [acked(s, float(s)) for s in (1, 2)]
+    at_qos2 = [Delivery(1.1, "t", "p", 1, 1, False, False, 2),
+               Delivery(1.2, "t", "p", 1, 1, True, False, 2),
+               Delivery(2.1, "t", "p", 1, 2, False, False, 1),
+               Delivery(2.2, "t", "p", 1, 2, True, False, 1)]
+    result = check_delivery([SubscriberRecord("ps", False, at_qos2, 0.5, [])], history)
+    assert (result["duplicates"], result["qos2_duplicates"]) == (2, 1)
+    report = {"delivery": result, "retained": {"regressions": []},
+              "dual_sessions": {"violations": 0}, "convergence": {"seconds": 1.0},
+              "wills": [], "crashes": {"unexpected_exits": [], "tracebacks": {}}}
+    assert verdict(report) == ["1 messages delivered at QoS 2 more than once "
+                               "(exactly once broken)"]
 
 
 def test_late_new_message_is_a_reorder_but_only_within_a_connection() -> None:

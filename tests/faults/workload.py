@@ -115,9 +115,9 @@ class Conn:
         self.close()
         return False
 
-    def subscribe(self, filters: list[str]) -> float | None:
-        """SUBSCRIBE at QoS 1; the SUBACK time if every filter was granted, else None."""
-        rc, mid = self.paho.subscribe([(f, 1) for f in filters])
+    def subscribe(self, filters: list[str], qos: int = 1) -> float | None:
+        """SUBSCRIBE at ``qos``; the SUBACK time if every filter was granted, else None."""
+        rc, mid = self.paho.subscribe([(f, qos) for f in filters])
         if rc != mqtt.MQTT_ERR_SUCCESS:
             return None
         deadline = time.monotonic() + SUBACK_TIMEOUT
@@ -176,6 +176,8 @@ class Delivery:
     seq: int
     dup: bool
     retain: bool
+    #: The QoS it arrived with (the lower of the publish's and the subscription's).
+    qos: int = 1
 
 
 @dataclass
@@ -339,11 +341,21 @@ class Retainer(Role):
 
 
 class Subscriber(Role):
+    """At ``qos`` 2 a persistent subscriber is the exactly-once probe: paho hands a QoS 2
+    message over when its PUBREL comes (method A of MQTT's figure 4.3) and keeps the ones
+    still awaiting a PUBREL in its session state, which this role carries from one
+    connection's client to the next (``_qos2_state``), as a client with clean session 0
+    must: paho itself keeps it only within one ``Client``."""
+
     def __init__(self, name: str, order: list[str], addresses: dict[str, tuple[str, int]],
-                 stop: threading.Event, filters: list[str], clean: bool) -> None:
+                 stop: threading.Event, filters: list[str], clean: bool,
+                 qos: int = 1) -> None:
         super().__init__(name, order, addresses, stop)
         self.filters = filters
         self.clean = clean
+        self.qos = qos
+        #: paho's inbound QoS 2 messages awaiting PUBREL, shared by this role's clients.
+        self._qos2_state: Any = None
         self.deliveries: list[Delivery] = []
         self.other: list[tuple[float, str, bytes]] = []  # non-data topics (wills)
         #: [SUBACK time, closed time, 1.0 if we closed it at the end]
@@ -358,14 +370,15 @@ class Subscriber(Role):
         try:
             body = json.loads(msg.payload)
             self.deliveries.append(Delivery(t, msg.topic, body["p"], int(body["c"]),
-                                            int(body["s"]), bool(msg.dup), bool(msg.retain)))
+                                            int(body["s"]), bool(msg.dup), bool(msg.retain),
+                                            int(msg.qos)))
         except (ValueError, KeyError, TypeError):
             self.other.append((t, msg.topic, bytes(msg.payload)))
 
     def body(self) -> None:
         while not self.stop.is_set():
-            conn = connect_any(lambda: Conn(self.role_name, self.clean, self._on_message),
-                               self.order, self.addresses, self.stop, time.monotonic() + GIVE_UP)
+            conn = connect_any(self._new_conn, self.order, self.addresses, self.stop,
+                               time.monotonic() + GIVE_UP)
             if conn is None:
                 if not self.stop.is_set():
                     self.gave_up = time.monotonic()
@@ -375,7 +388,7 @@ class Subscriber(Role):
             if self.first_suback is not None and not self.clean and not conn.session_present:
                 self.session_lost.append(time.monotonic())
             if self.clean or self.first_suback is None or not conn.session_present:
-                t_sub = conn.subscribe(self.filters)
+                t_sub = conn.subscribe(self.filters, self.qos)
                 if t_sub is None:
                     conn.close()
                     continue
@@ -396,6 +409,17 @@ class Subscriber(Role):
             interval[1] = conn.closed_at
             conn.close()
             self.conn = None
+
+
+    def _new_conn(self) -> Conn:
+        conn = Conn(self.role_name, self.clean, self._on_message)
+        if not self.clean:
+            # The previous clients are closed (their loops stopped) before this one starts.
+            if self._qos2_state is None:
+                self._qos2_state = conn.paho._in_messages
+            else:
+                conn.paho._in_messages = self._qos2_state
+        return conn
 
 
 class WillClient(Role):

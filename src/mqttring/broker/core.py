@@ -108,6 +108,7 @@ def _session_limits(config: BrokerConfig) -> SessionLimits:
         max_output=config.limits.max_outgoing_buffer,
         message_ttl=config.limits.queued_message_ttl,
         hold_when_online=config.limits.slow_subscriber_hold > 0,
+        qos2_dedup_window=config.limits.qos2_dedup_window,
     )
 
 
@@ -601,5 +602,6 @@ def with_origin(messages: list[Message], client_id: str, options: dict[str, int]
     if not any(bits & NO_LOCAL for bits in options.values()):
         return messages
     origin = PublishProps(b"", 0.0, client_id)
-    return [m if m.props is not None else Message(m.topic, m.payload, m.qos, m.retain, origin)
+    return [m if m.props is not None
+            else Message(m.topic, m.payload, m.qos, m.retain, origin, m.mid)
             for m in messages]

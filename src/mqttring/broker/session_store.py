@@ -26,7 +26,10 @@ a single range scan (what a shard handoff or an export reads):
   node that loads the session next, after a restart, and in an export.  Rows from before
   this rule hold a monotonic deadline; ``StoredSession.to_session`` re-bases them.  A
   message with MQTT 5 properties has an eighth element, ``PublishProps.to_wire()``; 3.1.1
-  messages keep the seven-element row.
+  messages keep the seven-element row.  A QoS 2 message a cluster gave an identity
+  (``Message.mid``) has a ninth, that identity (the eighth is then None without
+  properties): the session's next owner remembers it, so that a copy a retry brings there
+  is not delivered a second time.
 * ``inflight``  ``shard | cid | pid(2)``  -> ``1``: an inbound QoS 2 id between PUBREC and
   PUBREL.
 
@@ -238,8 +241,10 @@ class SessionStore:
                     int(entry.state),
                     entry.expires_at,
                 ]
-                if msg.props is not None:
-                    row.append(msg.props.to_wire())
+                if msg.props is not None or msg.mid:
+                    row.append(None if msg.props is None else msg.props.to_wire())
+                    if msg.mid:
+                        row.append(msg.mid)
                 ops.append(Put("queues", key, row))
         for pid, present in qos2.items():
             key = prefix + _PID.pack(pid)
@@ -346,10 +351,11 @@ class SessionStore:
                 continue  # orphan of a deleted session
             topic, payload, qos, retain, pid, state, expires_at = value[:7]
             props = PublishProps.from_wire(value[7]) if len(value) > 7 else None
+            mid = int(value[8]) if len(value) > 8 else 0
             owner.outbound.append(
                 Outbound(
                     _SEQ.unpack(key[-8:])[0],
-                    Message(topic, payload, qos, False, props),
+                    Message(topic, payload, qos, False, props, mid),
                     qos,
                     retain,
                     pid,

@@ -177,7 +177,8 @@ class SharedMessage(Message):
     __slots__ = ("__weakref__", "share")
 
     def __init__(self, message: Message, share: str) -> None:
-        super().__init__(message.topic, message.payload, message.qos, False, message.props)
+        super().__init__(message.topic, message.payload, message.qos, False, message.props,
+                         message.mid)
         self.share = share
 
 

@@ -224,7 +224,7 @@ class Deliveries:
             entries = [DlvEntry(m.topic, m.payload, m.qos, t.shards, t.clean, t.share,
                                 t.offline_ok, t.track,
                                 props=None if m.props is None else m.props.to_wire(),
-                                retain=m.retain, witness=t.witness)
+                                retain=m.retain, witness=t.witness, mid=m.mid)
                        for m, t in run]
             try:
                 answer = await self.links.request(node, Dlv(0, entries), self.request_timeout,
@@ -359,7 +359,7 @@ class Deliveries:
     def on_dlv(self, node: str, msg: Dlv) -> None:
         """Serve a ``Dlv`` now (in the link's reader: order kept); answer once stored."""
         served = self._serve([(Message(e.topic, e.payload, e.qos, e.retain,
-                                       PublishProps.from_wire(e.props)), e)
+                                       PublishProps.from_wire(e.props), e.mid), e)
                               for e in msg.entries], node)
         req = msg.req
         if req == 0:

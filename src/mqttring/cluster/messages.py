@@ -59,9 +59,10 @@ from mqttring.cluster.messages_sessions import (
 #: had no shared subscriptions (a version 4 node would take a share's ``DlvEntry`` for an
 #: ordinary one and know neither ``Redispatch`` nor ``SharedDone``); version 5 sent a route
 #: set in one ``RouteSync`` whatever its size (version 6 sends it in parts); version 6
-#: frames were not numbered (version 7 numbers them for replay, ``cluster/replay.py``).
+#: frames were not numbered (version 7 numbers them for replay, ``cluster/replay.py``);
+#: version 7 had no ``mid`` in ``PubEntry``/``DlvEntry`` (QoS 2 copies made by retries).
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 7
+FRAME_VERSION = 8
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
@@ -76,6 +77,8 @@ class PubEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     qos: QoS
     retain: bool
     props: Props | None = None
+    #: ``Message.mid``: set by the edge on a QoS 2 publish, kept by every retry and hop.
+    mid: int = 0
 
 
 class Pub(FrozenMessage, tag="pub"):
@@ -130,6 +133,8 @@ class DlvEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: reports it gone there as well (``SharedDone`` naming the sender as ``origin``), so
     #: that it is placed again if the sender and the receiver die together.
     witness: str = ""
+    #: ``Message.mid`` (0: none): a session takes a QoS 2 message of one identity once.
+    mid: int = 0
 
 
 class Dlv(FrozenMessage, tag="dlv"):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from random import getrandbits
 from typing import NamedTuple
 
 import trio
@@ -194,6 +195,11 @@ class ClusterRouter:
         me = self.node_id
         route = self.route
         routes = [route(m.topic, view) for m in messages]
+        for m in messages:
+            if m.qos == 2 and not m.mid:
+                # Before the first hop: every retry and hop carries the same identity, so
+                # a session that gets two copies takes one (``Session.deliver``).
+                m.mid = getrandbits(62) | 1
         self.metrics.forwarded_to_owner += len([r for r in routes if r.owner not in (None, me)])
         # (MQTT 5 properties do not fit the packed QoS 0 frames: a ``Pub`` carries them,
         # answered like QoS 1.)
@@ -217,7 +223,7 @@ class ClusterRouter:
 
     def _pub(self, messages: list[Message], req: int, hops: int, view: ClusterView) -> Pub:
         return Pub(req, [PubEntry(m.topic, m.payload, m.qos, m.retain,
-                                  None if m.props is None else m.props.to_wire())
+                                  None if m.props is None else m.props.to_wire(), m.mid)
                          for m in messages], self.node_id, view.epoch, hops)
 
     async def forward(self, messages: list[Message], hops: int,
@@ -387,7 +393,8 @@ class ClusterRouter:
     # -- inbound messages -------------------------------------------------------------------
 
     def on_pub(self, node: str, msg: Pub) -> None:
-        messages = [Message(e.topic, e.payload, e.qos, e.retain, PublishProps.from_wire(e.props))
+        messages = [Message(e.topic, e.payload, e.qos, e.retain, PublishProps.from_wire(e.props),
+                            e.mid)
                     for e in msg.messages]
         if msg.req == 0 and all(m.qos == 0 and not m.retain for m in messages):
             # QoS 0 re-sent by a node whose view was older: what we own is handled inline,

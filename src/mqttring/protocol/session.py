@@ -82,15 +82,18 @@ class Message:
     a dict per message was a measurable share of a cluster hop.
     """
 
-    __slots__ = ("_qos0", "_qos0_retained", "_topic_bytes", "payload", "props", "qos", "retain",
-                 "topic")
+    __slots__ = ("_qos0", "_qos0_retained", "_topic_bytes", "mid", "payload", "props", "qos",
+                 "retain", "topic")
 
     def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                 props: PublishProps | None = None) -> None:
+                 props: PublishProps | None = None, mid: int = 0) -> None:
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
+        #: A cluster's identity of a QoS 2 publish (0: none), the same on every hop and in
+        #: every copy a retry makes, so a session takes it once (``Session.deliver``).
+        self.mid = mid
         #: MQTT 5.0 properties carried end to end (``session5.PublishProps``); None for a
         #: 3.1.1 message, and ignored by the 3.1.1 encoders (properties stripped).
         self.props = props
@@ -174,6 +177,9 @@ class SessionLimits:
     max_queued: int = 1000
     #: Pending output bytes above which QoS 0 deliveries are dropped (slow consumer).
     max_output: int = 4 * 1024 * 1024
+    #: How many QoS 2 message identities (``Message.mid``) a session remembers, to take a
+    #: copy that a cluster's retry delivers again only once (0: none).
+    qos2_dedup_window: int = 4096
     #: Seconds a queued message may wait for an offline client (0 = forever); deadlines are
     #: wall-clock (``now + message_ttl`` with ``now`` from ``time.time()``).
     message_ttl: float = 0.0
@@ -220,6 +226,11 @@ class Session:
     #: store's ``release_when_stored`` writes them and sends them (``take_held_releases``,
     #: ``release``).
     held_releases: list[int] | None = None
+    #: ``Message.mid`` of the last QoS 2 messages delivered, oldest first (a dict as an
+    #: ordered set; None until the first): a cluster node that retries a delivery whose
+    #: answer it did not get (the owner refused after routing, a link failed after the
+    #: message arrived) makes a second copy, which is a second message at QoS 2.
+    recent_qos2: dict[int, None] | None = None
     #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
     #: Set by whoever binds the client's connection; it is not stored.
     access: ReadAccess | None = None
@@ -275,6 +286,8 @@ class Session:
         access = self.access
         if access is not None and not access.may_read(message.topic):
             return
+        if qos == 2 and message.mid and self._delivered_before(message.mid):
+            return
         v5 = self.v5
         if v5 is not None:
             flag = v5.retain_flag(message, retain, self.subscriptions)
@@ -328,6 +341,22 @@ class Session:
             self.durable_due = True
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
             self._pump(out)
+
+    def _delivered_before(self, mid: int) -> bool:
+        """Whether the QoS 2 message ``mid`` came before (within the window); notes it."""
+        window = self.limits.qos2_dedup_window
+        if window <= 0:
+            return False
+        seen = self.recent_qos2
+        if seen is None:
+            self.recent_qos2 = {mid: None}
+            return False
+        if mid in seen:
+            return True
+        seen[mid] = None
+        if len(seen) > window:
+            del seen[next(iter(seen))]
+        return False
 
     def deliver_encoded(self, frames: bytes | bytearray | memoryview, count: int) -> bool:
         """Hand over ``count`` QoS 0 PUBLISHes already encoded back to back.
@@ -631,3 +660,7 @@ class Session:
         if self.inflight:
             self.next_packet_id = max(self.inflight) % 0xFFFF + 1
         self.inbound_qos2 = dict.fromkeys(inbound_qos2)
+        # The QoS 2 messages it holds came before: a retry's copy of one is not a new one.
+        for entry in entries:
+            if entry.qos == 2 and entry.message.mid:
+                self._delivered_before(entry.message.mid)
