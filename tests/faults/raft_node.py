@@ -5,12 +5,17 @@ whether it leads, and exits when stdin closes (its test ended) or after ``--seco
 
 ``--plain`` runs the same node with pre-vote and the leader lease switched off: the test's
 control, which shows that its fault really does depose a leader without them.
+
+SIGUSR1 raises the node's term by 3 on its Raft thread, as if it had campaigned where
+nobody heard it: the state a node was found in once after the fault suite's ``sick``
+scenario, however it got there (``prevote.STALE_TERM``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -30,6 +35,18 @@ class _Ungated(replicated.ElectionGatedSyncObj):
         return True
 
 
+class _Inflatable(replicated.ElectionGatedSyncObj):
+    """The product's node, whose term SIGUSR1 raises (on the Raft thread, in its tick)."""
+
+    inflate = threading.Event()
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if self.inflate.is_set():
+            self.inflate.clear()
+            self._SyncObj__setCurrentTerm(self.raftCurrentTerm + 3, None)
+        super()._onTick(timeToWait)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--self", required=True)
@@ -39,6 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.plain:
         replicated.ElectionGatedSyncObj = _Ungated  # type: ignore[misc]
+    else:
+        replicated.ElectionGatedSyncObj = _Inflatable  # type: ignore[misc]
+        signal.signal(signal.SIGUSR1, lambda *_: _Inflatable.inflate.set())
     node = make_syncobj(args.self, args.peers.split(","),
                         ReplicatedMetadata(lambda _state: None), "prevote-test", None)
     stdin_closed = threading.Event()

@@ -8,6 +8,9 @@ namespaces (``netns.py``), with nftables cutting the links.
   cannot pass for a fix.
 * A leader cut from everyone must still be replaced (pre-vote must not cost liveness), and
   once healed it must follow the new leader rather than depose it.
+* A follower whose term got ahead of the leader's anyway must be taken back: the leases
+  drop its vote requests and pysyncobj drops the leader's older append-entries, so without
+  ``prevote.STALE_TERM`` it followed nobody, for good.
 
 Skipped, like the fault suite, only when network namespaces cannot be created here.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -199,4 +203,25 @@ def test_a_leader_cut_from_everyone_is_replaced_and_then_follows(topology: Topol
         assert cluster.term(final) == new_term
     finally:
         topology.heal()
+        cluster.stop()
+
+
+def test_a_follower_whose_term_got_ahead_is_taken_back(topology: Topology) -> None:
+    cluster = Cluster(topology, plain=False)
+    try:
+        leader = cluster.wait_for("a leader all agree on", cluster.agreed_leader, 30)
+        term = cluster.term(leader)
+        follower = next(n for n in NAMES if n != leader)
+        os.kill(cluster.nodes[follower].popen.pid, signal.SIGUSR1)
+        cluster.wait_for("the follower's term raised",
+                         lambda: follower if cluster.term(follower) > term else None, 5)
+
+        def all_along() -> str | None:
+            agreed = cluster.agreed_leader()
+            return agreed if agreed is not None and cluster.term(agreed) >= term + 3 else None
+
+        final = cluster.wait_for("all three following one leader at the follower's term or "
+                                 "later", all_along, 15)
+        assert final is not None
+    finally:
         cluster.stop()

@@ -22,6 +22,8 @@ Two rules from the Raft thesis (section 9.6) and etcd stop that:
   The one exception is a vote request that a leader asked for, a leadership transfer
   (``transfer``), which must win while the old leader still sends heartbeats.
 
+A term that got ahead anyway is brought back by ``STALE_TERM`` (one election).
+
 Liveness is unchanged where it matters: when the leader dies or is cut off from a majority,
 the majority stops hearing it, their leases run out together one election timeout later,
 and they grant each other's pre-votes as before.  The cost is one round trip before each
@@ -43,6 +45,15 @@ PRE_VOTE = "mqttring_pre_vote"
 PRE_VOTE_RESPONSE = "mqttring_pre_vote_response"
 #: The key a transfer's vote request carries, so that leases do not refuse it.
 TRANSFER_KEY = "mqttring_transfer"
+#: A node's answer to append-entries from a leader of a lower term: ``{"type": STALE_TERM,
+#: "term": its term}``.  pysyncobj drops such append-entries without a word, and its only
+#: other way to learn a higher term is a vote request, which the leases drop: a node whose
+#: term got ahead (measured once in the fault suite's ``sick`` scenario: term 2 against the
+#: leader's 1, after the node was declared down) then never follows the leader again, nor
+#: learns that it must rejoin.  The leader steps down on it instead, as Raft wants of any
+#: higher term, and the next election, at a higher term still, takes every node along (what
+#: etcd's raft does in the same case, with an append response).
+STALE_TERM = "mqttring_stale_term"
 
 
 class BadPreVoteMessage(ValueError):

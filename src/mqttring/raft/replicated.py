@@ -66,6 +66,7 @@ from pysyncobj.transport import TCPTransport
 from mqttring.raft.prevote import (
     PRE_VOTE,
     PRE_VOTE_RESPONSE,
+    STALE_TERM,
     TRANSFER_KEY,
     BadPreVoteMessage,
     ElectionGate,
@@ -140,7 +141,8 @@ _PRIVATE = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline", "_SyncObj__
             "_SyncObj__selfNode", "_SyncObj__otherNodes", "_SyncObj__transport",
             "_SyncObj__transferInProgress", "_SyncObj__connectedToAnyone",
             "_SyncObj__generateRaftTimeout", "_SyncObj__getCurrentLogTerm",
-            "_SyncObj__getCurrentLogIndex")
+            "_SyncObj__getCurrentLogIndex", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
+            "_SyncObj__raftLeader")
 
 
 class ElectionGatedSyncObj(SyncObj):
@@ -226,8 +228,23 @@ class ElectionGatedSyncObj(SyncObj):
             return gate.admit_vote_request(now, self._isLeader(), message)
         if kind == "append_entries":
             leader_term = message.get("term")
-            if isinstance(leader_term, int) and leader_term >= term:
-                gate.heard_from_leader(now)
+            if isinstance(leader_term, int):
+                if leader_term >= term:
+                    gate.heard_from_leader(now)
+                else:  # a leader behind our term: say so, or it never learns (STALE_TERM)
+                    self._SyncObj__transport.send(node, {"type": STALE_TERM, "term": term})
+            return True
+        if kind == STALE_TERM:
+            higher = message.get("term")
+            if (isinstance(higher, int) and not isinstance(higher, bool) and higher > term
+                    and self._SyncObj__selfNode is not None):
+                log.warning("raft: %s is at term %d, ahead of ours (%d): stepping down so "
+                            "that an election takes it along", node.id, higher, term)
+                # What pysyncobj does on a vote request of a higher term.
+                self._SyncObj__setCurrentTerm(higher, None)
+                self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+                self._SyncObj__raftLeader = None
+            return False
         return True
 
     def tag_vote_request(self, message: Any) -> Any:
