@@ -332,6 +332,16 @@ def delivery5(message: Any) -> Delivery5:
                      tuple(sorted(getattr(props, "SubscriptionIdentifier", None) or ())))
 
 
+@contextlib.contextmanager
+def answer_from(world: World5, what: str, where: str) -> Iterator[None]:
+    """A SUBACK or UNSUBACK that never comes fails naming the world that did not answer
+    (the reference broker or the cluster), which a bare ``queue.Empty`` does not."""
+    try:
+        yield
+    except queue.Empty:
+        raise AssertionError(f"no {what} from the {world.name} in time\n{where}") from None
+
+
 @dataclass
 class World5:
     """One broker seen by the program's MQTT 5 clients (every delivery through one inbox
@@ -416,14 +426,17 @@ def test_cluster_delivers_like_one_broker_mqtt5(cluster: NodeCluster, reference:
                 continue
             elif kind == "subscribe":
                 sub_props = props(SUBSCRIBE5, SubscriptionIdentifier=x + 1) if opt & 4 else None
-                codes = [w.live[i].subscribe(f"{prefix}/{FILTERS5[x]}", y, sub_props,
-                                             noLocal=bool(opt & 1),
-                                             retainAsPublished=bool(opt & 2))
-                         for w in worlds]
+                codes = []
+                for w in worlds:
+                    with answer_from(w, "SUBACK", where):
+                        codes.append(w.live[i].subscribe(f"{prefix}/{FILTERS5[x]}", y, sub_props,
+                                                         noLocal=bool(opt & 1),
+                                                         retainAsPublished=bool(opt & 2)))
                 assert codes[0] == codes[1], f"SUBACK {codes}\n{where}"
             elif kind == "unsubscribe":
                 for w in worlds:
-                    w.live[i].unsubscribe(f"{prefix}/{FILTERS5[x]}")
+                    with answer_from(w, "UNSUBACK", where):
+                        w.live[i].unsubscribe(f"{prefix}/{FILTERS5[x]}")
             elif kind == "publish":
                 values: dict[str, Any] = {}
                 if opt & 1:
