@@ -347,6 +347,10 @@ def test_decoders_on_mqtt5_rows():
     props = [b"\x03\x00\x01a", 0.0, "pub"]
     row = decode_row("queued", "n", qkey, ["t/x", b"pay", 1, False, 7, 1, 0.0, props])
     assert row == ("n", 5, "c1", 42, "t/x", b"pay", 3, 1, False, 7, "await_puback", None)
+    # A cluster's QoS 2 message: its identity ninth (after the properties, or None).
+    for eighth in (props, None):
+        row = decode_row("queued", "n", qkey, ["t/x", b"pay", 2, False, 7, 2, 0.0, eighth, 99])
+        assert row == ("n", 5, "c1", 42, "t/x", b"pay", 3, 2, False, 7, "await_pubrec", None)
     assert decode_row("retained", "n", shard_key(1, b"a"), ["a", b"xy", 1, 3, 10, props]) == (
         "n", 1, "a", b"xy", 2, 1)
     skey = shard_key(1, struct.pack(">H", 2) + cid)
