@@ -297,3 +297,19 @@ def test_a_qos2_message_of_one_identity_is_taken_once_within_the_window():
     off.deliver(Message("t", b"a", 2, mid=11), 2)
     off.deliver(Message("t", b"a", 2, mid=11), 2)
     assert len(packets(out)) == 2
+
+
+def test_qos2_identities_are_kept_as_long_as_a_retry_can_come_and_no_longer():
+    """Memory follows the recent QoS 2 rate, not the session's history: an identity older
+    than the horizon (twice ``cluster_write_patience`` in a node) is forgotten when the
+    next QoS 2 message comes."""
+    s = make(max_inflight=10, qos2_dedup_window=100, qos2_dedup_seconds=30.0)
+    out = bytearray()
+    s.attach(out)
+    s.deliver(Message("t", b"a", 2, mid=1), 2, now=1000.0)
+    s.deliver(Message("t", b"b", 2, mid=2), 2, now=1020.0)
+    s.deliver(Message("t", b"a", 2, mid=1), 2, now=1025.0)  # a retry within 30 s: dropped
+    s.deliver(Message("t", b"c", 2, mid=3), 2, now=1040.0)  # 1 is older than 30 s now
+    assert s.recent_qos2 is not None and len(s.recent_qos2) == 2
+    s.deliver(Message("t", b"a", 2, mid=1), 2, now=1041.0)
+    assert [p.payload for p in packets(out)] == [b"a", b"b", b"c", b"a"]

@@ -146,8 +146,9 @@ class Limits:
     max_subscriptions: Count = 10_000
     #: Seconds a queued message for an offline session is kept (0 = forever).
     queued_message_ttl: Seconds = 0.0
-    #: QoS 2 messages a session remembers (by the identity a cluster gives each QoS 2
-    #: publish) so that a copy made by a cluster's retry is delivered once (0: off).
+    #: QoS 2 messages a session remembers at most (by the identity a cluster gives each QoS
+    #: 2 publish, for twice ``cluster_write_patience``) so that a copy made by a cluster's
+    #: retry is delivered once (0: off).
     qos2_dedup_window: Annotated[int, Meta(ge=0)] = 4096
     #: Seconds a publish may be held back (not acknowledged, its connection reading no
     #: further PUBLISH) while a connected subscriber it feeds has ``max_queued`` messages

@@ -109,6 +109,8 @@ def _session_limits(config: BrokerConfig) -> SessionLimits:
         message_ttl=config.limits.queued_message_ttl,
         hold_when_online=config.limits.slow_subscriber_hold > 0,
         qos2_dedup_window=config.limits.qos2_dedup_window,
+        # A retry's copy comes within the edge's patience, then the owner's, of the first.
+        qos2_dedup_seconds=2 * config.cluster_write_patience,
     )
 
 

@@ -65,6 +65,7 @@ from typing import Protocol
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
 from mqttring.protocol.packets import PubRel
+from mqttring.protocol.recent import RecentIds
 from mqttring.protocol.session5 import PublishProps, V5Session, retain_flag
 
 #: ``expires_at`` values in (0, this) are taken for monotonic deadlines written before expiry
@@ -177,9 +178,11 @@ class SessionLimits:
     max_queued: int = 1000
     #: Pending output bytes above which QoS 0 deliveries are dropped (slow consumer).
     max_output: int = 4 * 1024 * 1024
-    #: How many QoS 2 message identities (``Message.mid``) a session remembers, to take a
-    #: copy that a cluster's retry delivers again only once (0: none).
+    #: How many QoS 2 message identities (``Message.mid``) a session remembers at most, to
+    #: take a copy that a cluster's retry delivers again only once (0: none) ...
     qos2_dedup_window: int = 4096
+    #: ... and for how long (seconds): as long as a retry can come (``recent.py``).
+    qos2_dedup_seconds: float = 30.0
     #: Seconds a queued message may wait for an offline client (0 = forever); deadlines are
     #: wall-clock (``now + message_ttl`` with ``now`` from ``time.time()``).
     message_ttl: float = 0.0
@@ -226,11 +229,11 @@ class Session:
     #: store's ``release_when_stored`` writes them and sends them (``take_held_releases``,
     #: ``release``).
     held_releases: list[int] | None = None
-    #: ``Message.mid`` of the last QoS 2 messages delivered, oldest first (a dict as an
-    #: ordered set; None until the first): a cluster node that retries a delivery whose
-    #: answer it did not get (the owner refused after routing, a link failed after the
-    #: message arrived) makes a second copy, which is a second message at QoS 2.
-    recent_qos2: dict[int, None] | None = None
+    #: ``Message.mid`` of the QoS 2 messages delivered lately (None until the first): a
+    #: cluster node that retries a delivery whose answer it did not get (the owner refused
+    #: after routing, a link failed after the message arrived) makes a second copy, which
+    #: is a second message at QoS 2.
+    recent_qos2: RecentIds | None = None
     #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
     #: Set by whoever binds the client's connection; it is not stored.
     access: ReadAccess | None = None
@@ -286,7 +289,7 @@ class Session:
         access = self.access
         if access is not None and not access.may_read(message.topic):
             return
-        if qos == 2 and message.mid and self._delivered_before(message.mid):
+        if qos == 2 and message.mid and self._delivered_before(message.mid, now):
             return
         v5 = self.v5
         if v5 is not None:
@@ -342,21 +345,16 @@ class Session:
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
             self._pump(out)
 
-    def _delivered_before(self, mid: int) -> bool:
-        """Whether the QoS 2 message ``mid`` came before (within the window); notes it."""
-        window = self.limits.qos2_dedup_window
-        if window <= 0:
-            return False
-        seen = self.recent_qos2
-        if seen is None:
-            self.recent_qos2 = {mid: None}
-            return False
-        if mid in seen:
-            return True
-        seen[mid] = None
-        if len(seen) > window:
-            del seen[next(iter(seen))]
-        return False
+    def _delivered_before(self, mid: int, now: float) -> bool:
+        """Whether the QoS 2 message ``mid`` came lately (``RecentIds``); notes it."""
+        recent = self.recent_qos2
+        if recent is None:
+            limits = self.limits
+            if limits.qos2_dedup_window <= 0:
+                return False
+            recent = self.recent_qos2 = RecentIds(limits.qos2_dedup_window,
+                                                  limits.qos2_dedup_seconds)
+        return recent.seen_before(mid, now)
 
     def deliver_encoded(self, frames: bytes | bytearray | memoryview, count: int) -> bool:
         """Hand over ``count`` QoS 0 PUBLISHes already encoded back to back.
@@ -663,4 +661,4 @@ class Session:
         # The QoS 2 messages it holds came before: a retry's copy of one is not a new one.
         for entry in entries:
             if entry.qos == 2 and entry.message.mid:
-                self._delivered_before(entry.message.mid)
+                self._delivered_before(entry.message.mid, now)
