@@ -142,8 +142,7 @@ class RouteRegistry:
             return list(view.live_members()) or [self.node_id]
         return list(view.replicas(shard)) or [self.node_id]
 
-    def _announce(self, key: tuple[str, str], kind: str, nodes: list[str] | None = None
-                  ) -> list[tuple[str, Answer]]:
+    def _announce(self, key: tuple[str, str], kind: str) -> list[tuple[str, Answer]]:
         """Apply a route change here and queue it to every other node that holds the route,
         now, in the caller's turn: each answer is awaited later (``_confirm``).
 
@@ -156,7 +155,7 @@ class RouteRegistry:
         topic_filter, target = key
         change = (RouteAdd if kind == "radd" else RouteDel)(0, topic_filter, target)
         answers = []
-        for node in nodes or self.route_targets(topic_filter, self.view()):
+        for node in self.route_targets(topic_filter, self.view()):
             if node == self.node_id:
                 self._apply(change, self.node_id)
                 continue
