@@ -237,10 +237,18 @@ def test_qos2_pubrec_state_survives_kill9(node_factory, paho_any, uid):
     node.kill9()
 
 
-def test_qos2_outbound_pubrel_state_survives_clean_restart(node_factory, paho_any, uid):
-    """4.3.3/4.4 across a SIGTERM restart: a subscriber that PUBREC'd a QoS 2 message gets a
-    PUBREL (same id, flags 0010) after reconnecting to the restarted node, and no second
-    PUBLISH of that message."""
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_qos2_outbound_pubrel_state_survives_restart(node_factory, paho_any, uid, how):
+    """4.3.3/4.4 across a restart: a subscriber that PUBREC'd a QoS 2 message gets a PUBREL
+    (same id, flags 0010) after reconnecting to the restarted node, and no second PUBLISH
+    of that message.
+
+    ``kill9``: exactly once across a crash.  A PUBREL reaches the client only once the
+    PUBREC that caused it is stored durably; the client got it (paho, MQTT.js and
+    libmosquitto hand the message to the application then) and the node dies before the
+    PUBCOMP, at once, well inside the lazy flusher's interval (``lazy_sync_ms``): a PUBREL
+    sent ahead of its record made the restarted node send the PUBLISH again, which the
+    client takes for a new message, every time."""
     from mqtt_client import PUBREL, RawClient, pubcomp, pubrec
 
     topic, cid = uid("rel"), uid("persist")
@@ -257,9 +265,12 @@ def test_qos2_outbound_pubrel_state_survives_clean_restart(node_factory, paho_an
         p = c.expect(PUBLISH)
         c.send(pubrec(p.packet_id))
         assert c.expect(PUBREL).packet_id == p.packet_id
+        if how == "kill9":
+            node.kill9()  # no PUBCOMP: lost with the crash
     finally:
         c.close()
-    assert node.terminate() == 0
+    if how == "sigterm":
+        assert node.terminate() == 0
     handle = node.start()
     c2 = RawClient(handle.host, handle.port)
     try:
@@ -268,46 +279,6 @@ def test_qos2_outbound_pubrel_state_survives_clean_restart(node_factory, paho_an
         assert (rel.flags, rel.packet_id) == (0x2, p.packet_id)
         c2.send(pubcomp(p.packet_id))
         assert c2.no_packet_within(0.7) is None, "the PUBREC'd message was published again"
-    finally:
-        c2.close()
-    assert node.terminate() == 0
-
-
-def test_qos2_outbound_pubrel_state_survives_kill9(node_factory, paho_any, uid):
-    """Exactly once towards a subscriber across a crash: a PUBREL reaches the client only
-    once the PUBREC that caused it is stored durably.  The client has PUBREC'd, got the
-    PUBREL (a client like paho, MQTT.js or libmosquitto hands the message to its application
-    then) and the node dies before the PUBCOMP: the restarted node must resend that PUBREL,
-    not the PUBLISH, which the client would take for a new message (a second delivery).
-    The kill comes at once after the PUBREL, well inside the lazy flusher's interval
-    (``lazy_sync_ms``), so a PUBREL sent ahead of its record fails this every time."""
-    from mqtt_client import PUBREL, RawClient, pubcomp, pubrec
-
-    topic, cid = uid("rel9"), uid("persist")
-    node = node_factory()
-    handle = node.start()
-    c = RawClient(handle.host, handle.port)
-    try:
-        assert c.connect(cid, clean_session=False).return_code == 0
-        assert c.subscribe([(topic, 2)]) == [2]
-        pub = paho_any(handle, uid("pub"))
-        pub.connect()
-        pub.publish(topic, b"once", qos=2)
-        pub.close()
-        p = c.expect(PUBLISH)
-        c.send(pubrec(p.packet_id))
-        assert c.expect(PUBREL).packet_id == p.packet_id
-        node.kill9()  # no PUBCOMP: lost with the crash
-    finally:
-        c.close()
-    handle = node.start()
-    c2 = RawClient(handle.host, handle.port)
-    try:
-        assert c2.connect(cid, clean_session=False).session_present is True
-        first = c2.expect(PUBREL)
-        assert (first.flags, first.packet_id) == (0x2, p.packet_id)
-        c2.send(pubcomp(p.packet_id))
-        assert c2.no_packet_within(0.7) is None, "the released message was published again"
     finally:
         c2.close()
     assert node.terminate() == 0

@@ -78,17 +78,20 @@ async def test_a_lazy_writer_that_takes_a_due_change_writes_it_durably_and_the_d
         assert len(await lsm.scan("queues", b"")) == 1  # the message's row is stored
 
 
+class FailingWriter(GatedWriter):
+    """Each write fails once its gate opens, as one to an unreachable replica does."""
+
+    async def write(self, batches: Sequence[tuple[int, list[Op]]],
+                    durability: Durability) -> None:
+        self.writes.append(durability)
+        await self.gate.wait()
+        raise OSError("replica unreachable")
+
+
 async def test_a_failed_durable_write_fails_every_caller_that_relied_on_it(
         tmp_path: Path) -> None:
-    class Failing(GatedWriter):
-        async def write(self, batches: Sequence[tuple[int, list[Op]]],
-                        durability: Durability) -> None:
-            self.writes.append(durability)
-            await self.gate.wait()
-            raise OSError("replica unreachable")
-
     with LsmStore(tmp_path / "store") as lsm:
-        writer = Failing(lsm)
+        writer = FailingWriter(lsm)
         store = SessionStore(lsm, NUM_SHARDS, writer)
         session = offline_subscriber()
         session.deliver(Message("t/x", b"m", 1), 1)
@@ -171,14 +174,10 @@ async def test_pubrels_leave_in_order_only_after_their_pubrecs_are_stored_durabl
 
 async def test_a_failed_write_keeps_the_pubrel_held_and_a_reconnection_does_not_send_it(
         tmp_path: Path) -> None:
-    class Failing(GatedWriter):
-        async def write(self, batches: Sequence[tuple[int, list[Op]]],
-                        durability: Durability) -> None:
-            self.writes.append(durability)
-            raise OSError("replica unreachable")
-
     with LsmStore(tmp_path / "store") as lsm:
-        store = SessionStore(lsm, NUM_SHARDS, Failing(lsm))
+        writer = FailingWriter(lsm)
+        writer.gate.set()
+        store = SessionStore(lsm, NUM_SHARDS, writer)
         out = bytearray()
         session = online_qos2_subscriber(out)
         session.on_pubrec(1)
