@@ -301,6 +301,29 @@ def test_takeover_through_another_node_says_0x8e(
     assert first.disconnects.get(timeout=15) == 0x8E
 
 
+def test_a_takeover_through_another_node_publishes_the_will_only_if_the_session_ends(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5]) -> None:
+    """Homed at b, connected at a, taken over at c: resuming the session publishes no will
+    [MQTT-3.1.3-9]; a Clean Start then ends the session and publishes the will of the
+    connection it takes over (as on one node, ``test_e2e_mqtt5.py``)."""
+    cid, topic = view.client_homed_at("b", unique("tw")), unique("tw")
+    watcher = v5("b")
+    watcher.connect()
+    watcher.subscribe(f"{topic}/#", 1)
+    session = props(CONNECT, SessionExpiryInterval=300)
+    first = v5("a", cid)
+    first.connect(properties=session, will=(f"{topic}/first", b"gone", 1, False, None))
+    second = v5("c", cid)
+    present, _ = second.connect(clean_start=False, properties=session,
+                                will=(f"{topic}/second", b"gone", 1, False, None))
+    assert present and first.disconnects.get(timeout=15) == 0x8E
+    second.publish(f"{topic}/sentinel", b"s", 1)
+    watcher.nothing_before(f"{topic}/sentinel")
+    present, _ = v5("a", cid).connect(clean_start=True, properties=session)
+    assert not present and second.disconnects.get(timeout=15) == 0x8E
+    assert watcher.get().topic == f"{topic}/second"
+
+
 def test_a_node_leaving_on_sigterm_says_0x8b(fresh_cluster: Callable[..., NodeCluster]
                                              ) -> None:
     """SIGTERM makes a node leave the cluster, then stop: its v5 clients (clean sessions,

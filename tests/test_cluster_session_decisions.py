@@ -314,3 +314,27 @@ async def test_a_takeover_publishes_no_delayed_will_but_an_undelayed_one() -> No
     await home.register(plain, "n1", "n1:a:4", None, True)
     assert [args[0] for args in _spawned_named(spawned, "_publish_now")] == [WILL]
     assert spawned == [(fn, args) for fn, args in spawned if fn.__name__ == "_publish_now"]
+
+
+V5_WILL = Will5("devices/gone", b"offline", 1, False)
+
+
+@pytest.mark.parametrize("will,clean,fresh,published", [
+    (V5_WILL, False, False, False),  # resumed: a new connection to the session [MQTT-3.1.3-9]
+    (V5_WILL, False, True, True),  # Clean Start with an expiry: the old session ends
+    (V5_WILL, True, False, True),  # Clean Start, expiry 0: the same
+    (WILL, False, False, True),  # MQTT 3.1.1: the close is no DISCONNECT [MQTT-3.1.2-8]
+])
+async def test_a_takeover_that_resumes_an_mqtt5_session_publishes_no_will(
+        will: Will | Will5, clean: bool, fresh: bool, published: bool) -> None:
+    """As on one node (``test_e2e_mqtt5.py``): the home decides, for takeovers from any
+    edge, by whether the new connection resumes the persistent session it holds."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    _, home, _, spawned = make_node("n1", views)
+    client_id = client_homed_at(views[-1], "n1")
+    await home.register(client_id, "n2", "n2:a:1", will, False)
+    await home.bind(client_id, False)  # the persistent session, as ``on_sopen`` binds it
+    await home.register(client_id, "n3", "n3:b:1", None, clean, fresh)
+    assert [args[0] for args in _spawned_named(spawned, "_publish_now")] == (
+        [will] if published else [])

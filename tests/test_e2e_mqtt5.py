@@ -331,6 +331,48 @@ def test_will_delay_cancelled_by_reconnect(v5: Callable[..., Paho5]) -> None:
     watcher.nothing_before(f"{topic}/sentinel")
 
 
+@pytest.mark.parametrize("expiry", [60, 0])
+def test_a_takeover_that_resumes_the_session_publishes_no_will(
+        v5: Callable[..., Paho5], expiry: int) -> None:
+    """[MQTT-3.1.3-9]: the new connection to the session came before the old one closed,
+    so before any Will Delay Interval, 0 included, had passed: no will (mosquitto's
+    07-will-takeover.py; before 2026-11-25 the will went out).  ``expiry``: the new
+    connection's Session Expiry Interval (0: it resumes the session until it closes)."""
+    cid, topic = unique("tk"), unique("will")
+    watcher = v5()
+    watcher.connect()
+    watcher.subscribe(f"{topic}/#", 1)
+    first = v5(cid)
+    first.connect(properties=props(CONNECT, SessionExpiryInterval=60),
+                  will=(f"{topic}/w", b"gone", 1, False, None))
+    second = v5(cid)
+    present, _ = second.connect(clean_start=False,
+                                properties=props(CONNECT, SessionExpiryInterval=expiry))
+    assert present
+    second.publish(f"{topic}/sentinel", b"s", 1)
+    watcher.nothing_before(f"{topic}/sentinel")
+
+
+@pytest.mark.parametrize("first_expiry,second_expiry", [(60, 60), (0, 60), (60, 0)])
+def test_a_takeover_that_ends_the_session_publishes_the_will(
+        v5: Callable[..., Paho5], first_expiry: int, second_expiry: int) -> None:
+    """Taken over by a Clean Start, or from a connection whose session ended with it
+    (expiry 0): the old session ends, and its will goes out (section 3.1.3.2.2)."""
+    cid, topic = unique("tk"), unique("will")
+    watcher = v5()
+    watcher.connect()
+    watcher.subscribe(f"{topic}/#", 1)
+    first = v5(cid)
+    first.connect(properties=props(CONNECT, SessionExpiryInterval=first_expiry),
+                  will=(f"{topic}/w", b"gone", 1, False, None))
+    second = v5(cid)
+    present, _ = second.connect(clean_start=bool(first_expiry),
+                                properties=props(CONNECT, SessionExpiryInterval=second_expiry))
+    assert not present
+    got = watcher.get()
+    assert (got.topic, got.payload) == (f"{topic}/w", b"gone")
+
+
 def test_will_delay_then_published_with_properties(v5: Callable[..., Paho5]) -> None:
     topic = unique("will")
     watcher = v5()

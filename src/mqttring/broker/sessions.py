@@ -8,7 +8,8 @@ core (``BrokerCore``) is the same in both cases.
 
 Rules kept here (MQTT 3.1.1):
 * a second connection with the same client id closes the first [MQTT-3.1.4-2] and, since
-  that close is not a DISCONNECT, publishes its will;
+  that close is not a DISCONNECT, publishes its will (MQTT 5: unless the second resumes the
+  session, ``takeover_publishes_will``);
 * CleanSession=1 discards any previous session [MQTT-3.1.2-6], CleanSession=0 resumes it
   [MQTT-3.1.2-4] (session present set [MQTT-3.2.2-2]);
 * a clean session ends with its connection [MQTT-3.1.2-6];
@@ -93,6 +94,27 @@ def will_delay(will: Will | Will5) -> int:
     """Seconds a will waits before it is published (0 for a 3.1.1 will)."""
     return will.delay if type(will) is Will5 else 0
 
+
+def starts_clean(packet: Connect | Connect5) -> bool:
+    """Whether this CONNECT starts a new session rather than resuming one: MQTT 5 Clean
+    Start, MQTT 3.1.1 CleanSession."""
+    return packet.clean_start if type(packet) is Connect5 else packet.clean_session
+
+
+def takeover_publishes_will(will: Will | Will5, resumed: bool) -> bool:
+    """Whether the will of a connection taken over by another of its client id goes out.
+
+    MQTT 5: not when the new connection resumes the old one's session.  That is "a new
+    Network Connection to this Session ... before the Will Delay Interval has passed"
+    [MQTT-3.1.3-9], a delay of 0 included, since the new connection came before the old one
+    closed; a fleet's "offline" will must not fire because a device reconnected before the
+    broker noticed its old connection was dead (mosquitto, HiveMQ alike).  Taken over by a
+    Clean Start, the old session ends, and the will with it (section 3.1.3.2.2).  MQTT 3.1.1
+    has no such rule: the close is not a DISCONNECT, so its will goes out [MQTT-3.1.2-8].
+    ``resumed``: the new connection does not start clean, and the old session was to
+    outlive its connection (persistent, not ending at its close)."""
+    return type(will) is not Will5 or not resumed
+
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
     from mqttring.broker.core import BrokerCore
@@ -154,6 +176,12 @@ class LocalSessions:
         old = core.clients.get(client_id)
         if old is not None:
             log.info("takeover of client %r", client_id)
+            kept = old.session
+            if old.will is not None and not takeover_publishes_will(old.will, (
+                    not starts_clean(packet) and kept is not None and kept.persistent
+                    and not kept.ends_at)):
+                log.info("will of %r not published: its session resumed at once", client_id)
+                old.will = None
             old.close_reason = old.close_reason or "taken over by a new connection"
             old.goodbye(0x8E)  # MQTT 5: "session taken over", before the cleanup closes it
             await core.connection_lost(old)

@@ -53,6 +53,7 @@ from mqttring.broker.sessions import (
     expiry_at_close,
     fresh_start,
     resume_until_close,
+    takeover_publishes_will,
     will_delay,
 )
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
@@ -154,7 +155,8 @@ class ClusterSessions(LocalSessions):
             except SessionUnavailable:
                 self.by_token.pop(token, None)
                 raise
-            await self.register(client_id, self.node_id, token, will, clean)
+            await self.register(client_id, self.node_id, token, will, clean,
+                                fresh_start(packet))
             return await self.bind(client_id, clean, fresh_start(packet), until_close)
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
@@ -298,7 +300,10 @@ class ClusterSessions(LocalSessions):
             await self.wait_for_view_change(0.2)
 
     async def register(self, client_id: str, node: str, token: str, will: Will | None,
-                       clean: bool) -> None:
+                       clean: bool, fresh: bool = False) -> None:
+        """Make connection ``token`` (on ``node``) the one of ``client_id``, closing the
+        previous one (takeover).  ``clean``/``fresh``: as ``bind``'s ``clean_session`` and
+        ``fresh``; with both false the new connection resumes the session."""
         lock = self._locks.setdefault(client_id, trio.Lock())
         async with lock:
             previous = self.registrations.get(client_id)
@@ -337,8 +342,16 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                if previous.will is not None and not will_delay(previous.will):
+                kept = self.core.sessions.get(client_id)
+                resumed = (not clean and not fresh and kept is not None and kept.persistent
+                           and not kept.ends_at)
+                if previous.will is None or will_delay(previous.will):
+                    pass
+                elif takeover_publishes_will(previous.will, resumed):
                     self.wills.publish(client_id, previous.will, "taken over")
+                else:
+                    log.info("will of %r not published: its session resumed at once",
+                             client_id)
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 
@@ -455,8 +468,9 @@ class ClusterSessions(LocalSessions):
             return
         try:
             await self._await_loaded(client_id)
-            await self.register(client_id, edge, token, will_from_wire(message.will), clean)
             v5 = message.v5
+            await self.register(client_id, edge, token, will_from_wire(message.will), clean,
+                                v5 is not None and v5.clean_start)
             session, present = await self.bind(client_id, clean,
                                                v5 is not None and v5.clean_start,
                                                v5 is not None and v5.until_close)
