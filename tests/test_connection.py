@@ -80,6 +80,17 @@ def test_session_present_is_never_set_for_a_clean_session():
     assert read(conn) == [ConnAck(False)]
 
 
+@pytest.mark.parametrize("name,level,flag", [("MQTT", 4, True), ("MQIsdp", 3, False)])
+def test_session_present_is_only_said_to_mqtt_311(name: str, level: int, flag: bool):
+    """MQTT 3.1 (MQIsdp, level 3) has no session present flag: the byte is reserved and 0
+    (mosquitto's ``03-publish-c2b-disconnect-qos2.py``)."""
+    conn = ServerConnection()
+    conn.receive_data(encode(Connect("c1", clean_session=False, protocol_name=name,
+                                     protocol_level=level)))
+    conn.accept(Session("c1", False), session_present=True)
+    assert read(conn) == [ConnAck(flag)]
+
+
 def test_packets_pipelined_behind_connect_wait_for_the_decision():
     conn = ServerConnection()
     data = encode(Connect("c1")) + encode(Subscribe(1, (("a/#", 1),))) + encode(PingReq())
@@ -104,6 +115,27 @@ def test_qos2_redelivery_is_acknowledged_not_routed_again():
     assert read(conn) == [PubComp(5)]
     again = conn.receive_data(encode(Publish("t", b"y", 2, packet_id=5)))
     assert isinstance(again[0], PublishReceived), "after PUBREL the id may be reused"
+
+
+@pytest.mark.parametrize("name,level", [("MQIsdp", 3), ("MQTT", 4)])
+def test_an_mqtt31_client_may_resend_pubrel_and_subscribe_with_dup_set(name: str, level: int):
+    """MQTT 3.1 sent PUBREL, SUBSCRIBE and UNSUBSCRIBE as QoS 1 packets, DUP set on a resend
+    (mosquitto's ``03-publish-c2b-disconnect-qos2.py``); 3.1.1 fixed their flags to 0b0010,
+    so the same bytes from a 3.1.1 client break [MQTT-2.2.2-1] and close it."""
+    conn = ServerConnection()
+    conn.receive_data(encode(Connect("c1", protocol_name=name, protocol_level=level)))
+    conn.accept(Session("c1", True), session_present=False)
+    read(conn)
+    pubrel = bytes([0x6A]) + encode(PubRel(5))[1:]
+    subscribe = bytes([0x8A]) + encode(Subscribe(1, (("a/#", 1),)))[1:]
+    if level == 4:
+        with pytest.raises(MalformedPacket) as err:
+            conn.receive_data(pubrel)
+        assert err.value.rule == "MQTT-2.2.2-1"
+        return
+    assert conn.receive_data(pubrel) == []
+    assert read(conn) == [PubComp(5)]
+    assert conn.receive_data(subscribe) == [SubscribeRequested(1, (("a/#", 1),))]
 
 
 def test_server_only_packets_from_a_client_are_violations():

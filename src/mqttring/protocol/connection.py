@@ -330,6 +330,8 @@ class ServerConnection:
             # [MQTT-3.1.2-2]: answer code 1, then close.
             self.refuse(ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION)
             return None
+        if packet.protocol_level == 3:
+            self._decoder.speak_mqtt31()
         if not packet.client_id and not packet.clean_session:
             # [MQTT-3.1.3-8]
             self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
@@ -381,6 +383,8 @@ class ServerConnection:
         self.client_id = session.client_id
         # [MQTT-3.2.2-1]: session present is 0 for a clean session.
         present = session_present and not session.clean_session
+        if present and self.connect is not None and self.connect.protocol_level == 3:
+            present = False  # MQTT 3.1 has no such flag: that byte is reserved, 0
         if self._v5 is None:
             self._out += encode_packet(ConnAck(present, ConnectReturnCode.ACCEPTED))
         else:

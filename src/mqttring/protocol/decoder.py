@@ -314,7 +314,7 @@ class PacketDecoder:
     copy, not one per chunk.
     """
 
-    __slots__ = ("_buf", "_chunks", "_max", "_need", "_parked", "_pos")
+    __slots__ = ("_buf", "_chunks", "_max", "_mqtt31", "_need", "_parked", "_pos")
 
     def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH) -> None:
         self._buf = b""
@@ -323,6 +323,13 @@ class PacketDecoder:
         self._chunks: list[bytes] = []
         self._parked = 0
         self._need = 0
+        self._mqtt31 = False
+
+    def speak_mqtt31(self) -> None:
+        """The client connected with MQTT 3.1 (MQIsdp), whose PUBREL, SUBSCRIBE and
+        UNSUBSCRIBE were QoS 1 packets that a client resends with DUP set (flags 0b1010);
+        3.1.1 fixed those flags to 0b0010 [MQTT-3.6.1-1, MQTT-3.8.1-1, MQTT-3.10.1-1]."""
+        self._mqtt31 = True
 
     @property
     def max_packet_size(self) -> int:
@@ -456,13 +463,13 @@ class PacketDecoder:
         _set_packet_id(packet, packet_id)
         return packet
 
-    @staticmethod
-    def _decode_other(first: int, buf: bytes, start: int, stop: int) -> Packet:
+    def _decode_other(self, first: int, buf: bytes, start: int, stop: int) -> Packet:
         packet_type = first >> 4
         decoder = _DECODERS[packet_type]
         if decoder is None:
             raise MalformedPacket("MQTT-2.2.1", f"reserved packet type {packet_type}")
-        if first & 0x0F != _FIXED_FLAGS[packet_type]:
+        if first & 0x0F != _FIXED_FLAGS[packet_type] and not (
+                self._mqtt31 and first & 0x0F == 0x0A and _FIXED_FLAGS[packet_type] == 2):
             raise MalformedPacket(
                 RULE_FLAGS,
                 f"invalid fixed header flags {first & 0x0F:#06b} for type {packet_type}",
