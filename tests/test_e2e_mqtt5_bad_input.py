@@ -72,7 +72,7 @@ def _disconnected_with(client: Raw5, code: int) -> None:
     (b"\x03\x00\x01a\x03\x00\x01b", b"t", 0x82),  # content type twice
     (b"\x26\x00\x01k\x00\x02\xc3\x28", b"t", 0x81),  # user property value not UTF-8
     (b"\x0b\x05", b"t", 0x82),  # a client may not send a subscription identifier
-    (b"\x11\x00\x00\x00\x01", b"t", 0x82),  # session expiry is not a PUBLISH property
+    (b"\x11\x00\x00\x00\x01", b"t", 0x81),  # not a PUBLISH property: malformed (2.2.2.2)
 ], ids=["alias0", "alias-above-max", "alias-unknown", "empty-topic", "duplicate",
         "bad-utf8", "subscription-id", "wrong-packet"])
 def test_bad_publish_properties(broker: BrokerHandle, raw5: Callable[[], Raw5],

@@ -373,7 +373,7 @@ def encode_property_body(props: Properties, packet: str) -> bytes:
 def _check_place(prop: PropertyId, where: frozenset[str], repeats: bool, packet: str,
                  seen: set[int]) -> None:
     if packet not in where:
-        raise ProtocolViolation("MQTT-2.2.2.2", f"{prop.name} is not allowed in {packet}")
+        raise MalformedPacket("MQTT-2.2.2.2", f"{prop.name} is not allowed in {packet}")
     if prop in seen and not repeats and not (
             prop == P.SUBSCRIPTION_IDENTIFIER and packet == "PUBLISH"):
         raise ProtocolViolation("MQTT-2.2.2.2", f"{prop.name} must not appear twice")
