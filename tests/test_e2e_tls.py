@@ -222,6 +222,78 @@ def test_mosquitto_over_mqtts_on_a_node_process(tmp_path: Path, pki: Pki, uid) -
     assert proc.returncode == 0
 
 
+def write_crl(pki: Pki, path: Path, revoked: tuple[Path, ...],
+              valid_for: datetime.timedelta = datetime.timedelta(days=1)) -> None:
+    """A CRL of the client CA listing ``revoked`` certificates (by serial), signed with the
+    CA's key, as ``openssl ca -gencrl`` would write it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    ca = pki.cas["client"]
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateRevocationListBuilder().issuer_name(ca_cert.subject)
+               .last_update(now - datetime.timedelta(hours=1)).next_update(now + valid_for))
+    for cert in revoked:
+        serial = x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial)
+            .revocation_date(now - datetime.timedelta(hours=1)).build())
+    crl = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    path.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+
+
+def test_a_revoked_client_certificate_is_refused_until_the_list_changes(
+        tmp_path: Path, pki: Pki, uid) -> None:
+    """``--crlfile`` on a node process: a client certificate the CRL lists fails the
+    handshake, another from the same CA is let in; SIGHUP reads the list again (bob
+    reinstated, alice revoked); a CRL past its next update lets nobody in (OpenSSL's rule,
+    documented); and a file that is no CRL stops the node at start-up with one line."""
+    bob_cert, bob_key = pki.server_cert("bob", ca="client", hosts=("bob.example",),
+                                        common_name="bob")
+    crl = pki.root / "client-ca.crl"
+    write_crl(pki, crl, revoked=(bob_cert,))
+    ready, log = tmp_path / "ready.json", tmp_path / "node.log"
+    cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "crl1", "--mqtt", f"{HOST}:0",
+           "--mqtts", f"{HOST}:0", "--certfile", str(pki.cert), "--keyfile", str(pki.key),
+           "--cafile", str(pki.client_ca), "--require-certificate", "--crlfile", str(crl),
+           "--data-dir", str(tmp_path / "data"), "--ready-file", str(ready)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "ready file")
+        assert proc.poll() is None, log.read_text()
+        port, topic = json.loads(ready.read_text())["mqtts"], uid("crl")
+
+        def publish(cert: Path, key: Path) -> subprocess.CompletedProcess[str]:
+            return mosquitto("mosquitto_pub", port, topic, "--cafile", str(pki.ca), "--cert",
+                             str(cert), "--key", str(key), "-q", "1", "-m", "x")
+
+        assert publish(pki.alice_cert, pki.alice_key).returncode == 0
+        refused = publish(bob_cert, bob_key)
+        assert refused.returncode != 0
+        wait_for(lambda: "certificate revoked" in log.read_text(), 10, "revocation logged")
+        write_crl(pki, crl, revoked=(pki.alice_cert,))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded" in log.read_text(), 15, "reload line")
+        assert publish(bob_cert, bob_key).returncode == 0
+        assert publish(pki.alice_cert, pki.alice_key).returncode != 0
+        write_crl(pki, crl, revoked=(), valid_for=-datetime.timedelta(minutes=1))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: log.read_text().count("reloaded") >= 2, 15, "second reload")
+        assert publish(bob_cert, bob_key).returncode != 0
+        wait_for(lambda: "CRL has expired" in log.read_text(), 10, "expired CRL logged")
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert proc.returncode == 0
+    crl.write_text("not a CRL\n")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith(
+        "mqttring: configuration error: cannot load crlfile"), done.stderr
+
+
 def test_certificate_identity_is_the_username(tls_broker, paho, pki: Pki, uid,
                                               caplog) -> None:
     """``require_certificate`` + ``use_identity_as_username`` with anonymous logins off: a
@@ -402,6 +474,8 @@ def test_tls_settings_are_checked_before_the_node_starts(tmp_path: Path, pki: Pk
         BrokerConfig(use_identity_as_username=True)
     with pytest.raises(ConfigError, match="needs cafile"):
         BrokerConfig(require_certificate=True)
+    with pytest.raises(ConfigError, match="crlfile needs require_certificate"):
+        BrokerConfig(cafile=pki.client_ca, crlfile=pki.client_ca)
     with pytest.raises(ConfigError, match="tls_min_version"):
         BrokerConfig(tls_min_version="1.1")
     config_file = tmp_path / "tls.toml"

@@ -220,6 +220,10 @@ class BrokerConfig:
     keyfile: Path | None = None
     #: PEM CA certificate(s) that client certificates must be signed by.
     cafile: Path | None = None
+    #: PEM certificate revocation list(s) of ``cafile``: a client certificate it lists is
+    #: refused in the handshake.  Read again with the certificate (SIGHUP); a CRL past its
+    #: next update refuses every client certificate of its CA (OpenSSL's rule).
+    crlfile: Path | None = None
     #: Oldest TLS version accepted: "1.2" or "1.3".  Ciphers are the ``ssl`` module's defaults.
     tls_min_version: Literal["1.2", "1.3"] = "1.2"
     #: TLS clients must present a certificate signed by ``cafile``.
@@ -388,11 +392,14 @@ class BrokerConfig:
             raise ConfigError("use_identity_as_username needs require_certificate")
         if self.require_certificate and self.cafile is None:
             raise ConfigError("require_certificate needs cafile (the CA of client certificates)")
+        if self.crlfile is not None and not self.require_certificate:
+            # Without it no client certificate is asked for, so nothing would be checked.
+            raise ConfigError("crlfile needs require_certificate")
         if self.mqtts is None and self.wss is None:
             return
         if self.certfile is None or self.keyfile is None:
             raise ConfigError("a TLS listener (mqtts, wss) needs certfile and keyfile")
-        _check_files(self, ("certfile", "keyfile", "cafile"))
+        _check_files(self, ("certfile", "keyfile", "cafile", "crlfile"))
 
     def _check_cluster_tls(self) -> None:
         names = ("cluster_cafile", "cluster_certfile", "cluster_keyfile")

@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--certfile", help="PEM server certificate for mqtts/wss")
     parser.add_argument("--keyfile", help="PEM private key of --certfile")
     parser.add_argument("--cafile", help="PEM CA that signs client certificates")
+    parser.add_argument("--crlfile", help="PEM revocation list of --cafile's certificates")
     parser.add_argument("--require-certificate", action="store_true", default=None,
                         help="TLS clients must present a certificate signed by --cafile")
     parser.add_argument("--data-dir", help="where the node store lives (./data)")
@@ -105,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "certfile": args.certfile,
         "keyfile": args.keyfile,
         "cafile": args.cafile,
+        "crlfile": args.crlfile,
         "require_certificate": args.require_certificate,
         "data_dir": args.data_dir,
         "sys_interval": args.sys_interval,

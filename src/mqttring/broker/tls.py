@@ -68,6 +68,13 @@ def build_server_context(config: BrokerConfig) -> ssl.SSLContext:
             context.load_verify_locations(cafile=config.cafile)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"cannot load cafile {config.cafile}: {_reason(exc)}") from None
+    if config.crlfile is not None:
+        # The leaf only, as mosquitto's crlfile: a CRL per intermediate CA is not asked for.
+        try:
+            context.load_verify_locations(cafile=config.crlfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load crlfile {config.crlfile}: {_reason(exc)}") from None
+        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     # A client certificate is asked for only when it is required (as mosquitto does):
     # without ``require_certificate`` the CA file has nothing to verify.
     context.verify_mode = ssl.CERT_REQUIRED if config.require_certificate else ssl.CERT_NONE
@@ -75,6 +82,10 @@ def build_server_context(config: BrokerConfig) -> ssl.SSLContext:
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        # What an operator needs to act on: "certificate revoked", "certificate has
+        # expired", "unable to get local issuer certificate" (not "certificate verify failed").
+        return f"certificate verify failed: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError):
         if exc.reason:
             return exc.reason.lower().replace("_", " ")
@@ -109,7 +120,9 @@ class TlsContext:
         stays in use."""
         self.context = build_server_context(self._config)
         self.reloads += 1
-        log.info("TLS certificate %s reloaded", self._config.certfile)
+        crl = self._config.crlfile
+        log.info("TLS certificate %s%s reloaded", self._config.certfile,
+                 "" if crl is None else f" and revocation list {crl}")
 
     async def reload_in_thread(self) -> None:
         """``reload`` in a worker thread, so the event loop never waits for the disk."""
