@@ -294,6 +294,28 @@ def test_a_revoked_client_certificate_is_refused_until_the_list_changes(
         "mqttring: configuration error: cannot load crlfile"), done.stderr
 
 
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
+def test_a_refused_client_certificate_gets_the_tls_alert_that_says_why(
+        tls_broker, pki: Pki, version: ssl.TLSVersion) -> None:
+    """The handshake's alert reaches the client before the close (as from mosquitto), so a
+    device can log why: a certificate from a CA the node does not trust, none at all.  TLS
+    1.3 clients see it at their first read, 1.2 ones in the handshake.  Before 2026-11-25
+    the node closed without it and clients saw a bare EOF."""
+    node = tls_broker(cafile=pki.client_ca, require_certificate=True)
+    cases = [((pki.rogue_cert, pki.rogue_key), "unknown ca"),
+             ((None, None), "certificate required" if version is ssl.TLSVersion.TLSv1_3
+              else "handshake failure")]
+    for (cert, key), alert in cases:
+        context = client_context(pki.ca, cert, key)
+        context.maximum_version = version
+        with pytest.raises(ssl.SSLError, match=alert.replace(" ", ".")):
+            sock = tls_connect(node.mqtts, context)
+            with sock:
+                sock.sendall(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x0a\x00\x00")
+                sock.recv(4)
+    assert node.broker.metrics.tls_handshake_failures == 2
+
+
 def test_certificate_identity_is_the_username(tls_broker, paho, pki: Pki, uid,
                                               caplog) -> None:
     """``require_certificate`` + ``use_identity_as_username`` with anonymous logins off: a

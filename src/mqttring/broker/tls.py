@@ -171,9 +171,29 @@ async def handshake(
         return stream
     metrics.tls_handshake_failures += 1
     log.info("TLS handshake with %s failed: %s", peer, reason)
-    # The socket is closed without a TLS goodbye: there is no session to end.
+    if not scope.cancelled_caught:
+        await _send_alert(stream, tcp)
+    # No TLS goodbye: there is no session to end.
     await tcp.aclose()
     return None
+
+
+async def _send_alert(stream: trio.SSLStream[trio.SocketStream], tcp: trio.SocketStream
+                      ) -> None:
+    """Send the alert OpenSSL wrote for a failed handshake ("certificate revoked", "unknown
+    ca", "certificate required") before the close, as mosquitto does: without it a device
+    sees a bare EOF (in TLS 1.3, at its first read after a handshake it thinks succeeded)
+    and cannot tell its operator why.  trio leaves it unsent, since the stream is broken
+    once the handshake raises; it waits in the stream's outgoing buffer (trio's private
+    ``_outgoing`` ``MemoryBIO``: if a trio release renames it, nothing is sent, and
+    ``test_e2e_tls.py``'s alert test says so).  Bounded: a client that does not read gets
+    one second."""
+    outgoing = getattr(stream, "_outgoing", None)
+    if not isinstance(outgoing, ssl.MemoryBIO) or not outgoing.pending:
+        return
+    with trio.move_on_after(1.0), contextlib.suppress(
+            trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await tcp.send_all(outgoing.read())
 
 
 #: Linux's switch for acknowledging at once rather than after the delayed-ACK timer.
