@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mqttring.config import ConfigError
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from mqttring.security.acl import (
     AccessControl,
     AclFile,

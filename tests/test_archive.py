@@ -10,7 +10,7 @@ from mqttring.broker.archive import TelemetryArchive, key_time_ns
 from mqttring.broker.shard_writes import LocalShardWriter
 from mqttring.lsm import LsmStore
 from mqttring.protocol.errors import InvalidTopic
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.ring.hashing import shard_of
 
 SHARDS = 8

@@ -43,7 +43,8 @@ from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.router import MAX_HOPS, ClusterRouter
 from mqttring.cluster.routes import RouteTable, route_digest
 from mqttring.cluster.viewchanges import ViewChanges
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from mqttring.raft import state as sm
 from mqttring.raft.view import ClusterView, MemberState
 

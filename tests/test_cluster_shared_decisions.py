@@ -19,7 +19,8 @@ from mqttring.cluster.errors import PeerUnavailable
 from mqttring.cluster.messages import Ack, Delivered, Dlv, DlvEntry, SharedDone
 from mqttring.cluster.routes import RouteTable, route_shard
 from mqttring.cluster.shared import ShareAttempt
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from test_cluster_decisions import make_router
 
 SHARE = "$share/g/jobs/#"

@@ -16,8 +16,9 @@ from mqttring.cluster import wire
 from mqttring.cluster.links import Link, Links
 from mqttring.cluster.messages import Batch, Dlv, DlvEntry, decode_frame, encode_frame
 from mqttring.protocol.codec import PacketDecoder
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Publish
-from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.protocol.session import Session, SessionLimits
 
 topics = st.sampled_from(["a", "a/b", "sensors/1/temp", "ü/ñ", "x" * 300])
 entries = st.tuples(st.sampled_from([wire.ROUTE, wire.DELIVER]), topics,

@@ -23,7 +23,8 @@ from mqttring.cluster.messages import (
 )
 from mqttring.cluster.router import ClusterRouter
 from mqttring.cluster.witness import OwnCopies, WitnessBook, choose_witness
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from mqttring.raft.view import ClusterView
 from test_cluster_decisions import make_router
 

@@ -13,6 +13,7 @@ from mqttring.protocol.connection import (
     SubscribeRequested,
 )
 from mqttring.protocol.errors import MalformedPacket, MQTTError, ProtocolViolation
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import (
     ConnAck,
     Connect,
@@ -28,7 +29,7 @@ from mqttring.protocol.packets import (
     SubAck,
     Subscribe,
 )
-from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.protocol.session import Session, SessionLimits
 
 
 def read(conn: ServerConnection) -> list:

@@ -16,6 +16,7 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.connection5 import ServerLimits5
 from mqttring.protocol.errors import MQTTError
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import ConnAck, Connect
 from mqttring.protocol.packets5 import (
     ConnAck5,
@@ -30,7 +31,7 @@ from mqttring.protocol.packets5 import (
     UnsubAck5,
 )
 from mqttring.protocol.properties import Properties, PropertyId
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import V5Session
 
 P = PropertyId

@@ -19,7 +19,7 @@ from mqtt_client import CONNACK, PUBACK, PUBLISH, SUBACK, connect, puback, publi
 from mqttring.broker.retained import NAMED_TOPIC_BYTES, RetainedStore, topic_key
 from mqttring.config import MAX_CLIENT_ID_BYTES
 from mqttring.lsm import Delete, LsmStore, Put
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 
 pytestmark = pytest.mark.timeout(90)
 

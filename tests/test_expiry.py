@@ -24,13 +24,8 @@ from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
 from mqttring.lsm import Durability, LsmStore, Put, shard_key
 from mqttring.protocol.codec import PacketDecoder
-from mqttring.protocol.session import (
-    LEGACY_EXPIRY_CUTOFF,
-    Message,
-    Outbound,
-    Session,
-    SessionLimits,
-)
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import LEGACY_EXPIRY_CUTOFF, Outbound, Session, SessionLimits
 from mqttring.ring.hashing import shard_of
 
 TTL = 3600.0

@@ -38,7 +38,7 @@ from mqttring.cluster.replication import (
     in_frame_runs,
 )
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.raft.view import EMPTY_VIEW
 from mqttring.rpc import MAX_FRAME
 

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqttring.protocol.codec import PacketDecoder
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Publish, PubRel
 from mqttring.protocol.session import (
     LEGACY_EXPIRY_CUTOFF,
-    Message,
     Outbound,
     OutState,
     Session,

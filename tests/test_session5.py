@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from mqttring.protocol.codec import decode
 from mqttring.protocol.codec5 import PacketDecoder5
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Publish
 from mqttring.protocol.packets5 import Publish5
 from mqttring.protocol.properties import Properties, PropertyId
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import PublishProps, V5Session, retained_wanted
 
 P = PropertyId

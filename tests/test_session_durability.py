@@ -22,8 +22,9 @@ from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, Op
 from mqttring.lsm import Durability, LsmStore
 from mqttring.protocol.codec import PacketDecoder
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Publish, PubRel
-from mqttring.protocol.session import Message, OutState, Session
+from mqttring.protocol.session import OutState, Session
 
 NUM_SHARDS = 8
 

@@ -23,7 +23,8 @@ from mqttring.broker.shared import (
     parse_shared,
 )
 from mqttring.protocol.errors import InvalidTopic
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 
 
 @pytest.mark.parametrize("bad", ["$share", "$share/", "$share//x", "$share/g", "$share/g/",

@@ -30,7 +30,7 @@ import trio
 
 from mqttring.broker.shard_writes import Op, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.protocol.topics import TopicTrie, validate_topic_filter
 
 log = logging.getLogger("mqttring.archive")

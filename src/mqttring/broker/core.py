@@ -71,9 +71,10 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.connection5 import ServerLimits5
 from mqttring.protocol.errors import InvalidTopic
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
-from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.protocol.session import Session, SessionLimits
 from mqttring.protocol.session5 import (
     NO_LOCAL,
     ClientLimits5,

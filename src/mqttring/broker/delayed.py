@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 
 log = logging.getLogger("mqttring.broker")
 

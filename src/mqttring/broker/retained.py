@@ -57,7 +57,7 @@ from typing import Any
 from mqttring.broker.shard_writes import LocalShardWriter, Op, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.lsm.ops import MAX_KEY_SIZE
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.protocol.session5 import PublishProps
 from mqttring.protocol.topics import TopicIndex
 from mqttring.ring.hashing import shard_of

@@ -54,7 +54,8 @@ from mqttring.broker.shared import (
     orphans,
 )
 from mqttring.lsm import Durability
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from mqttring.protocol.topics import TopicTrie
 
 #: Topics whose subscriber set is cached (cleared when full or when subscriptions change).

@@ -60,7 +60,8 @@ import trio
 
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
-from mqttring.protocol.session import Message, Outbound, OutState, Session, SessionLimits
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Outbound, OutState, Session, SessionLimits
 from mqttring.protocol.session5 import PublishProps, V5Session
 from mqttring.ring.hashing import shard_of
 

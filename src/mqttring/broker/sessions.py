@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from mqttring.lsm import Durability
 from mqttring.protocol.connection5 import V5Link
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Connect, Will
 from mqttring.protocol.packets5 import Connect5, Will5
 from mqttring.protocol.properties import Properties, PropertyId
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import PublishProps
 
 #: The MQTT 5 Session Expiry Interval that means "never" (section 3.1.2.11.2).

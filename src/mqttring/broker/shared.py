@@ -38,7 +38,8 @@ from enum import IntEnum, StrEnum
 from typing import NamedTuple, TypeVar
 
 from mqttring.protocol.errors import InvalidTopic
-from mqttring.protocol.session import Message, OutState, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import OutState, Session
 from mqttring.protocol.topics import TopicTrie, validate_topic_filter
 
 __all__ = [

@@ -13,7 +13,7 @@ from mqttring import __version__
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import Router
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 
 
 def sys_values(metrics: BrokerMetrics, retained: RetainedStore) -> dict[str, str]:

@@ -51,7 +51,8 @@ from mqttring.cluster.errors import (
 from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import Delivered, Dlv, DlvEntry
 from mqttring.cluster.viewchanges import ViewChanges
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import PublishProps
 from mqttring.raft.view import ClusterView
 

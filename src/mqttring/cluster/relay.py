@@ -44,9 +44,10 @@ from mqttring.cluster.messages import (
 )
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import SubAck, UnsubAck
 from mqttring.protocol.packets5 import SubAck5, UnsubAck5
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import ClientLimits5, retained_wanted
 
 if TYPE_CHECKING:

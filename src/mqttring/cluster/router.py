@@ -79,7 +79,8 @@ from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.message import Message
+from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
 

@@ -74,7 +74,7 @@ from mqttring.cluster.messages import (
 )
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.witness import OwnCopies, WitnessBook, choose_witness
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
 

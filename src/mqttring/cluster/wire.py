@@ -40,8 +40,8 @@ from typing import Any
 from mqttring.cluster.messages import Batch
 from mqttring.protocol.decoder import PacketDecoder
 from mqttring.protocol.errors import MQTTError
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Publish
-from mqttring.protocol.session import Message
 
 #: Sections.
 ROUTE = 0

@@ -29,7 +29,7 @@ from mqttring.config import is_loopback
 from mqttring.http.prometheus import node_registry
 from mqttring.http.queries import ClusterQueries, NotFound, Unavailable, decode_cursor
 from mqttring.protocol.errors import InvalidTopic
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.protocol.topics import validate_topic_filter, validate_topic_name
 
 if TYPE_CHECKING:

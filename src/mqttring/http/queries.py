@@ -22,7 +22,7 @@ from mqttring.broker import inspect
 from mqttring.broker.admin import node_stats
 from mqttring.broker.router import PublishRefused
 from mqttring.cluster.plane import DataPlane
-from mqttring.protocol.session import Message
+from mqttring.protocol.message import Message
 from mqttring.raft.view import MemberState
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,

@@ -18,8 +18,9 @@ from mqttring.protocol.errors import (
     PacketTooLarge,
     ProtocolViolation,
 )
+from mqttring.protocol.message import Message
 from mqttring.protocol.properties import Properties, PropertyId, ReasonCode
-from mqttring.protocol.session import Message, Session, SessionLimits
+from mqttring.protocol.session import Session, SessionLimits
 from mqttring.protocol.topics import (
     TopicIndex,
     TopicTrie,

@@ -6,7 +6,7 @@ the short forms the specification allows (reason 0 without properties: no reason
 so that what we send is what a careful peer would send.
 
 ``encode_publish5`` is the delivery path's encoder: the broker keeps a message's forwardable
-properties pre-encoded (``mqttring.protocol.session.Message.props``) and splices them in,
+properties pre-encoded (``mqttring.protocol.message.Message.props``) and splices them in,
 together with what differs per subscriber (subscription identifiers, the remaining message
 expiry interval), without building a ``Properties`` per delivery.
 """

@@ -50,6 +50,7 @@ from mqttring.protocol.events import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import (
     SUBACK_FAILURE,
     ConnAck,
@@ -84,7 +85,7 @@ from mqttring.protocol.properties import (
     ReasonCode,
 )
 from mqttring.protocol.reasons5 import encode_with_reason
-from mqttring.protocol.session import Message, Session
+from mqttring.protocol.session import Session
 
 
 class ConnState(Enum):

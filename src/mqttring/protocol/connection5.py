@@ -43,6 +43,7 @@ from mqttring.protocol.events import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets5 import (
     Auth5,
     Connect5,
@@ -56,7 +57,6 @@ from mqttring.protocol.packets5 import (
     Unsubscribe5,
 )
 from mqttring.protocol.properties import PropertyId
-from mqttring.protocol.session import Message
 from mqttring.protocol.session5 import PublishProps
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Connect
 from mqttring.protocol.packets5 import Connect5
-from mqttring.protocol.session import Message
 
 __all__ = ["ConnectRequested", "DisconnectRequested", "Event", "PublishReceived",
            "SubscribeRequested", "UnsubscribeRequested"]
