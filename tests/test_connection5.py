@@ -23,8 +23,10 @@ from mqttring.protocol.packets5 import (
     Connect5,
     Disconnect5,
     PubAck5,
+    PubComp5,
     Publish5,
     PubRec5,
+    PubRel5,
     SubAck5,
     SubOptions,
     Subscribe5,
@@ -248,6 +250,21 @@ def test_a_failed_puback_from_the_client_completes_the_message() -> None:
     [publish] = [p for p in out_packets(conn) if isinstance(p, Publish5)]
     conn.receive_data(encode5(PubAck5(publish.packet_id, 0x83)))  # type: ignore[arg-type]
     assert not session.inflight
+
+
+def test_a_pubrel_for_an_unknown_id_is_completed_with_success() -> None:
+    """A client that lost our PUBCOMP resends PUBREL on its next connection; the id is free
+    by then.  PUBCOMP 0 (as mosquitto), not 0x92, which MQTT.js reports as a failed
+    publish of a message delivered once (mosquitto's 03-publish-c2b-disconnect-qos2.py)."""
+    conn = connected()
+    conn.data_to_send()
+    conn.receive_data(encode5(Publish5("t", b"", 2, packet_id=7)))
+    conn.ack_publish(7, 2)
+    assert out_packets(conn) == [PubRec5(7)]
+    conn.receive_data(encode5(PubRel5(7)))
+    conn.receive_data(encode5(PubRel5(7)))  # again, as after a lost PUBCOMP
+    assert out_packets(conn) == [PubComp5(7), PubComp5(7)]
+    assert conn.v5 is not None and conn.v5.inbound == 0
 
 
 def test_a_failed_pubrec_we_send_frees_the_inbound_id() -> None:

@@ -176,9 +176,12 @@ class V5Link:
             if pid in session.inbound_qos2:
                 self.inbound = max(0, self.inbound - 1)
                 session.release_inbound_qos2(pid)
-                conn.output.extend(bytes((0x70, 2, pid >> 8, pid & 0xFF)))
-            else:
-                conn.output.extend(bytes((0x70, 3, pid >> 8, pid & 0xFF, 0x92)))
+            # An unknown id answers success too, not 0x92 (Packet Identifier not found): it
+            # is nearly always a client resending PUBREL after losing our PUBCOMP across a
+            # reconnect, which 3.7.2.1 calls "not an error during recovery", yet MQTT.js
+            # fails the publish on any code >= 0x80 although it was delivered once.
+            # mosquitto answers 0 as well.
+            conn.output.extend(bytes((0x70, 2, pid >> 8, pid & 0xFF)))
         elif kind is Subscribe5:
             sub: Subscribe5 = packet  # type: ignore[assignment]
             sid = sub.subscription_id or 0
