@@ -239,6 +239,24 @@ async def test_legacy_rows_load_and_are_superseded(tmp_path, stack):
 # -- replicas -----------------------------------------------------------------------------
 
 
+def test_a_replicated_row_keeps_its_mqtt5_properties():
+    """A replica (or a new owner taking a copied shard) installs a retained row's MQTT 5
+    properties with it: its message expiry deadline, the forwarded properties and the
+    origin.  Before 2026-11-25 ``accept_ops`` dropped them, so once a shard had moved, an
+    expired retained message was served again, its properties gone (found by mosquitto's
+    02-subpub-qos1-message-expiry-retain.py against a 3-node cluster)."""
+    from mqttring.protocol.session5 import PublishProps
+
+    props = PublishProps(b"\x03\x00\x0atext/plain", 1_700_000_000.0, "pub-1")
+    replica = RetainedStore(None, NUM_SHARDS)
+    row = make_row(TOPIC, b"v5", 1, (7, 1), props)
+    assert replica.accept_ops([Put("retained", key(), row)]) != []
+    [message] = replica.matching("#")
+    assert message.props == props
+    assert message.props.expired(1_700_000_001.0)
+
+
+
 async def test_a_replayed_older_batch_never_replaces_a_newer_one_on_a_replica(tmp_path, stack):
     """The partition scenario: the stale node's write (epoch 4) reaches the replica after
     the new owner's acknowledged one (epoch 5)."""

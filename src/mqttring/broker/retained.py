@@ -225,7 +225,7 @@ class RetainedStore:
         kept: list[Op] = []
         for op in ops:
             if (op.db == _DB and isinstance(op, Put)
-                    and not self._apply(*parse_row(op.value))):
+                    and not self._apply(*parse_row(op.value), row_props(op.value))):
                 self.stale_rejected += 1
                 continue
             kept.append(op)
