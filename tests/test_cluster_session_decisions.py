@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from decision_support import NUM_SHARDS, Metadata, RecordingLinks
 from mqttring.broker.client import ClientHandler
@@ -338,3 +339,65 @@ async def test_a_takeover_that_resumes_an_mqtt5_session_publishes_no_will(
     await home.register(client_id, "n3", "n3:b:1", None, clean, fresh)
     assert [args[0] for args in _spawned_named(spawned, "_publish_now")] == (
         [will] if published else [])
+
+
+async def test_a_reconnect_waits_until_its_previous_close_has_reached_the_home() -> None:
+    """The edge sends a connection's close to a remote home from a task (a dying home must
+    not hold it up); a reconnect of the same id on that edge waits for it, so the home
+    never takes the new connection for a takeover of one that said DISCONNECT and
+    publishes its will.  Before 2026-11-25 the new SessionOpen could overtake the
+    SessionClose (mosquitto's 07-will-reconnect-1273.py against a 3-node cluster)."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    core, edge, links, spawned = make_node("n1", views)
+    client_id = client_homed_at(views[-1], "n2")
+    connect = Connect(client_id=client_id, clean_session=True, keepalive=60, will=WILL)
+    first = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
+    session, _ = await edge.open(first, client_id, connect)
+    first.client_id, first.session, first.will = client_id, session, WILL
+    first.clean_disconnect = True
+    await core.connection_lost(first)
+    (close,) = [(fn, args) for fn, args in spawned if fn.__name__ == "_end_then_signal"]
+    second = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(edge.open, second, client_id, connect)
+        await trio.testing.wait_all_tasks_blocked()
+        opens = [m for _, m in links.sent if isinstance(m, SessionOpen)]
+        assert [m.token for m in opens] == [first.token], "the reconnect did not wait"
+        await close[0](*close[1])  # the close task runs: SessionClose reaches the home
+    sent = [(type(m).__name__, m.token) for _, m in links.sent
+            if isinstance(m, SessionOpen | SessionClose)]
+    assert sent == [("SessionOpen", first.token), ("SessionClose", first.token),
+                    ("SessionOpen", second.token)]
+    (closed,) = [m for _, m in links.sent if isinstance(m, SessionClose)]
+    assert not closed.publish_will  # it said DISCONNECT
+
+
+async def test_a_reconnect_during_a_clean_close_at_the_home_publishes_no_will() -> None:
+    """Edge and home on one node: the close of a connection that said DISCONNECT awaits
+    the session store before it unregisters; a reconnect registering meanwhile is a
+    takeover of that registration, which must not publish the will the DISCONNECT
+    discarded [MQTT-3.14.4-3].  Before 2026-11-25 it did (mosquitto's
+    07-will-reconnect-1273.py against a 3-node cluster)."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    core, home, _, spawned = make_node("n1", views)
+    client_id = client_homed_at(views[-1], "n1")
+    connect = Connect(client_id=client_id, clean_session=False, keepalive=60, will=WILL)
+    first = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
+    session, _ = await home.open(first, client_id, connect)
+    first.client_id, first.session, first.will = client_id, session, WILL
+    first.clean_disconnect = True
+    store_written = trio.Event()
+
+    async def slow_unbind(handler: Any, session: Any) -> None:
+        await store_written.wait()
+
+    home.unbind = slow_unbind  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(core.connection_lost, first)
+        await trio.testing.wait_all_tasks_blocked()
+        await home.register(client_id, "n1", "n1:b:1", None, False)  # the reconnect
+        store_written.set()
+    assert _spawned_named(spawned, "_publish_now") == []
+    assert home.registrations[client_id].token == "n1:b:1"

@@ -123,6 +123,9 @@ class ClusterSessions(LocalSessions):
         #: connected to another node than their home (``mqttring.cluster.relay``).
         self.relay = SessionRelay(core, links)
         self._locks: dict[str, trio.Lock] = {}
+        #: Closes of this edge's connections on their way to a home on another node, by
+        #: client id (the latest): a new connection of the id waits for it (``open``).
+        self._closing: dict[str, trio.Event] = {}
         #: Tokens are ``node:life:counter``: a restarted edge must never reuse a token its
         #: previous life registered, or a home would take a new connection for the old one.
         self._token_prefix = f"{node_id}:{secrets.token_hex(4)}"
@@ -141,6 +144,14 @@ class ClusterSessions(LocalSessions):
                    packet: Connect | Connect5) -> tuple[Session, bool]:
         if self.fenced():
             raise SessionUnavailable("this node is cut off from the cluster majority")
+        closing = self._closing.get(client_id)
+        if closing is not None:
+            # The previous connection's close (sent by a task, not awaited) must reach the
+            # home before this one's open, or the home takes this connection for a takeover
+            # of one that said DISCONNECT, and publishes its will (mosquitto's
+            # 07-will-reconnect-1273.py against a cluster).  Bounded as the close is.
+            with trio.move_on_after(self.patience):
+                await closing.wait()
         token = f"{self._token_prefix}:{next(self._tokens)}"
         handler.token = token
         self.by_token[token] = handler
@@ -188,6 +199,13 @@ class ClusterSessions(LocalSessions):
         assert session is not None
         owed_will = not handler.clean_disconnect and not self.core.shutting_down
         handler.owed_will = owed_will
+        current = self.registrations.get(session.client_id)
+        if handler.clean_disconnect and current is not None and current.token == handler.token:
+            # It said DISCONNECT: its will is gone now, before this close awaits anything, so
+            # that a reconnect whose registration runs meanwhile cannot take this connection
+            # for a taken-over one that owes its will (mosquitto's 07-will-reconnect-1273.py
+            # against a cluster: the will went out on a clean reconnect).
+            current.will = None
         if isinstance(session, RemoteSession):
             session.detach()
             self.relay.drop(session.client_id, session.token)
@@ -199,9 +217,22 @@ class ClusterSessions(LocalSessions):
             await self.unregister(session.client_id, handler.token, owed_will,
                                   "connection closed")
         else:
-            # Not awaited: a home that is slow or dying must not hold the close up.
-            self.spawn(self._end_registration, session.client_id, handler.token, owed_will,
-                       expiry, time.time())
+            # Not awaited: a home that is slow or dying must not hold the close up.  A new
+            # connection of the id on this node waits for it (``open``).
+            done = self._closing[session.client_id] = trio.Event()
+            self.spawn(self._end_then_signal, done, session.client_id, handler.token,
+                       owed_will, expiry, time.time())
+
+    async def _end_then_signal(self, done: trio.Event, client_id: str, token: str,
+                               publish_will: bool, session_expiry: int | None,
+                               closed_at: float) -> None:
+        try:
+            await self._end_registration(client_id, token, publish_will, session_expiry,
+                                         closed_at)
+        finally:
+            done.set()
+            if self._closing.get(client_id) is done:
+                del self._closing[client_id]
 
     async def _end_registration(self, client_id: str, token: str, publish_will: bool,
                                 session_expiry: int | None = None,
