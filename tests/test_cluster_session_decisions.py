@@ -341,21 +341,32 @@ async def test_a_takeover_that_resumes_an_mqtt5_session_publishes_no_will(
         [will] if published else [])
 
 
+async def _connected_then_disconnecting(home_node: str, clean_session: bool
+                                       ) -> tuple[BrokerCore, ClusterSessions, RecordingLinks,
+                                                  list[Any], str, Connect, ClientHandler]:
+    """Node n1 of three, a client homed at ``home_node`` connected to n1 with a will, about
+    to close after saying DISCONNECT."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    core, sessions, links, spawned = make_node("n1", views)
+    client_id = client_homed_at(views[-1], home_node)
+    connect = Connect(client_id=client_id, clean_session=clean_session, keepalive=60,
+                      will=WILL)
+    first = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
+    session, _ = await sessions.open(first, client_id, connect)
+    first.client_id, first.session, first.will = client_id, session, WILL
+    first.clean_disconnect = True
+    return core, sessions, links, spawned, client_id, connect, first
+
+
 async def test_a_reconnect_waits_until_its_previous_close_has_reached_the_home() -> None:
     """The edge sends a connection's close to a remote home from a task (a dying home must
     not hold it up); a reconnect of the same id on that edge waits for it, so the home
     never takes the new connection for a takeover of one that said DISCONNECT and
     publishes its will.  Before 2026-11-25 the new SessionOpen could overtake the
     SessionClose (mosquitto's 07-will-reconnect-1273.py against a 3-node cluster)."""
-    meta = Metadata("n1", "n2", "n3")
-    views = [meta.view()]
-    core, edge, links, spawned = make_node("n1", views)
-    client_id = client_homed_at(views[-1], "n2")
-    connect = Connect(client_id=client_id, clean_session=True, keepalive=60, will=WILL)
-    first = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
-    session, _ = await edge.open(first, client_id, connect)
-    first.client_id, first.session, first.will = client_id, session, WILL
-    first.clean_disconnect = True
+    core, edge, links, spawned, client_id, connect, first = \
+        await _connected_then_disconnecting("n2", clean_session=True)
     await core.connection_lost(first)
     (close,) = [(fn, args) for fn, args in spawned if fn.__name__ == "_end_then_signal"]
     second = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
@@ -379,15 +390,8 @@ async def test_a_reconnect_during_a_clean_close_at_the_home_publishes_no_will() 
     takeover of that registration, which must not publish the will the DISCONNECT
     discarded [MQTT-3.14.4-3].  Before 2026-11-25 it did (mosquitto's
     07-will-reconnect-1273.py against a 3-node cluster)."""
-    meta = Metadata("n1", "n2", "n3")
-    views = [meta.view()]
-    core, home, _, spawned = make_node("n1", views)
-    client_id = client_homed_at(views[-1], "n1")
-    connect = Connect(client_id=client_id, clean_session=False, keepalive=60, will=WILL)
-    first = ClientHandler(core, None, ConnectionTimers())  # type: ignore[arg-type]
-    session, _ = await home.open(first, client_id, connect)
-    first.client_id, first.session, first.will = client_id, session, WILL
-    first.clean_disconnect = True
+    core, home, _, spawned, client_id, _, first = \
+        await _connected_then_disconnecting("n1", clean_session=False)
     store_written = trio.Event()
 
     async def slow_unbind(handler: Any, session: Any) -> None:
