@@ -102,7 +102,8 @@ def starts_clean(packet: Connect | Connect5) -> bool:
     return packet.clean_start if type(packet) is Connect5 else packet.clean_session
 
 
-def takeover_publishes_will(will: Will | Will5, resumed: bool) -> bool:
+def takeover_publishes_will(will: Will | Will5, kept: Session | None,
+                            starts_clean: bool) -> bool:
     """Whether the will of a connection taken over by another of its client id goes out.
 
     MQTT 5: not when the new connection resumes the old one's session.  That is "a new
@@ -112,8 +113,11 @@ def takeover_publishes_will(will: Will | Will5, resumed: bool) -> bool:
     broker noticed its old connection was dead (mosquitto, HiveMQ alike).  Taken over by a
     Clean Start, the old session ends, and the will with it (section 3.1.3.2.2).  MQTT 3.1.1
     has no such rule: the close is not a DISCONNECT, so its will goes out [MQTT-3.1.2-8].
-    ``resumed``: the new connection does not start clean, and the old session was to
-    outlive its connection (persistent, not ending at its close)."""
+    ``kept``: the session the old connection had (at the session's home); resumed when the
+    new connection does not ``starts_clean`` and it was to outlive its connection
+    (persistent, not ending at its close)."""
+    resumed = (not starts_clean and kept is not None and kept.persistent
+               and not kept.ends_at)
     return type(will) is not Will5 or not resumed
 
 if TYPE_CHECKING:
@@ -177,10 +181,8 @@ class LocalSessions:
         old = core.clients.get(client_id)
         if old is not None:
             log.info("takeover of client %r", client_id)
-            kept = old.session
-            if old.will is not None and not takeover_publishes_will(old.will, (
-                    not starts_clean(packet) and kept is not None and kept.persistent
-                    and not kept.ends_at)):
+            if old.will is not None and not takeover_publishes_will(
+                    old.will, old.session, starts_clean(packet)):
                 log.info("will of %r not published: its session resumed at once", client_id)
                 old.will = None
             old.close_reason = old.close_reason or "taken over by a new connection"

@@ -373,16 +373,13 @@ class ClusterSessions(LocalSessions):
                         self._kick_token(previous.token)  # closes it, even mid-CONNECT
                         if old.session is not None:
                             await self.core.connection_lost(old)
-                kept = self.core.sessions.get(client_id)
-                resumed = (not clean and not fresh and kept is not None and kept.persistent
-                           and not kept.ends_at)
-                if previous.will is None or will_delay(previous.will):
-                    pass
-                elif takeover_publishes_will(previous.will, resumed):
-                    self.wills.publish(client_id, previous.will, "taken over")
-                else:
-                    log.info("will of %r not published: its session resumed at once",
-                             client_id)
+                if previous.will is not None and not will_delay(previous.will):
+                    if takeover_publishes_will(previous.will, self.core.sessions.get(
+                            client_id), clean or fresh):
+                        self.wills.publish(client_id, previous.will, "taken over")
+                    else:
+                        log.info("will of %r not published: its session resumed at once",
+                                 client_id)
         if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
             del self._locks[client_id]
 
