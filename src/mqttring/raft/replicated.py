@@ -145,15 +145,20 @@ _PRIVATE = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline", "_SyncObj__
             "_SyncObj__raftLeader")
 
 
+#: The election deadline pysyncobj sees while the gate holds the real one: never due.
+_HELD = float("inf")
+
+
 class ElectionGatedSyncObj(SyncObj):
     """pysyncobj's node with pre-vote and the leader lease (``prevote.py``).
 
     Everything here runs on the Raft thread: ``_onTick`` before pysyncobj's own tick, and
     the transport's hooks inside its poll.  pysyncobj starts an election in its tick when
-    the election deadline has passed; the gate runs first and, unless a pre-vote round has
-    won (or a leadership transfer asked for the election), pushes the deadline back by a
-    fresh election timeout and sends pre-votes instead.  A round that wins sets the
-    deadline to zero, and pysyncobj's next tick starts the election as it always did.
+    the election deadline has passed; the gate runs first, keeps that deadline itself, and
+    when it is due sends pre-votes instead, unless a pre-vote round has won (or a
+    leadership transfer asked for the election): then it hands pysyncobj the due deadline
+    and pysyncobj's tick starts the election as it always did.  A round that wins sets the
+    deadline to zero, so the next tick campaigns.
     """
 
     def __init__(self, *args: Any, lease: float, **kwargs: Any) -> None:
@@ -161,6 +166,7 @@ class ElectionGatedSyncObj(SyncObj):
         # and starts ticking (and calling the hooks below) before it returns.
         self.election_gate = ElectionGate(lease)
         self._transfer_vote_term: int | None = None
+        self._deadline = 0.0  # the election deadline pysyncobj armed last (_gate_election)
         super().__init__(*args, **kwargs)
         missing = [name for name in _PRIVATE if not hasattr(self, name)]
         if missing:
@@ -178,22 +184,36 @@ class ElectionGatedSyncObj(SyncObj):
         super()._onTick(timeToWait)
 
     def _gate_election(self, now: float) -> None:
+        # pysyncobj keeps one election deadline, re-arms it on heartbeats and votes, and
+        # checks it against its own clock later in the same tick.  A deadline falling
+        # between the gate's clock reading and pysyncobj's (the tick flushes its journal
+        # in between, once a second) would start an election no pre-vote had won.  So the
+        # gate takes every deadline pysyncobj arms into ``_deadline`` and leaves it
+        # ``_HELD`` (never due); it hands pysyncobj a due deadline only to campaign.
+        armed = self._SyncObj__raftElectionDeadline
+        if armed != _HELD:
+            self._deadline = armed
+            self._SyncObj__raftElectionDeadline = _HELD
         others = self._SyncObj__otherNodes
-        if (self._SyncObj__selfNode is None or self._SyncObj__raftState == _RAFT_STATE.LEADER
-                or self._SyncObj__raftElectionDeadline >= now or not others
+        if self._SyncObj__selfNode is None or not others:
+            self._SyncObj__raftElectionDeadline = self._deadline  # no votes to ask for
+            return
+        if (self._SyncObj__raftState == _RAFT_STATE.LEADER or self._deadline >= now
                 or not self._SyncObj__connectedToAnyone()):
-            return  # pysyncobj starts no election on this tick (or needs no votes at all)
+            return  # no election is due on this tick
         gate = self.election_gate
         term = self._SyncObj__raftCurrentTerm
         if self._SyncObj__transferInProgress:
             self._transfer_vote_term = term + 1  # the leader asked: its lease must not refuse
             gate.campaign_started()
+            self._SyncObj__raftElectionDeadline = self._deadline
             return
         if gate.may_campaign(term) and not gate.in_lease(now, False):
             self._transfer_vote_term = None
             gate.campaign_started()
+            self._SyncObj__raftElectionDeadline = self._deadline
             return
-        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._deadline = now + self._SyncObj__generateRaftTimeout()
         request = gate.start_round(term, self._log_position(), len(others) + 1,
                                    self._SyncObj__selfNode.id)
         transport = self._SyncObj__transport
