@@ -91,6 +91,52 @@ def test_down_moves_shards_to_replicas_and_rejoin_needs_catch_up() -> None:
     assert state.view().shards == before.shards
 
 
+def test_a_restart_of_every_node_keeps_each_shard_with_a_node_that_held_it() -> None:
+    """A power loss: every node rejoins, one after the other, in a new incarnation.  Each
+    shard keeps one of the nodes that held it before, whose disk has its data, and the
+    others copy from it; no shard is declared lost."""
+    state = formed("a", "b", "c")
+    before = state.view()
+    for node in ("a", "b", "c"):
+        assert state.apply(cmd_joining(info(node)))["ok"]
+        state.apply(cmd_up(node))
+        view = state.view()
+        for s in range(SHARDS):
+            assert view.owner(s) in before.replicas(s), (s, view.shards[s], before.shards[s])
+    assert state.lost_shards == 0
+    for node in ("a", "b", "c"):
+        catch_all_up(state, node, 2)
+    assert state.view().shards == before.shards
+
+
+def test_the_last_holder_down_keeps_its_shards_until_it_is_removed() -> None:
+    state = formed("a", "b", "c")
+    before = state.view()
+    only_bc = [s for s in range(SHARDS) if set(before.replicas(s)) == {"b", "c"}]
+    assert only_bc
+    assert state.apply(cmd_down("b", 1))["ok"]
+    assert state.apply(cmd_down("c", 1))["ok"]
+    view = state.view()
+    for s in only_bc:
+        # c held it last: the shard waits for c (its owner, down); a is a target catching up.
+        assert view.owner(s) == "c"
+        assert "a" in view.shards[s].catching_up
+    assert state.lost_shards == 0
+    # c comes back: it serves what it stored, and the others copy from it.
+    state.apply(cmd_joining(info("c")))
+    assert state.view().owner(only_bc[0]) == "c"
+    state.apply(cmd_up("c"))
+    view = state.view()
+    assert all(view.owner(s) == "c" for s in only_bc)
+    assert state.lost_shards == 0
+    # Or the operator removes it for good: then, and only then, the data is given up.
+    state.apply(cmd_down("c", 2))
+    state.apply(cmd_remove("c"))
+    view = state.view()
+    assert state.lost_shards >= len(only_bc)
+    assert all(view.owner(s) == "a" for s in only_bc)
+
+
 def test_leave_hands_ownership_away_then_remove() -> None:
     state = formed("a", "b", "c")
     state.apply(cmd_leaving("c"))
@@ -148,6 +194,7 @@ commands = st.one_of(
 def run(log: list, replication: int) -> MetadataState:
     state = MetadataState()
     state.apply(cmd_bootstrap(SHARDS, replication, info("a")))
+    removed = False
     for command in log:
         if isinstance(command, tuple):  # "the data plane finished everything it had"
             _, node, incarnation = command
@@ -155,6 +202,10 @@ def run(log: list, replication: int) -> MetadataState:
             command = cmd_caught_up(node, incarnation, list(pending))
         state.apply(command)
         check_invariants(state)
+        # Only the operator gives data up: a shard loses its last holder by removal alone
+        # (counted when the removal or a later command gives it new holders).
+        removed = removed or command["op"] == "remove"
+        assert state.lost_shards == 0 or removed
     return state
 
 
@@ -169,9 +220,13 @@ def check_invariants(state: MetadataState) -> None:
         live = [n for n in replicas if n in up]
         assert len(live) >= min(view.replication, len(up))
         if replicas:
-            assert view.owner(s) not in view.shards[s].catching_up
-            assert view.owner(s) in holders_ok
-            assert view.shards[s].catching_up <= up
+            catching_up = view.shards[s].catching_up
+            holders = [n for n in replicas if n not in catching_up]
+            assert view.owner(s) not in catching_up
+            # A live owner, or none of the shard's holders is live: its last holder is down
+            # or rejoining, and the shard waits for it (its disk has the only copy).
+            assert view.owner(s) in holders_ok or not set(holders) & holders_ok
+            assert catching_up <= up
 
 
 @settings(max_examples=150, deadline=None)

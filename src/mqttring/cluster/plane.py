@@ -43,7 +43,7 @@ from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shared import Strategy
 from mqttring.cluster.delivery import Deliveries
-from mqttring.cluster.errors import PeerFailure
+from mqttring.cluster.errors import PeerFailure, PeerUnavailable
 from mqttring.cluster.fencing import admit_frame
 from mqttring.cluster.life import LifeTasks
 from mqttring.cluster.links import STREAM_KIND, Links, frame_limit
@@ -427,56 +427,79 @@ class DataPlane:
     async def _catch_up(self, shards: list[int]) -> None:
         """Copy the shards we are catching up on, retrying until done or re-placed.
 
-        A copy fails when its source dies or a link breaks; the view then names another
-        source (or drops us as a target), so we wait for a change and go on with what is
-        still ours to copy, never giving up while the view still waits for us.
+        A copy fails when its source dies or a link breaks, or while the shard's only
+        holder is not up (``_copy_one``); the view then names another source, drops us as
+        a target, or brings the holder back, so we wait for a change and try what is
+        still ours to copy again, never giving up while the view still waits for us.  A
+        shard that fails does not hold up the others: each pass copies what it can and
+        reports it caught up, so a shard waiting for a dead last holder costs only itself.
         """
-        done: list[int] = []
         remaining = list(shards)
         delay = 0.2
         try:
-            while remaining:
+            while True:
                 remaining = [s for s in remaining
                              if self.node_id in self.view.shards[s].catching_up]
-                try:
-                    while remaining:
-                        shard = remaining[0]
+                done: list[int] = []
+                failed: list[int] = []
+                failure: PeerFailure | None = None
+                for shard in remaining:
+                    try:
                         if await self._copy_one(shard):
                             done.append(shard)
-                        remaining.pop(0)
-                except PeerFailure as exc:
-                    log.info("catch-up of %d shards interrupted (%s); retrying", len(remaining),
-                             exc)
-                    await self.view_changes.wait(delay)
-                    delay = min(delay * 2, CATCH_UP_RETRY_MAX)
-            for attempt in range(CAUGHT_UP_ATTEMPTS):
-                still = [s for s in done if self.node_id in self.view.shards[s].catching_up]
-                if not still:
-                    break
-                try:
-                    await self.metadata.mark_caught_up(still)
-                    log.info("node %s caught up on %d shards", self.node_id, len(still))
-                    break
-                except (CommitError, trio.TooSlowError) as exc:
-                    # No leader for a moment, or this node is leaving: try again while
-                    # the view still says these shards wait for us.
-                    log.info("caught-up report not committed (%s), attempt %d", exc, attempt + 1)
-                    await trio.sleep(0.2 * (attempt + 1))
+                    except PeerFailure as exc:
+                        failed.append(shard)
+                        failure = exc
+                if done:
+                    await self._report_caught_up(done)
+                remaining = failed
+                if not remaining:
+                    return
+                log.info("catch-up of %d shards interrupted (%s); retrying", len(remaining),
+                         failure)
+                await self.view_changes.wait(delay)
+                delay = min(delay * 2, CATCH_UP_RETRY_MAX)
         finally:
             self._copying.difference_update(shards)
             self._dropped.difference_update(shards)
 
+    async def _report_caught_up(self, done: list[int]) -> None:
+        for attempt in range(CAUGHT_UP_ATTEMPTS):
+            still = [s for s in done if self.node_id in self.view.shards[s].catching_up]
+            if not still:
+                return
+            try:
+                await self.metadata.mark_caught_up(still)
+                log.info("node %s caught up on %d shards", self.node_id, len(still))
+                return
+            except (CommitError, trio.TooSlowError) as exc:
+                # No leader for a moment, or this node is leaving: try again while the
+                # view still says these shards wait for us.
+                log.info("caught-up report not committed (%s), attempt %d", exc, attempt + 1)
+                await trio.sleep(0.2 * (attempt + 1))
+
     async def _copy_one(self, shard: int) -> bool:
-        """Copy one shard from its owner; False if there is no other node to copy from."""
+        """Copy one shard from its owner; False if there is no other node to copy from.
+
+        What an earlier life of this node held for the shard is dropped once the source
+        has answered, not before: while the shard's only holder is down (``raft/state.py``)
+        or dies before it answers, our older copy is the best one left, and it is what the
+        shard serves if the operator removes that holder for good.
+        """
         view = self.view
         source = view.owner(shard)
         if source is None or source == self.node_id:
             return False
-        if shard not in self._dropped:
-            # Once per catch-up: a retry must keep what live replication wrote since.
-            await self._drop_local_shard(shard)
-            self._dropped.add(shard)
-        rows = await self.replicator.copy_shard(shard, source)
+        if source not in view.live_members():
+            raise PeerUnavailable(f"{source}, the only holder of shard {shard}, is not up")
+
+        async def drop_once() -> None:
+            if shard not in self._dropped:
+                # Once per catch-up: a retry must keep what live replication wrote since.
+                await self._drop_local_shard(shard)
+                self._dropped.add(shard)
+
+        rows = await self.replicator.copy_shard(shard, source, before_writing=drop_once)
         log.debug("shard %d: copied %d rows from %s", shard, rows, source)
         return True
 

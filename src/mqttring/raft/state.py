@@ -23,15 +23,25 @@ Holding rules (the ``catching-up`` model)
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 * A node becomes a holder of a shard only through ``caught_up`` (its data plane finished
   the transfer for that incarnation) -- or at bootstrap, when there is no data yet.
-* A node stops being a holder when it goes ``down``, is removed, or rejoins (a new
-  incarnation: whatever it stored before missed the writes made while it was away).
+* A node stops being a holder when it goes ``down`` or rejoins (a new incarnation: whatever
+  it stored before missed the writes made while it was away) -- unless it is the shard's
+  *last* holder.  Then its disk has the newest data that exists: the owner is always a
+  holder, so no write of the shard can have been acknowledged since it went.  It stays the
+  holder (and the owner), the shard unavailable meanwhile, until it is up again and serves
+  what it stored, or until it is removed.  Dropping it instead would make empty targets
+  the holders, and the node, back from a restart or a power loss of the whole cluster,
+  would throw away the only copy to copy theirs.
+* A removed node stops being a holder of everything (``mqttring leave --member``: the
+  operator gives up on it and on what only it stored).
 * A holder that is no longer a target (a *donor*) is kept while any target replica of the
   shard is still catching up, so the data has a source; once every target replica holds
   the data, holders become exactly the targets.
-* If a shard has no holder left (all its replicas died), the targets are declared holders:
-  the data is gone and waiting would block the shard forever.  ``lost_shards`` counts it.
+* If a shard has no holder left (its last holder was removed), the targets are declared
+  holders: the data is gone and waiting would block the shard forever.  ``lost_shards``
+  counts it.
 
-Hence the owner (first replica) is always a holder, and with at least R ``UP`` members every
+Hence the owner (first replica) is always a holder; it is an ``UP`` (or ``LEAVING``) node
+unless every holder of the shard is down or rejoining.  With at least R ``UP`` members every
 shard lists at least R distinct ``UP`` nodes (its targets).
 """
 
@@ -170,7 +180,7 @@ class MetadataState:
                                            incarnation=old.incarnation if old else 0),
                          since=self.epoch + 1)
         self.members[member.node_id] = member
-        self._drop_holder(member.node_id)
+        self._drop_holder(member.node_id, keep_last=True)
 
     def _apply_up(self, c: Command) -> dict[str, Any]:
         member = self._member(c["node_id"])
@@ -188,7 +198,7 @@ class MetadataState:
         if member.state is MemberState.DOWN:
             raise CommandRejected(f"{member.node_id} is already down")
         self.members[member.node_id] = replace(member, state=MemberState.DOWN)
-        self._drop_holder(member.node_id)
+        self._drop_holder(member.node_id, keep_last=True)
 
     def _apply_leaving(self, c: Command) -> None:
         member = self._member(c["node_id"])
@@ -258,9 +268,12 @@ class MetadataState:
             weight=weight,
         )
 
-    def _drop_holder(self, node_id: str) -> None:
+    def _drop_holder(self, node_id: str, *, keep_last: bool = False) -> None:
+        """``node_id`` holds nothing any more; with ``keep_last``, except the shards whose
+        only holder it is (see the module docstring)."""
         for held in self.holders:
-            held.discard(node_id)
+            if not (keep_last and len(held) == 1):
+                held.discard(node_id)
 
     def _reconcile(self) -> None:
         """Recompute targets if the UP set changed, then apply the holding rules."""
