@@ -47,6 +47,21 @@ def payloads_by_topic(got: list[Delivery]) -> dict[str, list[bytes]]:
     return out
 
 
+def assert_sessions_got(cluster: NodeCluster, clients: Clients, view: ViewInfo,
+                        edges: dict[str, str], sent: list[tuple[str, bytes]], when: str) -> None:
+    """Each persistent session (client id -> the node it reconnects to) is still there and
+    gets every message of ``sent`` queued for it, per topic in order."""
+    expected = payloads_by_topic([Delivery(t, p, 1, False) for t, p in sent])
+    for client_id, edge in edges.items():
+        sub = clients.make(cluster.port(edge), client_id, clean_session=False)
+        assert sub.connect() is True, f"{client_id} (home {view.home_of(client_id)}) lost"
+        got = sub.until(lambda g: len(g) >= len(sent), timeout=WAIT, quiet=0.3)
+        assert payloads_by_topic(got) == expected, (
+            f"{client_id} (home {view.home_of(client_id)}) {when}: got "
+            f"{dict(payloads_by_topic(got))}, expected {dict(expected)}\n"
+            f"{cluster.logs_of_interest()}")
+
+
 # --------------------------------------------------------------------------- kill -9
 
 
@@ -403,15 +418,9 @@ def test_sigterm_and_restart_hands_data_back(
             f"retained after b returned, on {node}: {len(got)} of 30; missing "
             f"{sorted(set(retained) - {d.topic for d in got})[:5]}\n{cluster.logs_of_interest()}")
 
-    expected = payloads_by_topic([Delivery(t, p, 1, False) for t, p in sent])
-    for n, client_id in enumerate(session_ids):
-        sub = clients.make(cluster.port(NODES[n % 3]), client_id, clean_session=False)
-        assert sub.connect() is True, f"{client_id} (home {back.home_of(client_id)}) lost"
-        got = sub.until(lambda g: len(g) >= len(sent), timeout=WAIT, quiet=0.3)
-        assert payloads_by_topic(got) == expected, (
-            f"{client_id} (home {back.home_of(client_id)}) after b's return: got "
-            f"{dict(payloads_by_topic(got))}, expected {dict(expected)}\n"
-            f"{cluster.logs_of_interest()}")
+    assert_sessions_got(cluster, clients, back,
+                        {c: NODES[n % 3] for n, c in enumerate(session_ids)}, sent,
+                        "after b's return")
 
 
 # --------------------------------------------------------------------------- secret
@@ -520,15 +529,9 @@ def test_the_whole_cluster_killed_at_once_comes_back_with_everything_acknowledge
         topic = queued_topics[i % 3]
         after.publish(topic, f"after{i}", 1)
         sent.append((topic, f"after{i}".encode()))
-    expected = payloads_by_topic([Delivery(t, p, 1, False) for t, p in sent])
-    for n, client_id in enumerate(session_ids):
-        sub = clients.make(cluster.port(NODES[(n + 2) % 3]), client_id, clean_session=False)
-        assert sub.connect() is True, f"{client_id} (home {back.home_of(client_id)}) lost"
-        got = sub.until(lambda g: len(g) >= len(sent), timeout=WAIT, quiet=0.3)
-        assert payloads_by_topic(got) == expected, (
-            f"{client_id} (home {back.home_of(client_id)}) after the power loss: got "
-            f"{dict(payloads_by_topic(got))}, expected {dict(expected)}\n"
-            f"{cluster.logs_of_interest()}")
+    assert_sessions_got(cluster, clients, back,
+                        {c: NODES[(n + 2) % 3] for n, c in enumerate(session_ids)}, sent,
+                        "after the power loss")
 
 
 def test_a_shard_whose_replicas_all_died_waits_for_them_and_keeps_the_best_copy(
