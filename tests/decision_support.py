@@ -103,5 +103,8 @@ class Metadata:
         member = self.state.members[node]
         assert self.state.apply(sm.cmd_down(node, member.incarnation))["ok"]
 
+    def remove(self, node: str) -> None:
+        assert self.state.apply(sm.cmd_remove(node))["ok"]
+
     def view(self) -> ClusterView:
         return self.state.view()

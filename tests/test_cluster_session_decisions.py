@@ -34,6 +34,7 @@ from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import SessionUnavailable
 from mqttring.broker.timers import ConnectionTimers
 from mqttring.cluster.messages import (
+    Ack,
     SessionClose,
     SessionKick,
     SessionOpen,
@@ -46,7 +47,7 @@ from mqttring.config import BrokerConfig
 from mqttring.protocol.packets import Connect, Will
 from mqttring.protocol.packets5 import Will5
 from mqttring.protocol.properties import Properties, PropertyId
-from mqttring.raft.view import ClusterView
+from mqttring.raft.view import EMPTY_VIEW, ClusterView
 
 
 def make_node(node: str, views: list[ClusterView], fenced: Callable[[], bool] = lambda: False,
@@ -405,3 +406,18 @@ async def test_a_reconnect_during_a_clean_close_at_the_home_publishes_no_will() 
         store_written.set()
     assert _spawned_named(spawned, "_publish_now") == []
     assert home.registrations[client_id].token == "n1:b:1"
+
+
+async def test_a_node_without_a_view_yet_refuses_to_open_a_session() -> None:
+    """A restarted node is asked to open a session (its peers still see its previous life
+    as the home) before its own join gave it a view.  It used to fail with an IndexError
+    in the empty view and log a traceback, and a bind before that would have made a
+    session no view assigned to it; it refuses, and the edge asks again by its view."""
+    _, home, links, _ = make_node("n2", [EMPTY_VIEW])
+    await home.on_sopen("n1", SessionOpen(7, "device-1", "n1", "n1:a:1", False, None, None))
+    answers = links.take(Ack)
+    assert [(n, a.req, a.ok) for n, a in answers] == [("n1", 7, False)]
+    assert "no cluster view yet" in str(answers[0][1].body)
+    assert "device-1" not in home.registrations
+    assert "device-1" not in home.core.sessions
+    assert not links.sent

@@ -35,7 +35,8 @@ from .workload import (
 
 #: ``none`` is the control: the same run without a fault, which must pass (a harness that
 #: reports failures on a healthy cluster is the harness' bug).
-SCENARIOS = ("none", "kill-follower", "kill-leader", "isolate", "partition", "loss", "sick")
+SCENARIOS = ("none", "kill-follower", "kill-leader", "isolate", "partition", "loss", "sick",
+             "power-loss")
 CONVERGE_BOUND = 20.0
 SETTLE_BOUND = 30.0
 DRAIN_BOUND = 20.0
@@ -174,6 +175,8 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         elif scenario == "partition":
             majority = [leader, *followers[: len(nodes) // 2]]
             victims = [n for n in nodes if n not in majority]
+        elif scenario == "power-loss":
+            victims = list(nodes)
         elif scenario in ("loss", "none"):
             victims = []
         else:
@@ -241,6 +244,9 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         events["fault"] = time.monotonic()
         if scenario.startswith("kill"):
             cluster.kill9(victims[0])
+        elif scenario == "power-loss":
+            for victim in victims:
+                cluster.kill9(victim)
         elif scenario == "isolate":
             topology.isolate(victims[0])
         elif scenario == "partition":
@@ -262,6 +268,10 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         if scenario.startswith("kill"):
             cluster.restart(victims[0])
             report["restart_ready_s"] = round(cluster.wait_ready(victims[0]), 3)
+        elif scenario == "power-loss":
+            for victim in victims:  # all at once, each rejoining by the peers it remembers
+                cluster.start(victim)
+            report["restart_ready_s"] = round(max(cluster.wait_ready(v) for v in victims), 3)
         else:
             topology.heal()
         for p in pending:  # still refused during the fault: try once more after the heal

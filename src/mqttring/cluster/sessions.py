@@ -494,6 +494,11 @@ class ClusterSessions(LocalSessions):
         if self.fenced():
             self.links.reply(node, req, False, f"{self.node_id} is cut off from the majority")
             return
+        if self.view().epoch == 0:
+            # Restarting, and asked before our own join gave us a view (peers still see our
+            # previous life as the home): we cannot know whose session this is yet.
+            self.links.reply(node, req, False, f"{self.node_id} has no cluster view yet")
+            return
         try:
             await self._await_loaded(client_id)
             v5 = message.v5

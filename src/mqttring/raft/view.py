@@ -109,12 +109,14 @@ class ClusterView:
         return shard_of(client_id, self.num_shards)
 
     def owner(self, shard: int) -> str | None:
-        """Node that serves ``shard`` in this epoch (None only in an empty cluster)."""
-        replicas = self.shards[shard].replicas
+        """Node that serves ``shard`` in this epoch (None in an empty cluster, and before
+        a node's first view: ``EMPTY_VIEW`` has no shards)."""
+        replicas = self.replicas(shard)
         return replicas[0] if replicas else None
 
     def replicas(self, shard: int) -> tuple[str, ...]:
-        return self.shards[shard].replicas
+        shards = self.shards
+        return shards[shard].replicas if shard < len(shards) else ()
 
     def shard_state(self, shard: int) -> ShardState:
         return self.shards[shard].state
