@@ -16,6 +16,7 @@ import trio.testing
 from link_support import serve_frames
 from mqttring.cluster import messages as m
 from mqttring.cluster.errors import PeerProtocolError
+from mqttring.cluster.inbound import unwrapped
 from mqttring.cluster.links import Link, Links
 from mqttring.cluster.replay import InboundSession, OutboundWindow, StallJudge, Verdict
 from mqttring.rpc import FramedStream, Peer
@@ -251,3 +252,15 @@ async def test_a_newer_connection_of_a_peer_replaces_the_one_being_served(
         with trio.fail_after(5):
             await ended.wait()  # the newer connection ended the older one's service
     assert error is None and acks[-1] == 2 and len(got) == 2
+
+
+def test_a_connection_that_ended_in_both_tasks_is_one_ordinary_end() -> None:
+    """A peer's reset: the frame loop reads EOF while the acknowledger's write breaks.  The
+    two came out as an ExceptionGroup the RPC server logged as a failure with a traceback
+    (seen in a power-loss run of the fault suite); it is one ordinary end of a connection."""
+    eof, broken = EOFError("connection closed by peer"), trio.BrokenResourceError("reset")
+    assert unwrapped(BaseExceptionGroup("x", [broken, eof])) is broken
+    protocol = PeerProtocolError("frame 3 after 1")
+    assert unwrapped(BaseExceptionGroup("x", [eof, protocol])) is protocol
+    bug = BaseExceptionGroup("x", [KeyError("k"), ValueError("v")])
+    assert unwrapped(bug) is bug

@@ -73,6 +73,27 @@ class Acknowledger:
                 await self._stream.stream.send_all(ACK.pack(last))
 
 
+#: What a connection that ended raises, in whichever task noticed it first.
+CONNECTION_ENDED = (EOFError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+def unwrapped(group: BaseExceptionGroup) -> BaseException:
+    """What a served connection's nursery raised, bare, as the RPC server expects it.
+
+    The frame loop and the acknowledger can both see a connection end (a peer reset: EOF
+    in one, a broken write in the other): that is one ordinary end, not an error with a
+    traceback.  A protocol error among them is what ended it.  Anything else (a bug)
+    stays a group.
+    """
+    ended, rest = group.split(CONNECTION_ENDED)
+    if rest is None:
+        assert ended is not None
+        return ended.exceptions[0]
+    if len(rest.exceptions) == 1 and not isinstance(rest.exceptions[0], BaseExceptionGroup):
+        return rest.exceptions[0]
+    return group
+
+
 class LinkReceiver:
     """Serves every peer's link to this node (``serve_stream`` is the RPC stream handler).
 
@@ -132,11 +153,7 @@ class LinkReceiver:
                     nursery.start_soon(acks.run)
                     await self._serve_frames(stream, node, inbound, acks)
         except BaseExceptionGroup as group:
-            # The nursery wraps what the frame loop raised (the end of the stream, a
-            # protocol error); the RPC server, which closes the connection, expects it bare.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+            raise unwrapped(group) from None
         finally:
             if self._serving.get(node) is scope:
                 del self._serving[node]
