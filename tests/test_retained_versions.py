@@ -370,34 +370,6 @@ async def test_catch_up_copy_carries_tombstones_and_many_chunks(tmp_path, stack)
     assert topics[0] not in payloads(target.retained)
 
 
-async def test_catch_up_drops_the_older_copy_only_once_the_source_answers(tmp_path, stack):
-    """A node catching up keeps what an earlier life of it stored while the source does not
-    answer (the shard's last holder is down: that copy may be the best one left), and drops
-    it once, before the first copied row is written, when the source does."""
-    source = Replica("src", tmp_path / "src", stack)
-    target = Replica("me", tmp_path / "me", stack)
-    shard = 5
-    key = shard_key(shard, b"\x00\x03old")
-    await target.store.write([Put("sessions", key, {"v": "old life"})], Durability.DURABLE)
-    await source.store.write([Put("sessions", shard_key(shard, b"\x00\x03new"), {"v": 2})],
-                             Durability.DURABLE)
-    seen: list[Any] = []
-
-    async def drop() -> None:
-        seen.append(await target.store.get("sessions", shard_key(shard, b"\x00\x03new")))
-        await target.store.write([Delete("sessions", key)], Durability.LAZY)
-
-    with pytest.raises(PeerUnavailable):
-        await target.replicator.copy_shard(shard, "src", before_writing=drop)
-    assert seen == []
-    assert await target.store.get("sessions", key) == {"v": "old life"}
-    target.links.peers["src"] = source.replicator
-    assert await target.replicator.copy_shard(shard, "src", before_writing=drop) == 1
-    assert seen == [None]  # once, and before anything copied was written
-    assert await target.store.get("sessions", key) is None
-    assert await target.store.get("sessions", shard_key(shard, b"\x00\x03new")) == {"v": 2}
-
-
 async def test_catch_up_answers_stay_under_the_frame_limit(tmp_path, stack):
     """A shard holding more bytes than a link frame in fewer than ``CATCH_UP_CHUNK`` rows
     (large retained messages, a persistent session's backlog of large messages): each

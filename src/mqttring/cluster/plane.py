@@ -479,27 +479,23 @@ class DataPlane:
                 await trio.sleep(0.2 * (attempt + 1))
 
     async def _copy_one(self, shard: int) -> bool:
-        """Copy one shard from its owner; False if there is no other node to copy from.
-
-        What an earlier life of this node held for the shard is dropped once the source
-        has answered, not before: while the shard's only holder is down (``raft/state.py``)
-        or dies before it answers, our older copy is the best one left, and it is what the
-        shard serves if the operator removes that holder for good.
-        """
+        """Copy one shard from its owner; False if there is no other node to copy from."""
         view = self.view
         source = view.owner(shard)
         if source is None or source == self.node_id:
             return False
         if source not in view.live_members():
+            # The shard's last holder is down or rejoining (``raft/state.py``): wait for it,
+            # and keep our own older copy meanwhile, the best one left should the operator
+            # remove that node for good.
             raise PeerUnavailable(f"{source}, the only holder of shard {shard}, is not up")
-
-        async def drop_once() -> None:
-            if shard not in self._dropped:
-                # Once per catch-up: a retry must keep what live replication wrote since.
-                await self._drop_local_shard(shard)
-                self._dropped.add(shard)
-
-        rows = await self.replicator.copy_shard(shard, source, before_writing=drop_once)
+        if shard not in self._dropped:
+            # Once per catch-up: a retry must keep what live replication wrote since.  Before
+            # the copy begins, so that its bookkeeping of live writes (which the copy must
+            # not overwrite) covers everything written after the drop.
+            await self._drop_local_shard(shard)
+            self._dropped.add(shard)
+        rows = await self.replicator.copy_shard(shard, source)
         log.debug("shard %d: copied %d rows from %s", shard, rows, source)
         return True
 

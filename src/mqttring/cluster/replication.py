@@ -221,13 +221,8 @@ class ShardReplicator:
             start = rows[-1][0] + b"\x00"
         self.links.reply(node, req, True, ShardRows(page, True))
 
-    async def copy_shard(self, shard: int, source: str,
-                         before_writing: Callable[[], Awaitable[None]] | None = None) -> int:
-        """Copy one shard from ``source``; returns the number of rows written.
-
-        ``before_writing`` runs once ``source`` has answered, before anything is written:
-        the caller drops its older copy there, and keeps it if the source never answers.
-        """
+    async def copy_shard(self, shard: int, source: str) -> int:
+        """Copy one shard from ``source``; returns the number of rows written."""
         touched = self._touched.setdefault(shard, set())
         copied = 0
         try:
@@ -236,9 +231,6 @@ class ShardReplicator:
                 while True:
                     answer = await self.links.request(source, CatchUp(0, shard, db, after),
                                                       expect=ShardRows)
-                    if before_writing is not None:
-                        await before_writing()
-                        before_writing = None
                     rows = answer.rows
                     ops: list[Op] = self.accept_ops([
                         Put(db, key, value) for key, value in rows if (db, key) not in touched
