@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqttring.cluster import wire
-from mqttring.cluster.links import Link, Links
+from mqttring.cluster.links import Links
 from mqttring.cluster.messages import Batch, Dlv, DlvEntry, decode_frame, encode_frame
+from mqttring.cluster.outbound import Link
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Publish

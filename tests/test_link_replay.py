@@ -17,7 +17,8 @@ from link_support import serve_frames
 from mqttring.cluster import messages as m
 from mqttring.cluster.errors import PeerProtocolError
 from mqttring.cluster.inbound import unwrapped
-from mqttring.cluster.links import Link, Links
+from mqttring.cluster.links import Links
+from mqttring.cluster.outbound import Link
 from mqttring.cluster.replay import InboundSession, OutboundWindow, StallJudge, Verdict
 from mqttring.rpc import FramedStream, Peer
 from mqttring.tcp_options import SendState
