@@ -68,10 +68,15 @@ def make_router(node: str, views: list[ClusterView], *,
                             lambda sessions: None, spawn, holds, ViewChanges(),
                             patience=30.0, request_timeout=35.0)
     registry = RouteRegistry(node, links, lambda: views[-1], spawn,  # type: ignore[arg-type]
-                             routes_wait=0.2)
+                             lambda: homes_of(views[-1], node), routes_wait=0.2)
     router = ClusterRouter(node, local, RetainedStore(None, NUM_SHARDS), links,  # type: ignore[arg-type]
                            lambda: views[-1], BrokerMetrics(), deliveries, spawn, registry)
     return router, links
+
+
+def homes_of(view: ClusterView, node: str) -> list[int]:
+    """The session shards ``node`` is the (loaded) home of under ``view``."""
+    return [s for s in range(view.num_shards) if view.owner(s) == node]
 
 
 # -- RouteTable ---------------------------------------------------------------------------
@@ -284,9 +289,9 @@ def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
     view = views[-1]
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     assert not router.registry.routes_complete(shard, view)
-    router.registry.on_rsync("b", RouteSync(view.epoch, [], []))
+    router.registry.on_rsync("b", RouteSync(view.epoch, [], homes_of(view, "b")))
     assert not router.registry.routes_complete(shard, view)
-    router.registry.on_rsync("c", RouteSync(view.epoch, [], []))
+    router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
     assert router.registry.routes_complete(shard, view)
     # c is declared down: it no longer counts.  It restarts: its new life must sync again.
     meta.down("c")
@@ -310,8 +315,31 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
     shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
     with pytest.raises(RoutesIncomplete):
         await router.registry.await_routes(shard)
-    router.registry.on_rsync("b", RouteSync(view.epoch, [], []))
+    router.registry.on_rsync("b", RouteSync(view.epoch, [], homes_of(view, "b")))
     assert await router.registry.await_routes(shard) is view
+
+
+def test_after_a_start_routes_wait_for_a_loaded_home_of_every_session_shard() -> None:
+    """A node back from a power loss knows no persistent session's route.  Every peer has
+    sent its route set, but c, back too, has not loaded the session shards it is home of:
+    their sessions' routes are unknown, so no shard's routes are complete (an owner that
+    acknowledged here queued nothing for those sessions: the 5-node power-loss run lost
+    messages so).  Once c's set names them, they are, and stay so after c goes."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    view = views[-1]
+    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    router.registry.on_rsync("b", RouteSync(view.epoch, [], homes_of(view, "b")))
+    router.registry.on_rsync("c", RouteSync(view.epoch, [], []))  # still loading
+    assert not router.registry.routes_complete(shard, view)
+    router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
+    assert router.registry.routes_complete(shard, view)
+    meta.down("c")
+    views.append(meta.view())
+    router.on_view(view, views[-1])
+    assert router.registry.routes_complete(shard, views[-1])
 
 
 # -- routing across an epoch change -------------------------------------------------------
