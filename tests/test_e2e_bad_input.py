@@ -190,3 +190,26 @@ def test_username_and_password_accepted_without_auth(raw, uid):
     assert (ack.return_code, ack.session_present) == (0, False)
     c2 = raw()
     assert c2.connect(uid("useronly"), username="only-user").return_code == 0
+
+
+@pytest.mark.parametrize("bad", ["publish-wildcard-topic", "publish-qos-3", "second-connect",
+                                 "remaining-length-5-bytes"])
+def test_a_bad_packet_in_the_same_write_as_connect_is_a_protocol_error(raw, paho, uid, bad,
+                                                                      caplog):
+    """Bytes behind the CONNECT in one write (one TCP segment) are read while the CONNECT is
+    accepted.  A rule they break closed the connection as an *internal* error, with a
+    traceback in the log, and counted as one; it is the same protocol-error close as when
+    they come in a later read: CONNACK, then the close, and the will published (4.8)."""
+    will_topic = uid("will")
+    watcher = paho(uid("watcher"))
+    watcher.connect()
+    watcher.subscribe(will_topic, 1)
+    c = raw()
+    with caplog.at_level("DEBUG", logger="mqttring"):
+        c.send(connect(uid("piped"), will=(will_topic, b"gone", 1, False)) + AFTER_CONNECT[bad])
+        got, closed = c.packets_until_closed(5)
+        assert [(p.type, p.return_code) for p in got] == [(CONNACK, 0)], got
+        assert closed
+        assert watcher.get().payload == b"gone"
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [r.getMessage() for r in errors]

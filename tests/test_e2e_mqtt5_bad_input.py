@@ -190,3 +190,16 @@ def test_malformed_v5_connect_is_closed(broker: BrokerHandle, raw5: Callable[[],
         pass  # closed without a CONNACK
     assert client.closed()
     _still_serving(broker)
+
+
+def test_a_bad_packet_in_the_same_write_as_connect_says_why(broker: BrokerHandle,
+                                                           raw5: Callable[[], Raw5]) -> None:
+    """A topic alias of 0 sent in the same write as the CONNECT: CONNACK, then DISCONNECT
+    0x94 with the rule, as when it comes later [MQTT-4.13.1-1] (it was an internal error,
+    a CONNACK and a bare close)."""
+    client = raw5()
+    client.send(encode5(Connect5(client_id=unique("piped"))) + _publish(b"t", b"\x23\x00\x00"))
+    connack = client.recv()
+    assert isinstance(connack, ConnAck5) and connack.reason_code == 0, connack
+    _disconnected_with(client, 0x94)
+    _still_serving(broker)

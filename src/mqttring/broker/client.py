@@ -568,6 +568,11 @@ class ClientHandler:
         if conn.pending_output:
             self.wake()
         if conn.closed and not conn.disconnected:
+            if conn.protocol_error is not None and self.close_reason is None:
+                # Found by the CONNECT's acceptance in bytes read with it (``accept``).
+                self.core.metrics.protocol_errors += 1
+                log.debug("closing %s: %s", self.transport.peer, conn.protocol_error)
+                self.close_reason = f"protocol error: {conn.protocol_error}"
             self._pending, self._pending_bytes = [], 0
             self._closing = True
             if not self._writing and not conn.pending_output:

@@ -127,6 +127,7 @@ class ServerConnection:
         "max_client_id_bytes",
         "max_keepalive",
         "packets_received",
+        "protocol_error",
         "publishes_received",
         "session",
         "state",
@@ -154,6 +155,9 @@ class ServerConnection:
         #: The client sent DISCONNECT: closed for input, but what it sent before is still
         #: to be handled (unlike a connection closed by the broker).
         self.disconnected = False
+        #: The rule broken by bytes that came in the same read as the CONNECT, found while
+        #: accepting it (``accept``): the connection is closed, and its handler says why.
+        self.protocol_error: MQTTError | None = None
         self.packets_received = 0
         self.publishes_received = 0
 
@@ -391,7 +395,15 @@ class ServerConnection:
         else:
             self._out += encode5(ConnAck5(present, 0, self._connack_properties(session)))
         session.attach(self._out, now)
-        return self._drain()
+        try:
+            return self._drain()
+        except MQTTError as exc:
+            # Bytes that arrived behind the CONNECT (one TCP segment, say) broke a rule: the
+            # same close as when they come in a later read (``receive_data``), after the
+            # CONNACK, never an error escaping to the caller.
+            self.protocol_error = exc
+            self.disconnect(exc.reason_code, str(exc))
+            return []
 
     def _connack_properties(self, session: Session) -> Properties:
         """What a v5 CONNACK tells the client about this server (section 3.2.2.3)."""
