@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
@@ -95,17 +98,24 @@ async def test_packets_split_across_and_packed_into_frames(broker, paho, uid):
         assert msg.payload == b"0123456789" * 10
 
 
-async def test_text_frame_closes_connection(broker, uid):
-    """[MQTT-6.0.0-1]: a non-binary data frame MUST close the network connection."""
+async def test_text_frame_closes_connection(broker, uid, caplog):
+    """[MQTT-6.0.0-1]: a non-binary data frame MUST close the network connection: with
+    close code 1003 (RFC 6455: a data type it cannot accept), as a protocol error of the
+    client's (it was logged as an internal error, with a traceback, and closed with 1000)."""
     url = f"ws://{broker.host}:{broker.ws_port}/mqtt"
     decoder = StreamDecoder()
-    async with open_websocket_url(url, subprotocols=["mqtt"]) as ws:
-        await ws.send_message(connect(uid("txt")))
-        assert (await _recv_packet(ws, decoder)).type == CONNACK
-        await ws.send_message("\xc0\x00")  # a PINGREQ, but in a text frame
-        with trio.fail_after(5), pytest.raises(ConnectionClosed):
-            while True:
-                await ws.get_message()
+    with caplog.at_level("DEBUG", logger="mqttring"):
+        async with open_websocket_url(url, subprotocols=["mqtt"]) as ws:
+            await ws.send_message(connect(uid("txt")))
+            assert (await _recv_packet(ws, decoder)).type == CONNACK
+            await ws.send_message("\xc0\x00")  # a PINGREQ, but in a text frame
+            with trio.fail_after(5), pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await ws.get_message()
+            assert closed.value.reason.code == 1003, closed.value.reason
+        await trio.sleep(0.2)  # the node's side of the close, logged
+    errors = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, errors
 
 
 async def test_subprotocol_selected_from_list_and_will_on_ws_close(broker, paho, uid):
@@ -143,3 +153,15 @@ async def test_malformed_packet_over_websocket_closes_only_it(broker, paho, uid)
     await trio.to_thread.run_sync(lambda: good.publish(topic, b"ok", qos=1))
     msg = await trio.to_thread.run_sync(good.get)
     assert msg.payload == b"ok"
+
+
+def test_a_websocket_peer_that_never_upgrades_is_closed_within_connect_timeout(
+        broker_factory):
+    """A TCP connection to the WebSocket port that sends no upgrade is closed after
+    ``connect_timeout`` like any other that sends no CONNECT (trio-websocket's own default
+    held it 60 s, and one that the peer closed sat in CLOSE-WAIT as long)."""
+    broker = broker_factory(connect_timeout=1.0)
+    with socket.create_connection((broker.host, broker.ws_port), timeout=10) as sock:
+        started = time.monotonic()
+        assert sock.recv(1) == b"", "the node should close, not answer"
+        assert time.monotonic() - started < 5.0

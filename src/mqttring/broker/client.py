@@ -471,6 +471,11 @@ class ClientHandler:
                 self._receiving = True
                 try:
                     data = await transport.receive()
+                except MQTTError as exc:  # the transport's own framing (a WebSocket text frame)
+                    metrics.protocol_errors += 1
+                    log.debug("closing %s: %s", transport.peer, exc)
+                    self.close_reason = self.close_reason or f"protocol error: {exc}"
+                    return
                 finally:
                     self._receiving = False
             if not data:

@@ -246,10 +246,13 @@ class BrokerNode:
                         nursery.start_soon(self._accept_loop, listener, nursery, parking)
                 if config.ws is not None:
                     host, port = parse_hostport(config.ws)
+                    # Upgrade and close bounded like TLS handshakes (trio-websocket: 60 s).
                     ws_server = WebSocketServer(
                         self._on_websocket,
                         await open_listeners(host, port, reuse_port=config.reuse_port),
                         max_message_size=config.limits.max_packet_size + _WS_FRAME_SLACK,
+                        connect_timeout=config.limits.connect_timeout,
+                        disconnect_timeout=config.limits.connect_timeout,
                     )
                     await nursery.start(ws_server.run)
                     ws_port = ws_server.port

@@ -188,6 +188,10 @@ class WebSocketTransport:
         except ConnectionClosed:
             return b""
         if isinstance(message, str):
+            # [MQTT-6.0.0-1]: close the connection; 1003 says "a data type it cannot accept"
+            # (RFC 6455 7.4.1) to the peer, the error says it to our handler.
+            with trio.move_on_after(1.0):
+                await self.ws.aclose(code=1003, reason="MQTT needs binary frames")
             raise ProtocolViolation("MQTT-6.0.0-1", "MQTT over WebSocket needs binary frames")
         return message
 
