@@ -193,6 +193,8 @@ def test_bad_requests_change_nothing(node: HttpNode, paho_any) -> None:
             (b'{"topic": "a", "encoding": "rot13"}', 400), (b'{"topic": "a", "x": 1}', 400),
             (b'{"topic": "$SYS/broker/version", "retain": true}', 400),
             (b'{"topic": "a", "payload": 5}', 400),
+            # Nesting past the JSON parser's recursion limit (a 500 and a traceback before).
+            (b"[" * 100_000 + b"]" * 100_000, 400),
         ]
         for body, status in bad_publishes:
             response = client.post("/api/v1/publish", content=body,

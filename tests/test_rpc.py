@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from mqttring.rpc import (
+    HANDSHAKE_MAX_FRAME,
     AuthError,
     FramedStream,
     Peer,
@@ -89,3 +90,21 @@ async def test_oversized_frame_closes_connection(nursery: trio.Nursery) -> None:
     await client._fs.stream.send_all(b"\xff\xff\xff\xff")
     with pytest.raises(EOFError):
         await client._fs.receive()
+
+
+async def test_a_peer_that_has_not_proved_the_secret_may_not_announce_a_large_frame(
+        nursery: trio.Nursery) -> None:
+    """Before the handshake, a frame may be no larger than ``HANDSHAKE_MAX_FRAME``: a
+    length prefix of 15 MiB is refused at once, not buffered (each unauthenticated
+    connection could make the node hold 16 MiB until the handshake timed out)."""
+    server, address = await start_server(nursery)
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    fs = FramedStream(stream)
+    assert (await fs.receive())["t"] == "challenge"
+    await stream.send_all((15 * 1024 * 1024).to_bytes(4, "big") + b"x" * 1000)
+    with trio.fail_after(2):
+        assert await stream.receive_some(1) == b""  # closed without waiting for the rest
+    assert server.refused == 1
+    assert HANDSHAKE_MAX_FRAME < 1024 * 1024
+    await stream.aclose()

@@ -75,6 +75,9 @@ def cluster_secret(config: BrokerConfig) -> str:
     return secret
 
 MAX_FRAME = 16 * 1024 * 1024
+#: Largest frame of the handshake (challenge, auth, welcome: a node id and two 32-byte
+#: values), the only frames a peer that has not proved the cluster secret may send.
+HANDSHAKE_MAX_FRAME = 64 * 1024
 PROTOCOL_VERSION = 1
 HANDSHAKE_TIMEOUT = 5.0
 _LEN = struct.Struct(">I")
@@ -162,7 +165,11 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
 async def _server_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
     nonce = os.urandom(32)
     await fs.send({"t": "challenge", "v": PROTOCOL_VERSION, "node": node_id, "nonce": nonce})
+    # Before the peer proved the secret it may send one small frame: a length prefix of
+    # MAX_FRAME had each unauthenticated connection buffer up to 16 MiB.
+    fs.max_frame = HANDSHAKE_MAX_FRAME
     reply = await fs.receive()
+    fs.max_frame = MAX_FRAME
     peer, cnonce, mac = reply.get("node"), reply.get("nonce"), reply.get("mac")
     if reply.get("t") != "auth" or not isinstance(peer, str) or not isinstance(cnonce, bytes) \
             or not isinstance(mac, bytes):
@@ -174,6 +181,7 @@ async def _server_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
 
 
 async def _client_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
+    fs.max_frame = HANDSHAKE_MAX_FRAME  # the same bound for the side that did not prove it
     challenge = await fs.receive()
     peer, nonce = challenge.get("node"), challenge.get("nonce")
     if challenge.get("t") != "challenge" or not isinstance(peer, str) \
@@ -191,6 +199,7 @@ async def _client_handshake(fs: FramedStream, key: bytes, node_id: str) -> str:
         mac, _mac(key, b"S", cnonce, nonce, peer.encode())
     ):
         raise AuthError(f"{peer!r} could not prove the cluster secret")
+    fs.max_frame = MAX_FRAME
     return peer
 
 

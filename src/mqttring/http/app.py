@@ -159,7 +159,7 @@ async def _json_body(request: Request, max_bytes: int) -> dict[str, Any]:
             raise too_large
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting
         raise BadRequest(f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
