@@ -257,6 +257,36 @@ def test_a_route_set_from_a_newer_view_never_removes_routes_we_still_need() -> N
     assert router.routes.nodes_for("t/1") == set()
 
 
+def test_a_route_set_from_an_older_view_removes_nothing_and_completes_nothing() -> None:
+    """The sender computed it before it saw us live (we rejoined after a power loss as the
+    owner of what we held last): it leaves out the wildcard routes we are now a target of.
+    Taken as exact, it removed them, and counted as complete the owner acknowledged
+    messages that reached none of those subscribers (the 5-node power-loss run)."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    view = views[-1]
+    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    route = ("x/#", f"s:{homes_of(view, 'b')[0]}")  # a persistent session homed at b
+    router.registry.on_rsync("b", RouteSync(view.epoch, [route], homes_of(view, "b")))
+    router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
+    assert router.routes.nodes_for("x/1") == {route[1]}
+    assert router.registry.routes_complete(shard, view)
+    meta.down("c")  # a newer view: the shard's routes must be confirmed again
+    views.append(meta.view())
+    router.on_view(view, views[-1])
+    newer = views[-1]
+    shard = next(s for s in range(NUM_SHARDS)
+                 if "a" not in view.replicas(s) and "a" in newer.replicas(s))
+    assert not router.registry.routes_complete(shard, newer)
+    router.registry.on_rsync("b", RouteSync(view.epoch, [], homes_of(view, "b")))  # older
+    assert router.routes.nodes_for("x/1") == {route[1]}
+    assert not router.registry.routes_complete(shard, newer)
+    router.registry.on_rsync("b", RouteSync(newer.epoch, [route], homes_of(newer, "b")))
+    assert router.registry.routes_complete(shard, newer)
+
+
 def test_a_node_that_becomes_a_shards_replica_holds_its_own_routes_for_it() -> None:
     """Found by the 5-node partition: both replicas of a topic's shard were cut off, the
     shard went to a node that had subscribers of that topic but had registered their exact

@@ -238,11 +238,15 @@ class RouteRegistry:
             keys = by_registrar.get(registrar_for(key[1], node))
             if keys is not None:
                 keys.add(key)
-        # A set computed under a newer view than ours may leave out routes that our view
-        # still needs (a shard we still own, that the sender already sees elsewhere): add
-        # what it has, remove nothing; our own view change drops what we no longer hold,
-        # and the next digest round settles the rest.
-        remove = epoch <= self.view().epoch
+        # Only a set computed under our own view is exact.  One from a newer view may leave
+        # out routes that our view still needs (a shard we still own, that the sender
+        # already sees elsewhere); one from an older view may leave out routes we became a
+        # target of since (we were not live in it: a node back from a power loss is the
+        # owner of what it held last while it rejoins).  Of those: add what it has, remove
+        # nothing; our own view change drops what we no longer hold, and the sender's next
+        # set (each of its view changes sends one) settles the rest.
+        ours = self.view().epoch
+        remove = epoch == ours
         added = removed = 0
         for registrar, keys in by_registrar.items():
             a, r = self.routes.replace(registrar, keys, remove)
@@ -250,17 +254,25 @@ class RouteRegistry:
         if added or removed:
             log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
             self.route_repairs += 1
-        self.synced[node] = epoch
-        self.homes_known.update(homes)
+        if epoch >= ours:
+            # An older set does not make our routes complete (see above): the sender sends
+            # its set again once it has our view.
+            self.synced[node] = epoch
+            self.homes_known.update(homes)
         self._signal_routes()
 
     def on_rdig(self, node: str, msg: RouteDigest) -> None:
-        """A peer's digest of its route set for us: ask for the set if ours differs."""
+        """A peer's digest of its route set for us: ask for the set if ours differs.  If it
+        is the same, we hold the routes of the session shards it is home of (a shard it
+        loaded since its last full set is named here first)."""
         ours = self.routes.digest_of(node)
         for shard in msg.homes:
             ours ^= self.routes.digest_of(f"home:{shard}")
         if ours != msg.digest:
             self.links.send(node, RoutePull())
+        elif msg.epoch >= self.view().epoch and not self.homes_known.issuperset(msg.homes):
+            self.homes_known.update(msg.homes)
+            self._signal_routes()
 
     def on_rpull(self, node: str, msg: RoutePull) -> None:
         self.sync_to(node)
@@ -318,6 +330,7 @@ class RouteRegistry:
             return
         keys = sorted(self.expected_at(node, view))
         homes = sorted(self.held())
+        self.homes_known.update(homes)  # ours, for good (see ``routes_complete``)
         # In parts of at most half a frame: a part too big for any frame would be dropped,
         # and the peer would never count our routes complete.
         parts = list(in_frames(keys, route_key_size, self.links.max_frame // 2)) or [[]]
@@ -329,8 +342,9 @@ class RouteRegistry:
     def send_digests(self) -> None:
         """One anti-entropy round: a digest of our route set to every peer."""
         view = self.view()
+        homes = sorted(self.held())
+        self.homes_known.update(homes)
         for node in self.sync_peers(view):
-            homes = sorted(self.held())
             key = (view.epoch, self._local_version, len(homes))
             cached = self._digest_cache.get(node)
             if cached is None or cached[0] != key:
@@ -345,8 +359,9 @@ class RouteRegistry:
         if since is None:
             return True  # not a replica here (forwarding or a view in flight): not our call
         if not self._all_homes_known:
-            known = self.homes_known.union(self.held())
-            if len(known) < view.num_shards:
+            # Ours count too, for good: a home that hands a shard on keeps its routes.
+            self.homes_known.update(self.held())
+            if len(self.homes_known) < view.num_shards:
                 return False
             self._all_homes_known = True  # for good: a home that goes leaves its routes
         synced = self.synced
@@ -371,7 +386,7 @@ class RouteRegistry:
                 await self._routes_changed.wait()
         missing = sorted(n for n in self.peer_since
                          if self.synced.get(n, -1) < self.replica_since.get(shard, 0))
-        unknown = self.view().num_shards - len(self.homes_known.union(self.held()))
+        unknown = self.view().num_shards - len(self.homes_known)
         raise RoutesIncomplete(f"shard {shard}: no route set yet from {missing}"
                                + (f"; {unknown} session shards have no loaded home yet"
                                   if unknown > 0 else ""))
