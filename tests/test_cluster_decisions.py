@@ -287,6 +287,26 @@ def test_a_route_set_from_an_older_view_removes_nothing_and_completes_nothing() 
     assert router.registry.routes_complete(shard, newer)
 
 
+def test_a_route_set_from_a_newer_view_completes_only_once_we_have_that_view() -> None:
+    """Under the newer view we may no longer be a target of some of the sender's routes
+    (it left them out); under ours we still need them.  Counted as complete at once, our
+    owner acknowledged what it routed without them; it counts once we are at its epoch."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    view = views[-1]
+    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
+    meta.down("c")
+    newer = meta.view()  # b's view; ours is still ``view``
+    router.registry.on_rsync("b", RouteSync(newer.epoch, [], homes_of(newer, "b")))
+    assert not router.registry.routes_complete(shard, view)
+    views.append(newer)
+    router.on_view(view, newer)
+    assert router.registry.routes_complete(shard, newer)
+
+
 def test_a_node_that_becomes_a_shards_replica_holds_its_own_routes_for_it() -> None:
     """Found by the 5-node partition: both replicas of a topic's shard were cut off, the
     shard went to a node that had subscribers of that topic but had registered their exact

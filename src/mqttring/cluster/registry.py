@@ -107,6 +107,8 @@ class RouteRegistry:
         self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
         #: peer -> (epoch, next part, routes so far) of a route set arriving in parts.
         self._rsync_parts: dict[str, tuple[int, int, list[RouteKey]]] = {}
+        #: peer -> (epoch, homes) of a full set it sent under a newer view than ours.
+        self._ahead: dict[str, tuple[int, list[int]]] = {}
         self.route_syncs_sent = 0
         self.route_repairs = 0
 
@@ -254,12 +256,19 @@ class RouteRegistry:
         if added or removed:
             log.info("routes from %s repaired: %d added, %d removed", node, added, removed)
             self.route_repairs += 1
-        if epoch >= ours:
-            # An older set does not make our routes complete (see above): the sender sends
-            # its set again once it has our view.
-            self.synced[node] = epoch
-            self.homes_known.update(homes)
+        if epoch == ours:
+            self._count_synced(node, epoch, homes)
+        elif epoch > ours:
+            # Complete only under that view: counted once we have it (``on_view``).
+            self._ahead[node] = (epoch, homes)
+        # An older set counts for nothing: the sender sends another with each view change.
         self._signal_routes()
+
+    def _count_synced(self, node: str, epoch: int, homes: Iterable[int]) -> None:
+        """``node``'s routes for us are complete as of ``epoch`` (our own view's), and so
+        are those of the session shards it is the loaded home of."""
+        self.synced[node] = max(self.synced.get(node, -1), epoch)
+        self.homes_known.update(homes)
 
     def on_rdig(self, node: str, msg: RouteDigest) -> None:
         """A peer's digest of its route set for us: ask for the set if ours differs.  If it
@@ -270,8 +279,9 @@ class RouteRegistry:
             ours ^= self.routes.digest_of(f"home:{shard}")
         if ours != msg.digest:
             self.links.send(node, RoutePull())
-        elif msg.epoch >= self.view().epoch and not self.homes_known.issuperset(msg.homes):
-            self.homes_known.update(msg.homes)
+        elif msg.epoch == self.view().epoch and (self.synced.get(node, -1) < msg.epoch or
+                                                 not self.homes_known.issuperset(msg.homes)):
+            self._count_synced(node, msg.epoch, msg.homes)
             self._signal_routes()
 
     def on_rpull(self, node: str, msg: RoutePull) -> None:
@@ -291,6 +301,7 @@ class RouteRegistry:
                 self.synced.pop(node, None)
                 self.peer_since.pop(node, None)
                 self._rsync_parts.pop(node, None)
+                self._ahead.pop(node, None)
         held = {s for s in range(new.num_shards) if me in new.replicas(s)}
         self.routes.drop_exact_where(held, new)
         # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
@@ -304,6 +315,11 @@ class RouteRegistry:
                 del self.replica_since[shard]
         for shard in held:
             self.replica_since.setdefault(shard, new.epoch)
+        for node, (epoch, homes) in list(self._ahead.items()):
+            if epoch <= new.epoch:
+                del self._ahead[node]
+                if epoch == new.epoch:
+                    self._count_synced(node, epoch, homes)
         for node in self.sync_peers(new):
             incarnation = new.members[node].incarnation
             seen = self.peer_since.get(node)
