@@ -115,3 +115,29 @@ def test_a_parked_subscribers_subscribe_is_handled_before_a_later_publish(
     finally:
         pub.close()
         sub.close()
+
+
+def test_every_subscribe_and_publish_is_answered_whenever_it_comes_around_parking(
+        cluster: NodeCluster) -> None:
+    """A SUBSCRIBE (or a QoS 1 PUBLISH) read just as the timers parked the connection was
+    handled in the stretch being cancelled: on a cluster node, whose SUBSCRIBE waits for
+    its route to be registered, the subscription was made and the SUBACK never sent (a
+    black-box probe: about one SUBSCRIBE in ten, 0.5 s apart, with the default
+    ``park_idle_after``).  Here the pauses sweep across ``park_idle_after`` (0.1 s)."""
+    port = cluster.port("b")
+    tag = unique("park")
+    sub, pub = RawClient(HOST, port), RawClient(HOST, port)
+    try:
+        sub.send(connect(f"{tag}-sub"))
+        sub.expect(CONNACK)
+        pub.send(connect(f"{tag}-pub"))
+        pub.expect(CONNACK)
+        for i in range(48):
+            time.sleep(0.06 + (i * 7 % 16) * 0.01)  # 0.06 .. 0.21 s, in a spread order
+            sub.send(subscribe(i + 1, [(f"{tag}/t{i}", 1)]))
+            pub.send(publish(f"{tag}/other/{i}", b"x", qos=1, packet_id=i + 1))
+            assert sub.expect(SUBACK, timeout=5).packet_id == i + 1, f"round {i}: no SUBACK"
+            assert pub.expect(PUBACK, timeout=5).packet_id == i + 1, f"round {i}: no PUBACK"
+    finally:
+        sub.close()
+        pub.close()

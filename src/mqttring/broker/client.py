@@ -95,6 +95,7 @@ class ClientHandler:
         "_tcp",
         "_timer_at",
         "_timers",
+        "_unread",
         "_writing",
         "clean_disconnect",
         "client_id",
@@ -123,6 +124,8 @@ class ClientHandler:
         self._park_after = core.limits.park_idle_after if parking is not None else 0.0
         #: The timers cancelled this stretch to park it (not a timeout).
         self._park_requested = False
+        #: Bytes read as that happened: the next stretch handles them.
+        self._unread: bytes | None = None
         #: The reader waits for bytes (the only time a timeout may end the connection).
         self._receiving = False
         #: When the current wait for bytes started, and when it times out (inf: never).
@@ -327,7 +330,7 @@ class ClientHandler:
         """Nothing read ahead, being accepted, written or waiting to be: may park."""
         conn = self.conn
         return (not self._busy and not self._accepting and not self._writing
-                and not self._closing and not conn.pending_output
+                and not self._closing and not conn.pending_output and self._unread is None
                 and conn.state is ConnState.CONNECTED and self.session is not None
                 and not self.session.held_releases
                 and not self.finished and not self.core.shutting_down)
@@ -454,6 +457,8 @@ class ClientHandler:
         # are handled no later than a connection with a task would handle its own (arrival
         # order across connections, ``broker/scheduling.py``).  Only TCP connections park.
         ready = transport.receive_ready() if resumed else None  # type: ignore[attr-defined]
+        if self._unread is not None:
+            ready, self._unread = self._unread, None
         while True:
             if conn.closed:
                 return  # kicked (while parked, say)
@@ -478,6 +483,11 @@ class ClientHandler:
                     return
                 finally:
                     self._receiving = False
+                if self._park_requested:
+                    # Parked as they came: handled in this cancelled nursery, a cluster
+                    # SUBSCRIBE lost its SUBACK.  ``run`` serves on, starting with them.
+                    self._unread = data
+                    return
             if not data:
                 self.close_reason = self.close_reason or "connection closed by the client"
                 return
