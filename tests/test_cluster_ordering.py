@@ -141,3 +141,31 @@ def test_every_subscribe_and_publish_is_answered_whenever_it_comes_around_parkin
     finally:
         sub.close()
         pub.close()
+
+
+def test_qos0_messages_of_one_topic_keep_their_order_when_some_are_retained(
+        cluster: NodeCluster) -> None:
+    """[MQTT-4.6.0-6], same topic and QoS: a retained QoS 0 message crosses in a ``Pub``,
+    a plain one in the packed batches, and the plain ones behind a retained one in the same
+    read overtook it (all RETAIN 0 first, then all RETAIN 1; found by a black-box probe)."""
+    tag = unique("rq0")
+    sub, pub = RawClient(HOST, cluster.port("b")), RawClient(HOST, cluster.port("a"))
+    try:
+        sub.send(connect(f"{tag}-sub"))
+        sub.expect(CONNACK)
+        sub.send(subscribe(1, [(tag, 1)]))
+        sub.expect(SUBACK)
+        pub.send(connect(f"{tag}-pub"))
+        pub.expect(CONNACK)
+        pub.send(b"".join(publish(tag, str(i).encode(), qos=0, retain=i % 2 == 1)
+                          for i in range(40)))
+        got = []
+        while len(got) < 40:
+            packet = sub.recv_packet(timeout=5)
+            if packet.type == PUBLISH:
+                got.append(int(packet.payload))
+        assert got == list(range(40)), got
+        pub.send(publish(tag, b"", qos=0, retain=True))  # clear the retained message
+    finally:
+        sub.close()
+        pub.close()

@@ -212,7 +212,10 @@ class ClusterRouter:
         acked_routes: list[Route] = []
         for message, route_, is_plain in zip(messages, routes, plain, strict=True):
             owner = route_.owner
-            if not is_plain:
+            if not is_plain or acked:
+                # Once one is forwarded, the rest follow it in order: a plain QoS 0 sent
+                # packed at once overtook a retained one (or one with properties) before
+                # it, on the same topic [MQTT-4.6.0-6].
                 acked.append(message)
                 acked_routes.append(route_)
             elif owner is None or owner == me:
