@@ -60,6 +60,22 @@ def test_two_nodes_sigtermed_3s_apart_stop_cleanly(fresh_cluster):
     assert "c" not in view.members
 
 
+def test_a_founder_that_left_and_starts_again_without_join_rejoins_its_cluster(fresh_cluster):
+    """SIGTERM makes a node leave (its Raft journal goes); started again with the command
+    it was first started with (the founder's has no ``--join``, as in
+    deploy/docker-compose.yml), it founded a second one-node cluster on its old data: the
+    same client ids live on both, publishes acknowledged there reached nobody here (a
+    black-box operator probe, 2 of 2).  It now rejoins through the members it knew."""
+    cluster = fresh_cluster(("a", "b", "c"))
+    assert cluster.sigterm("a") == 0, cluster.tail("a", 40)
+    cluster.settle(("b", "c"), timeout=30)
+    cluster.start("a")  # no --join: the founder's own command
+    cluster.ready("a", timeout=60)
+    view = cluster.settle(("a", "b", "c"), timeout=60)
+    assert set(view.members) == {"a", "b", "c"}
+    assert "rejoining it through" in cluster.log("a")
+
+
 @pytest.mark.parametrize("second_signal", [False, True], ids=["wait", "cut-short"])
 def test_a_leave_that_cannot_commit_still_stops_cleanly(fresh_cluster, second_signal):
     """SIGTERM to a node whose peer is dead: its view still shows the peer up, so it tries

@@ -23,6 +23,8 @@ class PeersFile:
 
     def __init__(self, data_dir: Path | None, node_id: str) -> None:
         self.path = None if data_dir is None else data_dir / "raft" / "peers.json"
+        #: The members a node that left knew last (``remember_left``).
+        self.left_path = None if data_dir is None else data_dir / "left.json"
         self.node_id = node_id
         self._saved: object = None
 
@@ -51,6 +53,35 @@ class PeersFile:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring unreadable %s: %s", path, exc)
             return {}
+
+
+    def remember_left(self, view: ClusterView) -> None:
+        """This node left the cluster of ``view`` (its journal is gone): keep the others'
+        cluster addresses, so that a start without ``--join`` rejoins through them rather
+        than founding a second cluster on the same data (a split brain)."""
+        if self.left_path is None:
+            return
+        others = sorted(m.cluster for m in view.members.values() if m.node_id != self.node_id)
+        try:
+            self.left_path.write_text(json.dumps({"members": others}))
+        except OSError as exc:
+            log.warning("cannot save %s: %s", self.left_path, exc)
+
+    def load_left(self) -> list[str]:
+        """The cluster addresses ``remember_left`` kept; empty if none or unreadable."""
+        path = self.left_path
+        if path is None or not path.exists():
+            return []
+        try:
+            return [str(a) for a in json.loads(path.read_text())["members"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return []
+
+    def forget_left(self) -> None:
+        """A member again: its journal and ``peers.json`` say whom it knows."""
+        if self.left_path is not None:
+            self.left_path.unlink(missing_ok=True)
 
 
 __all__ = ["PeersFile"]

@@ -242,6 +242,7 @@ class MetadataService:
         if self.config.data_dir is not None:
             # Our journal says we are a member; a restart must join afresh, not resurrect.
             shutil.rmtree(self.config.data_dir / "raft", ignore_errors=True)
+            self._peers.remember_left(self._view)
         return True
 
     def _others_up(self) -> bool:
@@ -290,6 +291,14 @@ class MetadataService:
         peers = self._peers.load()
         self._join_via = [self.config.join] if self.config.join else []
         self._join_via += [p["cluster"] for n, p in sorted(peers.items()) if n != self.node_id]
+        if not self._join_via:
+            # It left a cluster (SIGTERM) and is started again with the command it was
+            # first started with: it rejoins, as docs/operations.md says.
+            self._join_via = self._peers.load_left()
+            if self._join_via:
+                log.info("%s left its cluster before: rejoining it through %s (to found a "
+                         "new cluster with this data dir instead, remove %s)", self.node_id,
+                         ", ".join(self._join_via), self._peers.left_path)
         raft_peers = [p["raft"] for n, p in peers.items() if n != self.node_id]
         if self._join_via and not raft_peers:
             info = await self._first_answer("info", {})
@@ -324,6 +333,7 @@ class MetadataService:
 
     async def _join(self) -> int:
         answer = await self._first_answer("join", {"member": self._member_info()}, timeout=30.0)
+        self._peers.forget_left()
         return int(answer["incarnation"])
 
     async def _first_answer(self, kind: str, body: dict[str, Any],
