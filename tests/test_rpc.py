@@ -108,3 +108,21 @@ async def test_a_peer_that_has_not_proved_the_secret_may_not_announce_a_large_fr
     assert server.refused == 1
     assert HANDSHAKE_MAX_FRAME < 1024 * 1024
     await stream.aclose()
+
+
+async def test_a_peer_that_never_answers_the_challenge_is_refused_with_a_reason(
+        nursery: trio.Nursery, caplog, monkeypatch) -> None:
+    """The refusal line said nothing after its colon (``TooSlowError`` has no text)."""
+    import mqttring.rpc as rpc
+
+    monkeypatch.setattr(rpc, "HANDSHAKE_TIMEOUT", 0.2)
+    server, address = await start_server(nursery)
+    caplog.set_level(logging.WARNING)
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    with trio.fail_after(5):
+        while server.refused == 0:
+            await trio.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if "refused cluster" in r.getMessage()]
+    assert lines and lines[0].endswith("no handshake within 0.2 s"), lines
+    await stream.aclose()

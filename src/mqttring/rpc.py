@@ -281,7 +281,10 @@ class RpcServer:
             self.refused += 1
             reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) \
                 and exc.__cause__ is not None else exc
-            log.warning("refused cluster connection from %s: %s", address, reason)
+            log.warning("refused cluster connection from %s: %s", address,
+                        reason if str(reason) else
+                        f"no handshake within {HANDSHAKE_TIMEOUT:g} s"
+                        if isinstance(reason, trio.TooSlowError) else type(reason).__name__)
             await trio.aclose_forcefully(stream)
             return
         try:
