@@ -257,17 +257,22 @@ def test_a_route_set_from_a_newer_view_never_removes_routes_we_still_need() -> N
     assert router.routes.nodes_for("t/1") == set()
 
 
-def test_a_route_set_from_an_older_view_removes_nothing_and_completes_nothing() -> None:
-    """The sender computed it before it saw us live (we rejoined after a power loss as the
-    owner of what we held last): it leaves out the wildcard routes we are now a target of.
-    Taken as exact, it removed them, and counted as complete the owner acknowledged
-    messages that reached none of those subscribers (the 5-node power-loss run)."""
+def owner_a_of_three() -> tuple[Metadata, list[ClusterView], ClusterRouter, ClusterView, int]:
+    """Node a's router in a settled 3-node cluster, and a shard a owns there."""
     meta = Metadata("a", "b", "c")
     views = [meta.view()]
     router, _ = make_router("a", views)
     router.on_view(ClusterView(0, None, 1, 1), views[-1])
     view = views[-1]
-    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    return meta, views, router, view, next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+
+
+def test_a_route_set_from_an_older_view_removes_nothing_and_completes_nothing() -> None:
+    """The sender computed it before it saw us live (we rejoined after a power loss as the
+    owner of what we held last): it leaves out the wildcard routes we are now a target of.
+    Taken as exact, it removed them, and counted as complete the owner acknowledged
+    messages that reached none of those subscribers (the 5-node power-loss run)."""
+    meta, views, router, view, shard = owner_a_of_three()
     route = ("x/#", f"s:{homes_of(view, 'b')[0]}")  # a persistent session homed at b
     router.registry.on_rsync("b", RouteSync(view.epoch, [route], homes_of(view, "b")))
     router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
@@ -291,12 +296,7 @@ def test_a_route_set_from_a_newer_view_completes_only_once_we_have_that_view() -
     """Under the newer view we may no longer be a target of some of the sender's routes
     (it left them out); under ours we still need them.  Counted as complete at once, our
     owner acknowledged what it routed without them; it counts once we are at its epoch."""
-    meta = Metadata("a", "b", "c")
-    views = [meta.view()]
-    router, _ = make_router("a", views)
-    router.on_view(ClusterView(0, None, 1, 1), views[-1])
-    view = views[-1]
-    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    meta, views, router, view, shard = owner_a_of_three()
     router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
     meta.down("c")
     newer = meta.view()  # b's view; ours is still ``view``
@@ -332,12 +332,7 @@ def test_a_node_that_becomes_a_shards_replica_holds_its_own_routes_for_it() -> N
 
 
 def test_routes_are_complete_only_after_every_up_peer_synced() -> None:
-    meta = Metadata("a", "b", "c")
-    views = [meta.view()]
-    router, _ = make_router("a", views)
-    router.on_view(ClusterView(0, None, 1, 1), views[-1])
-    view = views[-1]
-    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    meta, views, router, view, shard = owner_a_of_three()
     assert not router.registry.routes_complete(shard, view)
     router.registry.on_rsync("b", RouteSync(view.epoch, [], homes_of(view, "b")))
     assert not router.registry.routes_complete(shard, view)
@@ -375,12 +370,7 @@ def test_after_a_start_routes_wait_for_a_loaded_home_of_every_session_shard() ->
     their sessions' routes are unknown, so no shard's routes are complete (an owner that
     acknowledged here queued nothing for those sessions: the 5-node power-loss run lost
     messages so).  Once c's set names them, they are, and stay so after c goes."""
-    meta = Metadata("a", "b", "c")
-    views = [meta.view()]
-    router, _ = make_router("a", views)
-    router.on_view(ClusterView(0, None, 1, 1), views[-1])
-    view = views[-1]
-    shard = next(s for s in range(NUM_SHARDS) if view.owner(s) == "a")
+    meta, views, router, view, shard = owner_a_of_three()
     router.registry.on_rsync("b", RouteSync(view.epoch, [], homes_of(view, "b")))
     router.registry.on_rsync("c", RouteSync(view.epoch, [], []))  # still loading
     assert not router.registry.routes_complete(shard, view)
