@@ -262,3 +262,23 @@ async def test_paused_member_is_marked_down_and_rejoins_by_itself(cluster: Local
                                                             "state": "up", "incarnation": 2})
     assert back["view"]["epoch"] > before["view"]["epoch"]
     await agree(cluster, nodes, set(nodes))
+
+
+async def test_the_raft_leader_leaves_through_cli(cluster: LocalCluster) -> None:
+    """A leave of the leader hands the lead over first, then is removed by the new leader.
+    It once failed "the leader cannot remove itself" (an operator probe, SIGTERM on the
+    leader of 5 nodes, 1 of 2): the lead came back to the leaving node before its removal
+    was asked, and it stopped still a member."""
+    nodes = ["a", "b", "c", "d", "e"]
+    await cluster.form(*nodes)
+    statuses = await agree(cluster, nodes, set(nodes))
+    leader = statuses[0]["view"]["leader"]
+    leave = subprocess.run(
+        [sys.executable, "-m", "mqttring.cli", "leave", "--node", cluster.procs[leader].cluster,
+         "--secret", cluster.secret], capture_output=True, text=True, timeout=90)
+    assert leave.returncode == 0, (leave.stdout, leave.stderr, cluster.tail(leader))
+    rest = [n for n in nodes if n != leader]
+    statuses = await agree(cluster, rest, set(rest))
+    assert statuses[0]["view"]["leader"] in rest
+    assert cluster.procs[leader].popen is not None
+    assert cluster.procs[leader].popen.wait(20) == 0

@@ -82,6 +82,9 @@ RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_u
 
 #: Seconds between two looks at this node's quorum proof, for the lost/regained log lines.
 QUORUM_LOG_POLL = 0.25
+#: How long a leaving node keeps asking to be removed (handing the lead over as needed):
+#: the "plus a few seconds" of ``leave``'s bound.
+LEAVE_REMOVAL_BOUND = 15.0
 
 
 class CatchUp(enum.Enum):
@@ -235,15 +238,36 @@ class MetadataService:
         if sole:
             log.warning("%s leaves as the only holder of %d shards: their data goes with it",
                         self.node_id, sole)
-        if self._raft.is_leader():
-            await self._raft.transfer_leadership()
-        await self._leader_call("remove", {"node_id": self.node_id})
+        await self._removed()
         await self._raft.stop()
         if self.config.data_dir is not None:
             # Our journal says we are a member; a restart must join afresh, not resurrect.
             shutil.rmtree(self.config.data_dir / "raft", ignore_errors=True)
             self._peers.remember_left(self._view)
         return True
+
+    async def _removed(self) -> None:
+        """Have the leader remove this node, handing the lead over first if it is ours.
+
+        The lead can come back between the hand-over and the request (an election this node
+        wins again): the leader would refuse to remove itself, and the node would stop still
+        a member ("the leader cannot remove itself", 2 of 7 leaves of a 5-node leader).  So
+        it hands the lead over again and asks again, within ``_leader_call``'s bound.
+        """
+        with trio.fail_after(LEAVE_REMOVAL_BOUND):
+            while True:
+                if self._raft.is_leader():
+                    await self._raft.transfer_leadership()
+                    if self._raft.is_leader():
+                        continue  # not taken this time: transfer_leadership waited 5 s
+                try:
+                    await self._leader_call("remove", {"node_id": self.node_id})
+                    return
+                except RpcError:
+                    if not self._raft.is_leader():
+                        raise  # a refusal of its own, not the lead coming back
+                    log.info("%s: the lead came back before its removal; handing it over "
+                             "again", self.node_id)
 
     def _others_up(self) -> bool:
         return any(m.node_id != self.node_id and m.state is MemberState.UP
