@@ -484,10 +484,11 @@ class DataPlane:
         source = view.owner(shard)
         if source is None or source == self.node_id:
             return False
-        if source not in view.live_members():
+        member = view.members.get(source)
+        if member is None or member.state not in (MemberState.UP, MemberState.LEAVING):
             # The shard's last holder is down or rejoining (``raft/state.py``): wait for it,
             # and keep our own older copy meanwhile, the best one left should the operator
-            # remove that node for good.
+            # remove that node for good.  (A leaving one is handing its shards over: copy.)
             raise PeerUnavailable(f"{source}, the only holder of shard {shard}, is not up")
         if shard not in self._dropped:
             # Once per catch-up: a retry must keep what live replication wrote since.  Before
