@@ -95,6 +95,7 @@ class ClientHandler:
         "_tcp",
         "_timer_at",
         "_timers",
+        "_turns",
         "_unread",
         "_writing",
         "clean_disconnect",
@@ -120,6 +121,8 @@ class ClientHandler:
         #: Where this connection goes while idle (``mqttring.broker.parking``); None: never.
         self._parking = parking
         self._parked = False
+        #: Arrival order with connections moving in or out of the lot (``broker/arrival.py``).
+        self._turns = parking.turns if parking is not None else None
         #: Quiet seconds after which the connection parks (0: never).
         self._park_after = core.limits.park_idle_after if parking is not None else 0.0
         #: The timers cancelled this stretch to park it (not a timeout).
@@ -277,7 +280,9 @@ class ClientHandler:
                 if self._park():
                     parked = True
                     return
-                # Something arrived between the decision and now: serve on.
+                # Something arrived between the decision and now: serve on, reading what
+                # came at once if it holds a turn for it (``broker/arrival.py``).
+                resumed = self._turns is not None and self._turns.holds(self)
         except Exception:
             # A bug of ours while serving this client: close this connection, say so loudly,
             # and keep the node serving everyone else.
@@ -291,6 +296,8 @@ class ClientHandler:
             raise
         finally:
             self._nursery = None
+            if self._turns is not None:
+                self._turns.end(self)
             if not parked:
                 await self._close(timed_out)
 
@@ -336,7 +343,7 @@ class ClientHandler:
                 and not self.finished and not self.core.shutting_down)
 
     def _park(self) -> bool:
-        if self._parking is None or not self._idle():
+        if self._parking is None or not self._idle() or self._parking.turns.holds(self):
             return False
         # The keepalive runs on from the last read: ``_due`` as the last ``_arm`` set it,
         # which may be later than when the timers decided to park (bytes can be read
@@ -456,9 +463,10 @@ class ClientHandler:
         # Resumed because bytes came: take them now, with no further scheduler pass, so they
         # are handled no later than a connection with a task would handle its own (arrival
         # order across connections, ``broker/scheduling.py``).  Only TCP connections park.
-        ready = transport.receive_ready() if resumed else None  # type: ignore[attr-defined]
-        if self._unread is not None:
-            ready, self._unread = self._unread, None
+        ready, self._unread = self._unread, None
+        if ready is None and resumed:
+            ready = transport.receive_ready()  # type: ignore[attr-defined]
+        turns = self._turns
         while True:
             if conn.closed:
                 return  # kicked (while parked, say)
@@ -473,6 +481,8 @@ class ClientHandler:
             if ready is not None:
                 data, ready = ready, None
             else:
+                if turns:
+                    turns.end(self)  # a resume with nothing to read (not its bytes)
                 self._receiving = True
                 try:
                     data = await transport.receive()
@@ -481,16 +491,26 @@ class ClientHandler:
                     log.debug("closing %s: %s", transport.peer, exc)
                     self.close_reason = self.close_reason or f"protocol error: {exc}"
                     return
+                except trio.Cancelled:
+                    if (self._park_requested and turns is not None
+                            and transport.has_bytes()):  # type: ignore[attr-defined]
+                        turns.take(self)  # bytes came as it parks: ``run`` serves on
+                    raise
                 finally:
                     self._receiving = False
                 if self._park_requested:
                     # Parked as they came: handled in this cancelled nursery, a cluster
                     # SUBSCRIBE lost its SUBACK.  ``run`` serves on, starting with them.
                     self._unread = data
+                    if turns is not None:
+                        turns.take(self)
                     return
             if not data:
                 self.close_reason = self.close_reason or "connection closed by the client"
                 return
+            if turns:
+                # Bytes of a connection that had no task as they came, and came first.
+                await turns.wait(self)
             metrics.bytes_received += len(data)
             try:
                 received = conn.receive_data(data)
@@ -507,11 +527,16 @@ class ClientHandler:
                 if session.held_releases:
                     self.release_soon()  # PUBRECs came: their PUBRELs wait for the store
             if inline and not self._accepting and received and _handled_inline(received):
-                if await self._handle(received):
+                ended = await self._handle(received)
+                if turns:
+                    turns.end(self)
+                if ended:
                     return
                 continue
             for event in received:
                 while self._busy >= window or self._busy_bytes >= window_bytes:
+                    if turns:
+                        turns.end(self)  # its acceptor has the first events: no wait on it
                     await self._wait_progress()
                 self._pending.append(event)
                 self._busy += 1
@@ -523,6 +548,8 @@ class ClientHandler:
                     self._accepting = True
                     assert self._nursery is not None
                     self._nursery.start_soon(self._acceptor, prompt)
+            if turns:
+                turns.end(self)  # handed on (its acceptor is due first), or a partial packet
             if conn.closed:
                 return
 

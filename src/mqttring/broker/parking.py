@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from mqttring.broker.arrival import ArrivalTurns
+
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
     from mqttring.broker.metrics import BrokerMetrics
@@ -63,6 +65,9 @@ class ParkingLot:
         self._order = itertools.count()
         self._wait: trio.CancelScope | None = None
         self._closed = False
+        #: Arrival order across the resume (``mqttring.broker.arrival``): a connection
+        #: resumed for its bytes takes a turn here, in the pass the lot noticed them.
+        self.turns = ArrivalTurns()
 
     def __len__(self) -> int:
         return len(self._parked)
@@ -99,6 +104,7 @@ class ParkingLot:
             self._nursery.start_soon(handler.run)
         except RuntimeError:
             # The node's nursery has closed: the node is gone, and its sockets with it.
+            self.turns.end(handler)
             log.debug("connection on fd %d not resumed: the node is shutting down", fd)
 
     async def run(self) -> None:
@@ -114,6 +120,7 @@ class ParkingLot:
                 for fd, _ in epoll.poll(0, 1024):
                     entry = self._parked.get(fd)
                     if entry is not None:
+                        self.turns.take(entry[0])  # its bytes came before later readers'
                         self.resume(entry[0], fd)
                 now = trio.current_time()
                 heap = self._deadlines

@@ -106,6 +106,16 @@ class TcpTransport:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
+    def has_bytes(self) -> bool:
+        """Whether the socket holds bytes (or the peer's close) now, without taking them."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass
+        return True
+
     def receive_ready(self) -> bytes | None:
         """What the socket holds now, without waiting or yielding; None if nothing (b"":
         closed).  For a connection the parking lot resumed because it was readable: the
