@@ -105,10 +105,33 @@ def test_overflow_drops_oldest_qos0_first_then_oldest_qos1():
 
 def test_inbound_qos2_id_is_routed_once_until_pubrel():
     s = make()
-    assert s.begin_inbound_qos2(7)
-    assert not s.begin_inbound_qos2(7)
+    first = s.begin_inbound_qos2(7)
+    assert first not in (0, 1)
+    s.inbound_qos2_acknowledged(7)  # its PUBREC went out
+    assert s.begin_inbound_qos2(7) == 0  # a resend: answered, not routed
     s.release_inbound_qos2(7)
-    assert s.begin_inbound_qos2(7)
+    again = s.begin_inbound_qos2(7)
+    assert again not in (0, 1, first)  # a new message with a reused id
+
+
+def test_a_resend_of_an_id_not_acknowledged_is_routed_as_the_same_message():
+    """Routing failed (or the node died) before the PUBREC: the client's resend goes out
+    with the identity the first attempt had, wherever the session is by then, so a session
+    that got the first copy takes the resend for the same message."""
+    s = make()
+    mid = s.begin_inbound_qos2(7)
+    assert s.begin_inbound_qos2(7) == mid
+    _, qos2 = s.take_changes()
+    assert qos2 == {7: mid}  # stored with its identity, before it is routed
+    moved = make()  # the session read back on its next node
+    moved.restore([], qos2)
+    assert moved.begin_inbound_qos2(7) == mid
+    moved.inbound_qos2_acknowledged(7)
+    _, qos2 = moved.take_changes()
+    assert qos2 == {7: 0}
+    moved.release_inbound_qos2(7)
+    _, qos2 = moved.take_changes()
+    assert qos2 == {7: None}
 
 
 def test_changes_coalesce_and_clean_sessions_mark_nothing():

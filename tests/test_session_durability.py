@@ -231,4 +231,32 @@ async def test_the_next_owner_of_a_session_knows_the_qos2_messages_it_holds(
         assert [e.message.payload for e in loaded.queue] == [b"once", b"v5", b"new"]
 
 
+
+async def test_an_inbound_qos2_id_is_stored_with_its_identity_until_acknowledged(
+        tmp_path: Path) -> None:
+    """The id of a QoS 2 PUBLISH is written with the message's identity before it is
+    routed, and read back with it: a resend at the session's next owner is routed as the
+    same message.  Once its PUBREC went out the row says so (``1``, which is also what
+    rows written before identities were stored hold), and a resend is only answered."""
+    with LsmStore(tmp_path / "store") as lsm:
+        store = SessionStore(lsm, NUM_SHARDS)
+        session = Session("pub", False)
+        mid = session.begin_inbound_qos2(5)
+        acked = session.begin_inbound_qos2(6)
+        await store.save_subscriptions(session)
+        await store.save_changes([session], Durability.DURABLE)
+        (stored,) = await store.load_all()
+        assert stored.inbound_qos2 == {5: mid, 6: acked}
+        session.inbound_qos2_acknowledged(6)
+        await store.save_changes([session], Durability.LAZY)
+        (stored,) = await store.load_all()
+        loaded = stored.to_session(session.limits)
+        assert loaded.begin_inbound_qos2(5) == mid  # routed again, as the same message
+        assert loaded.begin_inbound_qos2(6) == 0  # acknowledged: answered, not routed
+        session.release_inbound_qos2(5)
+        await store.save_changes([session], Durability.LAZY)
+        (stored,) = await store.load_all()
+        assert stored.inbound_qos2 == {6: 0}
+
+
 pytestmark = pytest.mark.timeout(30)

@@ -419,21 +419,25 @@ class BrokerCore:
             messages = allowed
         if session is not None and session.kept_options and messages:
             messages = with_origin(messages, session.client_id, session.kept_options)
-        if messages:
-            try:
+        try:
+            if session is not None and session.persistent and any(
+                    e.message.qos == 2 for e in events):
+                # The inbound QoS 2 ids and their messages' identities are stored before the
+                # messages are routed (``Session.begin_inbound_qos2``): a crash or a failed
+                # routing then leaves each id to the client's resend, routed again as the
+                # same message wherever the session is next.
+                await self.manager.persist([session], Durability.DURABLE)
+            if messages:
                 await self.router.publish_many(messages)
-            except PublishRefused as exc:
-                self.metrics.publishes_refused += len(messages)
-                log.warning("%d publishes to %r and on from %r not accepted (%s); closing the "
-                            "connection without acknowledging them", len(messages),
-                            messages[0].topic, handler.client_id, exc)
-                handler.kick(f"publishes not accepted: {exc}", 0x89)  # MQTT 5: server busy
-                return
-        if session is not None and session.persistent and any(
-                e.message.qos == 2 for e in events):
-            # The inbound QoS 2 ids must be durable before PUBREC, or a crash would let the
-            # client's redelivery be routed a second time.
-            await self.manager.persist([session], Durability.DURABLE)
+        except PublishRefused as exc:
+            count = len(messages) or len(events)
+            self.metrics.publishes_refused += count
+            log.warning("%d publishes to %r and on from %r not accepted (%s); closing the "
+                        "connection without acknowledging them", count,
+                        (messages or [e.message for e in events])[0].topic,
+                        handler.client_id, exc)
+            handler.kick(f"publishes not accepted: {exc}", 0x89)  # MQTT 5: server busy
+            return
         ack = handler.conn.ack_publish
         if denied and handler.conn.v5 is not None:
             # MQTT 5 can say it (as mosquitto does): 0x87 not authorized, and for QoS 2 the

@@ -30,8 +30,9 @@ a single range scan (what a shard handoff or an export reads):
   (``Message.mid``) has a ninth, that identity (the eighth is then None without
   properties): the session's next owner remembers it, so that a copy a retry brings there
   is not delivered a second time.
-* ``inflight``  ``shard | cid | pid(2)``  -> ``1``: an inbound QoS 2 id between PUBREC and
-  PUBREL.
+* ``inflight``  ``shard | cid | pid(2)``  -> ``mid``: an inbound QoS 2 id between PUBLISH
+  and PUBREL, with its message's identity until the PUBREC was sent, ``1`` after (rows from
+  before 2026-11-28 were written at PUBREC and hold ``1``; ``Message.mid`` is never 1).
 
 ``cid`` is length-prefixed (2 bytes) so that one client's prefix never is a prefix of
 another's.  The session (``mqttring.protocol.session.Session``) marks what changed; this
@@ -82,7 +83,8 @@ class StoredSession:
     client_id: str
     subscriptions: dict[str, int]
     outbound: list[Outbound]
-    inbound_qos2: dict[int, None]
+    #: Inbound QoS 2 id -> ``mid`` (0: its PUBREC was sent), as ``Session.inbound_qos2``.
+    inbound_qos2: dict[int, int]
     #: MQTT 5 subscription options by filter (``V5Session.options``); None: a 3.1.1 session.
     options: dict[str, int] | None = None
     #: MQTT 5: when the (offline) session ends, wall-clock; 0: never.
@@ -247,9 +249,10 @@ class SessionStore:
                     if msg.mid:
                         row.append(msg.mid)
                 ops.append(Put("queues", key, row))
-        for pid, present in qos2.items():
+        for pid, mid in qos2.items():
             key = prefix + _PID.pack(pid)
-            ops.append(Put("inflight", key, 1) if present else Delete("inflight", key))
+            ops.append(Delete("inflight", key) if mid is None
+                       else Put("inflight", key, mid or 1))
         return ops
 
     async def save_changes(self, sessions: Iterable[Session], durability: Durability) -> None:
@@ -364,10 +367,11 @@ class SessionStore:
                     expires_at,
                 )
             )
-        for key, _ in await self._store.scan("inflight", prefix):
+        for key, value in await self._store.scan("inflight", prefix):
             owner = sessions.get(key[:-2])
             if owner is not None:
-                owner.inbound_qos2[_PID.unpack(key[-2:])[0]] = None
+                mid = int(value)  # type: ignore[call-overload]
+                owner.inbound_qos2[_PID.unpack(key[-2:])[0]] = 0 if mid == 1 else mid
         return list(sessions.values())
 
 

@@ -60,9 +60,10 @@ from mqttring.cluster.messages_sessions import (
 #: ordinary one and know neither ``Redispatch`` nor ``SharedDone``); version 5 sent a route
 #: set in one ``RouteSync`` whatever its size (version 6 sends it in parts); version 6
 #: frames were not numbered (version 7 numbers them for replay, ``cluster/replay.py``);
-#: version 7 had no ``mid`` in ``PubEntry``/``DlvEntry`` (QoS 2 copies made by retries).
-#: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 8
+#: version 7 had no ``mid`` in ``PubEntry``/``DlvEntry`` (QoS 2 copies made by retries);
+#: version 8 carried inbound QoS 2 ids without their messages' ``mid`` (``InboundQos2``,
+#: ``SessionOpened``).  Nodes of different versions refuse each other's links.
+FRAME_VERSION = 9
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------

@@ -154,13 +154,14 @@ class SessionAck(FrozenMessage, tag="sack"):
 
 
 class InboundQos2(FrozenMessage, tag="q2"):
-    """Edge -> home: inbound QoS 2 packet ids begun (True) or released (False) by the
-    client; the home stores them (durably and answering when ``req`` is set)."""
+    """Edge -> home: inbound QoS 2 packet ids the client began (-> the message's ``mid``,
+    before it is routed), had acknowledged (-> 0) or released (-> None); the home stores
+    them (durably and answering when ``req`` is set)."""
 
     req: int
     client_id: str
     token: str
-    changes: list[tuple[int, bool]]
+    changes: list[tuple[int, int | None]]
 
 
 class SessionSubscribe(FrozenMessage, tag="ssub"):
@@ -195,7 +196,8 @@ class SessionOpened(FrozenMessage, tag="opened"):
 
     present: bool
     subscriptions: list[tuple[str, int]]
-    inbound_qos2: list[int]
+    #: (packet id, ``mid``: 0 once acknowledged) of the inbound QoS 2 ids not released.
+    inbound_qos2: list[tuple[int, int]]
     #: The v5 subscription options the home keeps while a 3.1.1 client holds the session
     #: (``Session.kept_options``): the edge tags the client's publishes with its id when
     #: any says No Local, so the home can tell the client's own messages.

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from mqttring.cluster.errors import PeerFailure, PeerUnavailable
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
     InboundQos2,
@@ -44,7 +45,7 @@ from mqttring.cluster.messages import (
 )
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
-from mqttring.protocol.message import Message
+from mqttring.protocol.message import Message, new_mid
 from mqttring.protocol.packets import SubAck, UnsubAck
 from mqttring.protocol.packets5 import SubAck5, UnsubAck5
 from mqttring.protocol.session import Session
@@ -60,21 +61,23 @@ class RemoteSession(Session):
     The protocol machine at the edge talks to it like to any session; it does no I/O of its
     own.  What the client acknowledges (PUBACK, PUBREC, PUBCOMP) is handed at once to
     ``on_ack`` (``SessionRelay`` forwards it to the home, whose window it frees); the
-    inbound QoS 2 ids the client opens and releases are recorded as changes, which
-    ``ClusterSessions.persist`` has the relay forward (durably before a PUBREC).
+    inbound QoS 2 ids the client opens, has acknowledged and releases are recorded as
+    changes, which ``ClusterSessions.persist`` has the relay forward (an id and its message's
+    identity durably before the message is routed, ``Session.begin_inbound_qos2``).
     """
 
     __slots__ = ("home", "on_ack", "pending", "q2_changes", "token")
 
     def __init__(self, client_id: str, home: str, token: str,
-                 subscriptions: dict[str, int], inbound_qos2: Iterable[int],
+                 subscriptions: dict[str, int], inbound_qos2: Iterable[tuple[int, int]],
                  on_ack: Callable[[RemoteSession, int, int], None]) -> None:
         super().__init__(client_id, False)
         self.home = home
         self.token = token
         self.subscriptions = dict(subscriptions)
-        self.inbound_qos2 = dict.fromkeys(inbound_qos2)
-        self.q2_changes: dict[int, bool] = {}
+        self.inbound_qos2 = dict(inbound_qos2)
+        #: Inbound QoS 2 ids changed, as ``Session._dirty_qos2`` (None: released).
+        self.q2_changes: dict[int, int | None] = {}
         #: Called with (this session, packet type, packet id) for each acknowledgement.
         self.on_ack = on_ack
         #: Bytes from the home that arrived before the connection was accepted.
@@ -108,22 +111,29 @@ class RemoteSession(Session):
     def pump(self) -> None:
         """Nothing is queued here: the home sends what the freed window lets through."""
 
-    def begin_inbound_qos2(self, packet_id: int) -> bool:
-        if packet_id in self.inbound_qos2:
-            return False
-        self.inbound_qos2[packet_id] = None
-        self.q2_changes[packet_id] = True
-        return True
+    def begin_inbound_qos2(self, packet_id: int) -> int:
+        mid = self.inbound_qos2.get(packet_id)
+        if mid is None:
+            mid = self.inbound_qos2[packet_id] = new_mid()
+            self.q2_changes[packet_id] = mid
+            self.durable_due = True  # forwarded as a request, even by a lazy persist
+        return mid
+
+    def inbound_qos2_acknowledged(self, packet_id: int) -> None:
+        if self.inbound_qos2.get(packet_id):
+            self.inbound_qos2[packet_id] = 0
+            self.q2_changes[packet_id] = 0
 
     def release_inbound_qos2(self, packet_id: int) -> None:
         if packet_id in self.inbound_qos2:
             del self.inbound_qos2[packet_id]
-            self.q2_changes[packet_id] = False
+            self.q2_changes[packet_id] = None
 
     def has_changes(self) -> bool:
         return bool(self.q2_changes)
 
-    def take_changes(self) -> tuple[dict[int, Any], dict[int, bool]]:
+    def take_changes(self) -> tuple[dict[int, Any], dict[int, int | None]]:
+        self.durable_due = False
         changes, self.q2_changes = self.q2_changes, {}
         return {}, changes
 
@@ -187,12 +197,18 @@ class SessionRelay:
         self.remote.pop((client_id, token), None)
 
     async def forward_changes(self, session: RemoteSession, durability: Durability) -> None:
+        if session.durable_due:
+            durability = Durability.DURABLE  # an id begun: stored before it is routed
         _, changes = session.take_changes()
         if not changes:
             return
         message = InboundQos2(0, session.client_id, session.token, list(changes.items()))
         if durability is Durability.DURABLE:
-            await self.links.request(session.home, message)
+            try:
+                await self.links.request(session.home, message)
+            except PeerFailure as exc:  # the publishes wait for it: the client resends them
+                raise PeerUnavailable(f"the session's home {session.home} did not store its "
+                                      f"QoS 2 ids ({type(exc).__name__}: {exc})") from exc
         else:
             self.links.send(session.home, message)
 
@@ -244,7 +260,7 @@ class SessionRelay:
         self.proxies[client_id] = proxy
         self.core.wakers[client_id] = proxy
         self.links.reply(node, message.req, True, SessionOpened(
-            present, list(session.subscriptions.items()), sorted(session.inbound_qos2),
+            present, list(session.subscriptions.items()), sorted(session.inbound_qos2.items()),
             list(session.kept_options.items()) if session.kept_options else None))
         # Resends inflight with DUP, fills the window; drops queued messages whose
         # wall-clock deadline passed while the client was away.
@@ -296,11 +312,11 @@ class SessionRelay:
             self.links.reply(node, req, False, "not the registered connection")
             return
         session, _ = found
-        for packet_id, added in message.changes:
-            if added:
-                session.begin_inbound_qos2(packet_id)
-            else:
+        for packet_id, mid in message.changes:
+            if mid is None:
                 session.release_inbound_qos2(packet_id)
+            else:
+                session.record_inbound_qos2(packet_id, mid)
         durability = Durability.DURABLE if req else Durability.LAZY
         await self.core.session_store.save_changes([session], durability)
         self.links.reply(node, req, True)

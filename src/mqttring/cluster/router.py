@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from random import getrandbits
 from typing import NamedTuple
 
 import trio
@@ -79,7 +78,7 @@ from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
-from mqttring.protocol.message import Message
+from mqttring.protocol.message import Message, new_mid
 from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import PublishProps, props_to_wire
 from mqttring.raft.view import ClusterView
@@ -200,7 +199,7 @@ class ClusterRouter:
             if m.qos == 2 and not m.mid:
                 # Before the first hop: every retry and hop carries the same identity, so
                 # a session that gets two copies takes one (``Session.deliver``).
-                m.mid = getrandbits(62) | 1
+                m.mid = new_mid()
         self.metrics.forwarded_to_owner += len([r for r in routes if r.owner not in (None, me)])
         # (MQTT 5 properties do not fit the packed QoS 0 frames: a ``Pub`` carries them,
         # answered like QoS 1.)

@@ -188,7 +188,7 @@ class ClusterSessions(LocalSessions):
         if stand_in is None:
             return await self.bind(client_id, True)
         stand_in.subscriptions = dict(answer.subscriptions)
-        stand_in.inbound_qos2 = dict.fromkeys(answer.inbound_qos2)
+        stand_in.inbound_qos2 = dict(answer.inbound_qos2)
         if answer.kept_options:  # (a copy: its publishes need the origin for No Local)
             stand_in.kept_options = dict(answer.kept_options)
         return stand_in, answer.present

@@ -275,10 +275,12 @@ class ServerConnection:
                        packet_id: int | None) -> PublishReceived | object:
         if qos == 2:
             assert self.session is not None and packet_id is not None
-            if not self.session.begin_inbound_qos2(packet_id):
+            mid = self.session.begin_inbound_qos2(packet_id)
+            if not mid:
                 # Redelivery of a message we already own: acknowledge, do not route again.
                 self._out += encode_packet(PubRec(packet_id))
                 return _ANSWERED
+            return PublishReceived(Message(topic, payload, 2, retain, None, mid), packet_id)
         return PublishReceived(Message(topic, payload, qos, retain), packet_id)
 
     def _puback(self, packet_id: int) -> object:
@@ -455,6 +457,8 @@ class ServerConnection:
         failure code ends the QoS 2 exchange, so its packet id is released at once."""
         if self.state is ConnState.CLOSED or packet_id is None or not qos:
             return
+        if qos == 2 and reason_code < 0x80 and self.session is not None:
+            self.session.inbound_qos2_acknowledged(packet_id)  # a resend is not routed again
         link = self._v5
         if link is not None and (qos == 1 or reason_code >= 0x80):
             link.acked()

@@ -138,13 +138,16 @@ class V5Link:
             raise ProtocolViolation("MQTT-3.3.2-1", "empty topic name without a topic alias",
                                     0x82)
         qos = packet.qos
+        mid = 0
         if qos:
             session = conn.session
             assert session is not None
-            if qos == 2 and not session.begin_inbound_qos2(packet.packet_id):  # type: ignore[arg-type]
-                conn.output.extend(bytes((0x50, 2, packet.packet_id >> 8,  # type: ignore[operator]
-                                          packet.packet_id & 0xFF)))  # type: ignore[operator]
-                return None
+            if qos == 2:
+                mid = session.begin_inbound_qos2(packet.packet_id)  # type: ignore[arg-type]
+                if not mid:  # its PUBREC was sent: answer again, route nothing
+                    conn.output.extend(bytes((0x50, 2, packet.packet_id >> 8,  # type: ignore[operator]
+                                              packet.packet_id & 0xFF)))  # type: ignore[operator]
+                    return None
             self.inbound += 1
             if self.inbound > self.limits.receive_maximum:
                 raise ProtocolViolation(
@@ -152,7 +155,8 @@ class V5Link:
                     "publishes unacknowledged", 0x93)
         message_props = PublishProps.from_properties(props, conn.client_id or "", self.clock())
         return PublishReceived(
-            Message(topic, packet.payload, qos, packet.retain, message_props), packet.packet_id)
+            Message(topic, packet.payload, qos, packet.retain, message_props, mid),
+            packet.packet_id)
 
     def on_packet(self, conn: ServerConnection, packet: object) -> Event | None:
         session = conn.session

@@ -6,8 +6,16 @@ imports it, and it is one idea: a PUBLISH's content, with its encodings cached.
 
 from __future__ import annotations
 
+from random import getrandbits
+
 from mqttring.protocol.codec import encode_publish
 from mqttring.protocol.session5 import PublishProps
+
+
+def new_mid() -> int:
+    """A fresh ``Message.mid``: 62 random bits, never 0 (no identity) nor 1 (what the
+    session store writes for an inbound QoS 2 id that was acknowledged)."""
+    return getrandbits(62) | 2
 
 
 class Message:
@@ -28,8 +36,10 @@ class Message:
         self.payload = payload
         self.qos = qos
         self.retain = retain
-        #: A cluster's identity of a QoS 2 publish (0: none), the same on every hop and in
-        #: every copy a retry makes, so a session takes it once (``Session.deliver``).
+        #: The identity of a QoS 2 publish (0: none), the same on every hop, in every copy a
+        #: retry makes and in the publisher's resend of it, so a session takes it once
+        #: (``Session.deliver``).  Given by the publisher's session when the PUBLISH comes
+        #: (``Session.begin_inbound_qos2``), by a cluster edge for other QoS 2 messages.
         self.mid = mid
         #: MQTT 5.0 properties carried end to end (``session5.PublishProps``); None for a
         #: 3.1.1 message, and ignored by the 3.1.1 encoders (properties stripped).

@@ -22,6 +22,12 @@ knows nothing of trio, sockets or LMDB:
   message into the window.
 * Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
   until PUBREL, so a redelivered PUBLISH with the same id is acknowledged but not routed again.
+  The id comes with the message's identity (``Message.mid``), stored durably *before* the
+  message is routed, until its PUBREC leaves: a node that dies in between (or whose routing
+  failed) leaves the id unacknowledged, and the client's resend, at whichever node holds the
+  session next, is routed again with the same identity, which every session that got the
+  first copy takes for the same message.  Stored after routing, as before 2026-11-28, a
+  home killed in between lost the id and the resend became a second message at QoS 2.
 
 MQTT 5.0: ``v5`` (``session5.V5Session``) is set while the client speaks v5 and changes
 only how messages are encoded and which are skipped (No Local, expired, too large for the
@@ -57,14 +63,14 @@ else the oldest QoS 1/2 message, and counts it in ``dropped``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
-from mqttring.protocol.message import Message
+from mqttring.protocol.message import Message, new_mid
 from mqttring.protocol.packets import PubRel
 from mqttring.protocol.recent import RecentIds
 from mqttring.protocol.session5 import V5Session, retain_flag
@@ -134,16 +140,17 @@ class Session:
     #: Waiting messages, oldest first.  A list, not a deque: an empty deque costs ~600 bytes
     #: per session, and the queue is bounded (``max_queued``) and drained in batches.
     queue: list[Outbound] = field(default_factory=list)
-    #: Packet ids of inbound QoS 2 messages between PUBLISH and PUBREL.
-    #: A dict used as an ordered set: an empty set costs 216 bytes per session, a dict 64.
-    inbound_qos2: dict[int, None] = field(default_factory=dict)
+    #: Packet ids of inbound QoS 2 messages between PUBLISH and PUBREL -> the message's
+    #: ``mid`` until its PUBREC was sent, 0 after (a resend is then answered, not routed).
+    inbound_qos2: dict[int, int] = field(default_factory=dict)
     next_seq: int = 1
     next_packet_id: int = 1
     dropped: int = 0
     #: Bound by ``attach``; None while the client is away.
     output: bytearray | None = None
     _dirty: dict[int, Outbound | None] = field(default_factory=dict)
-    _dirty_qos2: dict[int, bool] = field(default_factory=dict)
+    #: Inbound QoS 2 ids changed: id -> its ``inbound_qos2`` value, None when released.
+    _dirty_qos2: dict[int, int | None] = field(default_factory=dict)
     #: Some change since ``take_changes`` was acknowledged to a client on the promise of
     #: being stored durably (a queued QoS 1/2 message, an inbound QoS 2 id): whoever takes
     #: the changes must write them durably, even a lazy writer that got there first.
@@ -526,36 +533,57 @@ class Session:
 
     # -- inbound QoS 2 ----------------------------------------------------------------------
 
-    def begin_inbound_qos2(self, packet_id: int) -> bool:
-        """Record a QoS 2 PUBLISH id; False means it is a redelivery not to be routed again."""
-        if packet_id in self.inbound_qos2:
-            return False
-        self.inbound_qos2[packet_id] = None
-        if self.persistent:
-            self._dirty_qos2[packet_id] = True
-            self.durable_due = True
-        return True
+    def begin_inbound_qos2(self, packet_id: int) -> int:
+        """A QoS 2 PUBLISH came with ``packet_id``: the identity to route it with (its
+        first one if this is a resend of a message not acknowledged yet), or 0 if its
+        PUBREC was sent already (answer it again, route nothing)."""
+        mid = self.inbound_qos2.get(packet_id)
+        if mid is None:
+            mid = self.inbound_qos2[packet_id] = new_mid()
+            if self.persistent:
+                self._dirty_qos2[packet_id] = mid
+                self.durable_due = True  # before it is routed: see the module docstring
+        return mid
+
+    def inbound_qos2_acknowledged(self, packet_id: int) -> None:
+        """Its PUBREC is being sent: a resend from now on is not routed again.  Stored
+        lazily: lost in a crash, the resend is routed with the same identity."""
+        if self.inbound_qos2.get(packet_id):
+            self.inbound_qos2[packet_id] = 0
+            if self.persistent:
+                self._dirty_qos2[packet_id] = 0
+
+    def record_inbound_qos2(self, packet_id: int, mid: int) -> None:
+        """The home of a session whose client is on another node: what its edge decided
+        (``begin_inbound_qos2``: ``mid``; ``inbound_qos2_acknowledged``: 0)."""
+        if self.inbound_qos2.get(packet_id) != mid:
+            self.inbound_qos2[packet_id] = mid
+            if self.persistent:
+                self._dirty_qos2[packet_id] = mid
+                if mid:
+                    self.durable_due = True
 
     def release_inbound_qos2(self, packet_id: int) -> None:
         if packet_id in self.inbound_qos2:
             del self.inbound_qos2[packet_id]
             if self.persistent:
-                self._dirty_qos2[packet_id] = False
+                self._dirty_qos2[packet_id] = None
 
     # -- persistence ------------------------------------------------------------------------
 
     def has_changes(self) -> bool:
         return bool(self._dirty or self._dirty_qos2)
 
-    def take_changes(self) -> tuple[dict[int, Outbound | None], dict[int, bool]]:
-        """Hand the store what changed since the last call: seq -> message (None = gone)."""
+    def take_changes(self) -> tuple[dict[int, Outbound | None], dict[int, int | None]]:
+        """Hand the store what changed since the last call: seq -> message (None = gone),
+        and inbound QoS 2 id -> its ``inbound_qos2`` value (None = released)."""
         dirty, qos2 = self._dirty, self._dirty_qos2
         self._dirty, self._dirty_qos2 = {}, {}
         self.durable_due = False
         return dirty, qos2
 
     def restore(
-        self, entries: list[Outbound], inbound_qos2: Iterable[int], now: float = 0.0
+        self, entries: list[Outbound], inbound_qos2: Mapping[int, int], now: float = 0.0
     ) -> None:
         """Rebuild state read back from the store (entries in sequence order).
 
@@ -583,7 +611,7 @@ class Session:
             self.next_seq = max(self.next_seq, entry.seq + 1)
         if self.inflight:
             self.next_packet_id = max(self.inflight) % 0xFFFF + 1
-        self.inbound_qos2 = dict.fromkeys(inbound_qos2)
+        self.inbound_qos2 = dict(inbound_qos2)
         # The QoS 2 messages it holds came before: a retry's copy of one is not a new one.
         for entry in entries:
             if entry.qos == 2 and entry.message.mid:
