@@ -298,3 +298,29 @@ def test_share_metrics_move(node: HttpNode, paho_any) -> None:
     for key in ("mqttring_shared_declined_total", "mqttring_shared_redispatched_total",
                 "mqttring_shared_untracked_total"):
         assert (key, ()) in after
+
+
+def test_a_request_that_stops_coming_is_closed_after_http_read_timeout(tmp_path: Path) -> None:
+    """Half a request, then silence (a slow-body client): the listener closes the connection
+    after ``http_read_timeout`` instead of holding it, and its task, for ever."""
+    import socket
+    import time
+
+    config = tmp_path / "node.toml"
+    config.write_text("http_read_timeout = 1.0\n")
+    node = HttpNode(tmp_path, extra=("--config", str(config)))
+    try:
+        with socket.create_connection((HOST, node.http_port), timeout=10) as sock:
+            sock.sendall(b"POST /api/v1/publish HTTP/1.1\r\nHost: x\r\n"
+                         b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"topic\":")
+            started = time.monotonic()
+            sock.settimeout(10)
+            data = b"".join(iter(lambda: sock.recv(4096), b""))  # until the server closes
+            waited = time.monotonic() - started
+        assert 0.8 <= waited < 5, (waited, data)
+        with node.http() as http:  # the node serves on
+            assert http.get("/api/v1/cluster").status_code == 200
+    finally:
+        node.stop()

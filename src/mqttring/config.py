@@ -270,6 +270,10 @@ class BrokerConfig:
     #: Bearer token every HTTP request must carry (or ``$MQTTRING_HTTP_TOKEN``).
     http_token: Annotated[str | None, SECRET, Rule(_token, "a string of at least 16 characters")
                           ] = None
+    #: Seconds the HTTP listener waits for each read of a request (headers or body) before
+    #: closing the connection: a client that opens connections and sends nothing, or a
+    #: request a byte at a time, cannot hold them open for ever.
+    http_read_timeout: Interval = 10.0
     #: Which member of a shared subscription (``$share/{group}/{filter}``) gets each
     #: message: ``round_robin``, ``random``, or ``local_first`` (a member on the node that
     #: owns the topic's shard when there is one: no inter-node message; docs/design.md).

@@ -406,6 +406,10 @@ class BrokerNode:
         idle connection, which matters at 10,000 connections.)
         """
         listen_socket = listener.socket
+        #: A stretch of failed accepts: when it began, and how many (logged at its two ends
+        #: only: one line per retry was ten a second for as long as descriptors ran out).
+        failing_since: float | None = None
+        failures = 0
         async with listener:
             while True:
                 try:
@@ -417,9 +421,17 @@ class BrokerNode:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
                     # Out of descriptors or memory: existing clients keep working; retry.
-                    log.warning("accept failed (%s); retrying in %.1fs", exc, _ACCEPT_BACKOFF)
+                    failures += 1
+                    if failing_since is None:
+                        failing_since = trio.current_time()
+                        log.warning("accept failed (%s); retrying every %.1f s (logged again "
+                                    "when it works)", exc, _ACCEPT_BACKOFF)
                     await trio.sleep(_ACCEPT_BACKOFF)
                     continue
+                if failing_since is not None:
+                    log.warning("accepting connections again, after %d failed attempts in "
+                                "%.1f s", failures, trio.current_time() - failing_since)
+                    failing_since, failures = None, 0
                 assert self.core is not None
                 nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), self._timers(),
                                                  parking).run)

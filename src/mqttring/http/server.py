@@ -38,6 +38,9 @@ async def serve_http(broker: MqttRingBroker, *,
     hyper.accesslog = None
     hyper.errorlog = logging.getLogger("mqttring.http.server")
     hyper.graceful_timeout = GRACEFUL_TIMEOUT
+    # Hypercorn waits for a request's bytes for ever by default (a slow-body client held a
+    # connection and its task indefinitely).
+    hyper.read_timeout = config.http_read_timeout  # type: ignore[assignment]
     hyper.include_server_header = False
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(partial(serve, build_app(broker), hyper))
