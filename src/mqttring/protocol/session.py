@@ -162,6 +162,11 @@ class Session:
     #: store's ``release_when_stored`` writes them and sends them (``take_held_releases``,
     #: ``release``).
     held_releases: list[int] | None = None
+    #: Packet ids of inflight PUBLISHes not sent again on this connection yet, in order:
+    #: more were inflight than the client's window (MQTT 5 Receive Maximum, smaller than on
+    #: its last connection) lets out at once [MQTT-3.3.4-7].  Sent, with their ids and DUP,
+    #: as acknowledgements free the window and before any queued message (None: none).
+    unsent: list[int] | None = None
     #: ``Message.mid`` of the QoS 2 messages delivered lately (None until the first): a
     #: cluster node that retries a delivery whose answer it did not get (the owner refused
     #: after routing, a link failed after the message arrived) makes a second copy, which
@@ -251,7 +256,8 @@ class Session:
                 return
         limits = self.limits
         if (out is not None and v5 is None and not self.queue and message.props is None
-                and not limits.message_ttl and len(self.inflight) < limits.max_inflight):
+                and not limits.message_ttl and len(self.inflight) < limits.max_inflight
+                and self.unsent is None):
             # Nothing waits ahead of it and the window has room: straight to the wire, as
             # ``_pump`` would send it, without the trip through the queue (the common case
             # of a subscriber that keeps up; a third of this method's cost).
@@ -368,6 +374,8 @@ class Session:
         access = self.access
         v5 = self.v5
         taken = 0
+        if self.unsent is not None:
+            self._send_unsent(out)
         for entry in queue:
             if entry.qos and len(inflight) >= window:
                 break
@@ -401,29 +409,64 @@ class Session:
         """
         self.output = output
         self.expire(now)
-        access = self.access
-        denied: list[int] = []
         held = self.held_releases
-        for pid, entry in self.inflight.items():
+        inflight = self.inflight
+        # In the order first sent [MQTT-4.6.0-1], as far as the window goes (every message
+        # awaiting PUBCOMP counts); the rest wait in ``unsent``.
+        room = self.limits.max_inflight - sum(
+            1 for e in inflight.values() if e.state == OutState.AWAIT_PUBCOMP)
+        unsent: list[int] = []
+        dropped: list[int] = []
+        for pid, entry in inflight.items():
             if entry.state == OutState.AWAIT_PUBCOMP:
                 # Only the PUBREL goes again: no payload, and the client holds the id.  One
                 # whose PUBREC is not stored yet waits for ``release``.
                 if held is None or pid not in held:
                     output += encode_packet(PubRel(entry.packet_id))  # type: ignore[arg-type]
-            elif access is not None and not access.may_read(entry.message.topic):
-                denied.append(pid)  # sent before an ACL change, or to another identity
-            elif self.v5 is not None:
-                # An inflight copy is resent even past its expiry: its onward delivery
-                # started [MQTT-3.3.2-5].  Only a client that now accepts smaller packets
-                # can refuse it: dropped as if delivered [MQTT-3.1.2-25].
-                if not self.v5.send(output, entry.message, entry.qos, entry.retain, True,
-                                    entry.packet_id, resend=True):
-                    denied.append(pid)
+            elif room <= 0 or unsent:
+                unsent.append(pid)
+            elif self._resend(entry, output):
+                room -= 1
             else:
-                output += entry.message.encode(entry.qos, entry.retain, True, entry.packet_id)
-        for pid in denied:
-            self._forget(self.inflight.pop(pid))
+                dropped.append(pid)
+        for pid in dropped:
+            self._forget(inflight.pop(pid))
+        self.unsent = unsent or None
         self._pump(output)
+
+    def _resend(self, entry: Outbound, out: bytearray) -> bool:
+        """Write an inflight PUBLISH again (DUP, its packet id); False if it is to be
+        dropped instead."""
+        if self.access is not None and not self.access.may_read(entry.message.topic):
+            return False  # sent before an ACL change, or to another identity
+        if self.v5 is not None:
+            # An inflight copy is resent even past its expiry: its onward delivery started
+            # [MQTT-3.3.2-5].  Only a client that now accepts smaller packets can refuse it:
+            # dropped as if delivered [MQTT-3.1.2-25].
+            return self.v5.send(out, entry.message, entry.qos, entry.retain, True,
+                                entry.packet_id, resend=True)
+        out += entry.message.encode(entry.qos, entry.retain, True, entry.packet_id)
+        return True
+
+    def _send_unsent(self, out: bytearray) -> None:
+        """Send inflight PUBLISHes again (``unsent``), in order, as far as the window
+        goes; the window counts every inflight message not waiting in ``unsent``."""
+        inflight = self.inflight
+        # Those acknowledged meanwhile (a client may answer a copy it kept) are not waiting.
+        unsent = [pid for pid in self.unsent or ()
+                  if pid in inflight and inflight[pid].state != OutState.AWAIT_PUBCOMP]
+        room = self.limits.max_inflight - (len(inflight) - len(unsent))
+        sent = 0
+        for pid in unsent:
+            if room <= 0:
+                break
+            sent += 1
+            if self._resend(inflight[pid], out):
+                room -= 1
+            else:
+                self._forget(inflight.pop(pid))
+        del unsent[:sent]
+        self.unsent = unsent or None
 
     def detach(self) -> None:
         self.output = None
@@ -445,7 +488,7 @@ class Session:
 
     def pump(self) -> None:
         """Fill the inflight window from the queue (see ``on_puback``)."""
-        if self.output is not None and self.queue:
+        if self.output is not None and (self.queue or self.unsent is not None):
             self._pump(self.output)
 
     def on_pubrec(self, packet_id: int) -> bool:
