@@ -102,6 +102,7 @@ class TimelyTcpTransport(TCPTransport):
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         _thin_stream(conn)
+        _bound_reads(conn)
         super()._onNewIncomingConnection(conn)
 
     def _onOutgoingConnected(self, conn: Any) -> None:
@@ -127,6 +128,33 @@ class TimelyTcpTransport(TCPTransport):
                 and monotonic() - started > self._syncObj.conf.connectionTimeout):
             conn.disconnect()  # its SYN may sit out a backoff of many seconds: start anew
         return bool(super()._connectIfNecessarySingle(node))
+
+
+#: Most bytes an incoming Raft connection may hold unparsed.  pysyncobj reads a frame whose
+#: 4-byte header announces up to 2 GiB, keeping everything until it is complete, before
+#: it can tell that the sender does not know the key: anyone reaching the port could make
+#: a node hold gigabytes (and copy them on every read).  Real frames are far smaller
+#: (append-entries batches and dump chunks of at most 64 KiB; a read drains the socket,
+#: so a few frames may wait together).
+RAFT_MAX_BUFFERED = 8 * 2**20
+
+
+def _bound_reads(conn: Any, limit: int = RAFT_MAX_BUFFERED) -> None:
+    """Close ``conn`` once it holds more than ``limit`` unparsed bytes."""
+    read = getattr(conn, "_TcpConnection__processRead", None)
+    if read is None or not hasattr(conn, "_TcpConnection__readBuffer"):
+        return  # a pysyncobj that renamed them: unbounded, as before
+
+    def bounded_read() -> bool:
+        more = bool(read())
+        if len(conn._TcpConnection__readBuffer) > limit:
+            log.warning("Raft port: closed a connection holding over %d bytes of an "
+                        "unfinished frame (not a member speaking pysyncobj)", limit)
+            conn.disconnect()
+            return False
+        return more
+
+    conn._TcpConnection__processRead = bounded_read
 
 
 def _thin_stream(conn: Any) -> None:
