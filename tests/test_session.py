@@ -336,3 +336,15 @@ def test_qos2_identities_are_kept_as_long_as_a_retry_can_come_and_no_longer():
     assert s.recent_qos2 is not None and len(s.recent_qos2) == 2
     s.deliver(Message("t", b"a", 2, mid=1), 2, now=1041.0)
     assert [p.payload for p in packets(out)] == [b"a", b"b", b"c", b"a"]
+
+
+def test_a_session_that_just_moved_keeps_what_comes_past_max_queued_until_its_grace_ends():
+    """Its client is away only because the session moved (``keep_until``): nothing is
+    dropped for ``max_queued`` until then; after it, the away rule applies again."""
+    s = make(max_queued=3)
+    s.keep_until = 100.0
+    for i in range(10):
+        s.deliver(Message("t", f"m{i}".encode(), 1), 1, now=50.0)
+    assert len(s.queue) == 10 and s.dropped == 0
+    s.deliver(Message("t", b"late", 1), 1, now=100.0)
+    assert s.dropped == 1 and s.queue[0].message.payload == b"m1"

@@ -304,6 +304,13 @@ class BrokerConfig:
     #: ``failure_grace - heartbeat_interval``; it must stay below ``failure_grace`` so the node
     #: stops before the majority takes its shards over (see docs/design.md, netsplits).
     fence_after: Seconds = 0.0
+    #: A client connected to one node whose persistent session's home moves to another (its
+    #: home died, left or rejoined) is disconnected to reconnect to the session there.  It
+    #: is alive, only its session moved: for this many seconds its will waits (and is not
+    #: published if the client id connects again meanwhile), and the session at its new
+    #: home queues past ``limits.max_queued`` instead of dropping its oldest messages (what
+    #: piled up for it during the failover is acknowledged data).  0: neither.
+    moved_session_grace: Seconds = 15.0
     #: Seconds between route digests sent to each peer (anti-entropy; docs/design.md).
     route_sync_interval: Interval = 2.0
     #: Longest an owner holds a QoS >= 1 publish while its routes are not known complete,

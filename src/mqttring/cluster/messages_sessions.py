@@ -96,6 +96,9 @@ class SessionClose(FrozenMessage, tag="sclose"):
     #: When the connection ended (wall clock, the edge's): a Will Delay Interval runs from
     #: then, however late the close reaches the home.  None: when it arrives.
     closed_at: float | None = None
+    #: The will waits at least this many seconds (the edge closed the connection because
+    #: the session moved: ``ClusterSessions.kick_moved``).
+    will_delay_at_least: float = 0.0
 
 
 class SessionKick(FrozenMessage, tag="skick"):

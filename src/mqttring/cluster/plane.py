@@ -31,6 +31,7 @@ inline, in arrival order; anything that waits runs in a task of this nursery.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -175,7 +176,8 @@ class DataPlane:
         self.sessions = ClusterSessions(core, self.node_id, self.links, self.current_view,
                                         self.spawn, self.is_fenced, self.held.__contains__,
                                         self.view_changes.wait,
-                                        self.config.cluster_write_patience)
+                                        self.config.cluster_write_patience,
+                                        self.config.moved_session_grace)
         self._handlers = self._dispatch_table()
         return self.sessions
 
@@ -399,10 +401,14 @@ class DataPlane:
         stored = [s for s in await self.session_store.load_all()
                   if self.session_store.shard(s.client_id) in shards]
         loaded = []
+        # Its client, if it was connected, was disconnected because of this move and is
+        # on its way: its queue keeps what comes meanwhile (``Session.keep_until``).
+        keep_until = time.time() + self.config.moved_session_grace
         for record in stored:
             if record.client_id in self.core.sessions:
                 continue
             session = record.to_session(self.core.session_limits)
+            session.keep_until = keep_until
             self.core.sessions[record.client_id] = session
             loaded.append(session)
         self.router.restore(loaded)
@@ -418,7 +424,7 @@ class DataPlane:
             handler = self.core.clients.get(client_id)
             if handler is not None:
                 # It reconnects and finds the session at its new home.
-                handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
+                self.sessions.kick_moved(handler)
             self.router.forget(session, moving=True)
             del self.core.sessions[client_id]
             self.sessions.relay.proxies.pop(client_id, None)

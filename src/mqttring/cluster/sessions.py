@@ -101,7 +101,7 @@ class ClusterSessions(LocalSessions):
                  view: Callable[[], ClusterView], spawn: Callable[..., None],
                  fenced: Callable[[], bool], holds: Callable[[int], bool],
                  wait_for_view_change: Callable[[float], Awaitable[None]],
-                 patience: float = 15.0) -> None:
+                 patience: float = 15.0, moved_grace: float = 10.0) -> None:
         super().__init__(core)
         self.node_id = node_id
         self.fenced = fenced
@@ -109,6 +109,11 @@ class ClusterSessions(LocalSessions):
         self.holds = holds
         self.wait_for_view_change = wait_for_view_change
         self.patience = patience
+        #: Seconds the will of a client disconnected because its session moved waits for
+        #: it to connect again (``kick_moved``).
+        self.moved_grace = moved_grace
+        #: Tokens of the connections ``kick_moved`` closed, until their close is handled.
+        self._moved: set[str] = set()
         self.links = links
         self.view = view
         self.spawn = spawn
@@ -199,6 +204,10 @@ class ClusterSessions(LocalSessions):
         assert session is not None
         owed_will = not handler.clean_disconnect and not self.core.shutting_down
         handler.owed_will = owed_will
+        will_delay_at_least = 0.0
+        if handler.token in self._moved:
+            self._moved.discard(handler.token)
+            will_delay_at_least = self.moved_grace
         current = self.registrations.get(session.client_id)
         if handler.clean_disconnect and current is not None and current.token == handler.token:
             # It said DISCONNECT: its will is gone now, before this close awaits anything, so
@@ -215,20 +224,20 @@ class ClusterSessions(LocalSessions):
         expiry = expiry_at_close(handler.conn.v5, self.core.limits.persistent_session_expiry)
         if self.home(session.client_id) in (self.node_id, None):
             await self.unregister(session.client_id, handler.token, owed_will,
-                                  "connection closed")
+                                  "connection closed", None, will_delay_at_least)
         else:
             # Not awaited: a home that is slow or dying must not hold the close up.  A new
             # connection of the id on this node waits for it (``open``).
             done = self._closing[session.client_id] = trio.Event()
             self.spawn(self._end_then_signal, done, session.client_id, handler.token,
-                       owed_will, expiry, time.time())
+                       owed_will, expiry, time.time(), will_delay_at_least)
 
     async def _end_then_signal(self, done: trio.Event, client_id: str, token: str,
                                publish_will: bool, session_expiry: int | None,
-                               closed_at: float) -> None:
+                               closed_at: float, will_delay_at_least: float) -> None:
         try:
             await self._end_registration(client_id, token, publish_will, session_expiry,
-                                         closed_at)
+                                         closed_at, will_delay_at_least)
         finally:
             done.set()
             if self._closing.get(client_id) is done:
@@ -236,7 +245,8 @@ class ClusterSessions(LocalSessions):
 
     async def _end_registration(self, client_id: str, token: str, publish_will: bool,
                                 session_expiry: int | None = None,
-                                closed_at: float | None = None) -> None:
+                                closed_at: float | None = None,
+                                will_delay_at_least: float = 0.0) -> None:
         """End connection ``token``'s registration wherever the view puts its home, and
         know it ended: asked again by each newer view while the home does not answer (it
         may die with the close in flight; the replica taking over holds the registration
@@ -251,7 +261,7 @@ class ClusterSessions(LocalSessions):
             if home is None or home == self.node_id:
                 if not self._promotion_pending(client_id, token):
                     await self.unregister(client_id, token, publish_will, "connection closed",
-                                          closed_at)
+                                          closed_at, will_delay_at_least)
                     return
                 if trio.current_time() >= deadline:
                     log.warning("close of %r: the registration was never promoted here",
@@ -261,7 +271,8 @@ class ClusterSessions(LocalSessions):
                 continue
             try:
                 await self.links.request(home, SessionClose(0, client_id, token, publish_will,
-                                                            session_expiry, closed_at))
+                                                            session_expiry, closed_at,
+                                                            will_delay_at_least))
                 return
             except (PeerUnavailable, RemoteError) as exc:
                 if trio.current_time() >= deadline:
@@ -407,10 +418,12 @@ class ClusterSessions(LocalSessions):
                 await self.wait_for_view_change(0.5)
 
     async def unregister(self, client_id: str, token: str, publish_will: bool,
-                         reason: str, closed_at: float | None = None) -> bool:
+                         reason: str, closed_at: float | None = None,
+                         will_delay_at_least: float = 0.0) -> bool:
         """End connection ``token``'s registration; False if it was no longer current.
         ``closed_at``: when the connection ended (wall clock), if before now: a will delay
-        runs from then."""
+        runs from then.  ``will_delay_at_least``: the will waits at least this long (its
+        client was disconnected because its session moved: ``kick_moved``)."""
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
             return False  # a connection that was already replaced
@@ -421,9 +434,10 @@ class ClusterSessions(LocalSessions):
             will = current.will
             assert will is not None
             publish_will, current.will = True, undelayed(will)
-        elif publish_will and current.will is not None and will_delay(current.will) \
-                and not self.core.shutting_down:
-            self._delay_will(client_id, current, reason, closed_at)
+        elif publish_will and current.will is not None and not self.core.shutting_down and (
+                will_delay(current.will) or will_delay_at_least):
+            self._delay_will(client_id, current, reason, closed_at,
+                             max(float(will_delay(current.will)), will_delay_at_least))
             return True
         if publish_will and current.will is not None and self.fenced():
             # Cut off: no will goes out from here now.  The registration stays, here and
@@ -438,16 +452,15 @@ class ClusterSessions(LocalSessions):
         return True
 
     def _delay_will(self, client_id: str, registration: Registration, reason: str,
-                    closed_at: float | None) -> None:
+                    closed_at: float | None, delay: float) -> None:
         """Keep a closed connection's registration until its will falls due (MQTT 5 Will
         Delay Interval), and tell the replicas when that is: if this home dies meanwhile,
         the replica that becomes the home publishes it on time (``on_view``)."""
         will = registration.will
         assert will is not None
         now = time.time()
-        registration.will_due = min(now, closed_at or now) + will_delay(will)
-        log.info("will of %r on %r delayed %d s: %s", client_id, will.topic, will_delay(will),
-                 reason)
+        registration.will_due = min(now, closed_at or now) + delay
+        log.info("will of %r on %r delayed %g s: %s", client_id, will.topic, delay, reason)
         self._replicate(client_id, WillRegister(
             client_id, registration.node, registration.token, will_to_wire(will),
             registration.clean, registration.will_due))
@@ -530,7 +543,7 @@ class ClusterSessions(LocalSessions):
         current = await self.unregister(message.client_id, message.token,
                                         message.publish_will,
                                         "connection closed without DISCONNECT at its edge",
-                                        message.closed_at)
+                                        message.closed_at, message.will_delay_at_least)
         self.links.reply(node, message.req, True)
         session = self.core.sessions.get(message.client_id)
         if current and message.session_expiry is not None and session is not None:
@@ -583,7 +596,16 @@ class ClusterSessions(LocalSessions):
                 self.spawn(self._reregister, handler, after)
             else:
                 # Its session moved; the client reconnects to the new home.
-                handler.kick("its session moved to another node", 0x89)  # MQTT 5: busy
+                self.kick_moved(handler)
+
+    def kick_moved(self, handler: ClientHandler) -> None:
+        """Disconnect a live client whose persistent session moved to another home, to
+        reconnect to it there.  Its will waits ``moved_grace`` for it (a server-side
+        will delay): it is alive, and a will published now told its watchers it was gone
+        (the operator probe of 2026-11-28 counted such wills on every fault)."""
+        if handler.token and self.moved_grace > 0:
+            self._moved.add(handler.token)
+        handler.kick("its session moved to another node", 0x89)  # MQTT 5: server busy
 
     async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
         """Register a clean session's connection (and will) at its new home.

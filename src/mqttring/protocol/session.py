@@ -162,6 +162,11 @@ class Session:
     #: store's ``release_when_stored`` writes them and sends them (``take_held_releases``,
     #: ``release``).
     held_releases: list[int] | None = None
+    #: Wall clock (UNIX seconds) until which ``limits.max_queued`` drops nothing while the
+    #: client is away: the session has just moved to this node (a cluster failover) and its
+    #: client, disconnected only for that, is on its way; what was held back for it during
+    #: the failover arrives at once and is acknowledged data.  0: the limit applies.
+    keep_until: float = 0.0
     #: Packet ids of inflight PUBLISHes not sent again on this connection yet, in order:
     #: more were inflight than the client's window (MQTT 5 Receive Maximum, smaller than on
     #: its last connection) lets out at once [MQTT-3.3.4-7].  Sent, with their ids and DUP,
@@ -275,7 +280,7 @@ class Session:
                 not entry.expires_at or props.expires_at < entry.expires_at):
             entry.expires_at = props.expires_at  # MQTT 5 message expiry interval
         self.next_seq += 1
-        if out is None or not self.limits.hold_when_online:
+        if (out is None or not self.limits.hold_when_online) and now >= self.keep_until:
             self._make_room()
         self.queue.append(entry)
         if qos and not self.clean_session:
