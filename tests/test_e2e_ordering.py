@@ -71,6 +71,12 @@ def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, ui
             assert got.topic in topics
             topics_seen.append(got.topic)
         assert got.type == PINGRESP, got
+        # The PINGRESP reaching B does not mean the node is out of that send() yet: a node
+        # thread preempted inside it (a loaded runner) still holds B's socket, and B's
+        # next SUBSCRIBE waits in the kernel's backlog while A's PUBLISH is readable.  A's
+        # PINGREQ is read only once the node is back in its loop, out of B's send.
+        pub.send(PINGREQ_BYTES)
+        pub.expect(PINGRESP)
     # A's packets are handled in order and its messages reach B in order [MQTT-4.6.0-6]:
     # once the barrier message arrives, every earlier one that was delivered has arrived.
     pub.send(publish(barrier, b"end"))
@@ -186,6 +192,8 @@ def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, 
             while (got := sub.recv_packet()).type == PUBLISH:
                 seen.append(got.topic)
             assert got.type == PINGRESP, got
+            pub.send(PINGREQ_BYTES)  # and the node is out of that send (the first test)
+            pub.expect(PINGRESP)
         pub.send(publish(barrier, b"end"))
         while (got := sub.expect(PUBLISH)).topic != barrier:
             seen.append(got.topic)

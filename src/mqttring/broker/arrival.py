@@ -19,15 +19,18 @@ paths equal proved brittle, so the order is made explicit instead.
 
 How
 ---
-Whoever learns that such a connection has bytes and no task to handle them yet (the lot, or
-the connection's own reader as it is cancelled to park) takes a *turn* for it, numbered in
-the order taken.  The connection ends its turn once its first bytes are handed to the core
-(or it finds none, or it ends).  Every reader, before handing bytes it read to the core,
-waits while a turn taken before that moment is still open.  A turn never waits for a later
-one, so there is no cycle; and what a connection does before ending its turn is only what a
-connection with a task does with its bytes (the inline handling of a SUBSCRIBE or a QoS 0
-PUBLISH, or starting its acceptor), none of which waits for another client.  No turn is
-open almost always: the readers' cost is one attribute test per read.
+Whoever learns that such a connection may have bytes and no task to handle them (the lot,
+woken by its bytes; the connection's own reader as it is cancelled to park, whatever the
+socket holds: nothing reads it until it is parked) takes a *turn* for it, numbered in the
+order taken.  A connection that parks ends its turn once the lot watches its socket, unless
+bytes came meanwhile: then it serves on, them first.  A connection ends its turn once its
+first bytes are handed to the core (or it finds none, or it ends).  Every reader, before
+handing bytes it read to the core, waits while a turn taken before that moment is still
+open.  A turn never waits for a later one, so there is no cycle; and what a connection does
+before ending its turn is only what a connection with a task does with its bytes (the
+inline handling of a SUBSCRIBE or a QoS 0 PUBLISH, or starting its acceptor), none of which
+waits for another client.  No turn is open almost always: the readers' cost is one attribute
+test per read.
 """
 
 from __future__ import annotations

@@ -343,8 +343,10 @@ class ClientHandler:
                 and not self.finished and not self.core.shutting_down)
 
     def _park(self) -> bool:
-        if self._parking is None or not self._idle() or self._parking.turns.holds(self):
+        if self._parking is None or not self._idle():
             return False
+        if self._parking.turns.holds(self) and self.transport.has_bytes():  # type: ignore[attr-defined]
+            return False  # bytes came as it was parking: ``run`` serves on, them first
         # The keepalive runs on from the last read: ``_due`` as the last ``_arm`` set it,
         # which may be later than when the timers decided to park (bytes can be read
         # between that decision and the cancellation reaching the reader).  ``_arm``
@@ -492,9 +494,10 @@ class ClientHandler:
                     self.close_reason = self.close_reason or f"protocol error: {exc}"
                     return
                 except trio.Cancelled:
-                    if (self._park_requested and turns is not None
-                            and transport.has_bytes()):  # type: ignore[attr-defined]
-                        turns.take(self)  # bytes came as it parks: ``run`` serves on
+                    if self._park_requested and turns is not None:
+                        # No task reads its socket until it is parked (``_park``): bytes
+                        # that come meanwhile go first.
+                        turns.take(self)
                     raise
                 finally:
                     self._receiving = False

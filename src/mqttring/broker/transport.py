@@ -47,10 +47,7 @@ class TcpTransport:
     connection), and not even trio's socket object: an idle connection is a task suspended
     in ``receive``, and every coroutine frame between the reader and the epoll wait is
     memory each of 10,000 idle connections keeps; trio's socket methods add two (a wrapper
-    and a helper) and an object.  The checkpoints are trio's own: a call that finds bytes at
-    once still yields to the scheduler (a busy client cannot starve the others), and so does
-    a call that waited, after its read: every read is one pass away from its handling,
-    whichever path it took (arrival order across connections, ``broker/scheduling.py``).
+    and a helper) and an object.  Every read waits for epoll first (``receive``).
     """
 
     __slots__ = ("peer", "sock")
@@ -80,31 +77,32 @@ class TcpTransport:
             return 0
 
     async def receive(self) -> bytes:
+        """The next bytes, read only once epoll has reported them, never before.
+
+        epoll reports ready sockets in the order their bytes arrived (a socket that already
+        holds bytes when it is armed counts from then, which only makes it later), so two
+        connections' bytes are handled in arrival order (``broker/scheduling.py``).  Until
+        2026-11-28 a reader that found bytes at once read them without waiting (and
+        yielded a pass after every read): a connection that had just been active was a
+        pass ahead of an idle one whose bytes came first, and a SUBSCRIBE lost the race
+        to a later PUBLISH of another client (up to 59 of 60 rounds in
+        ``tests/test_e2e_ordering.py`` on a loaded machine).  The wait is also the pass
+        that lets other connections run (a busy client cannot starve them), and bytes are
+        handled in the pass that reported them (no further yield: latency).  Parked
+        connections' bytes are ordered by the lot's turns (``broker/arrival.py``).
+        """
         sock = self.sock
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            data = sock.recv(RECEIVE_SIZE)
-        except BlockingIOError:
-            pass
-        except OSError:
-            return b""
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
         while True:
             try:
                 await trio.lowlevel.wait_readable(sock)
-                data = sock.recv(RECEIVE_SIZE)
+            except trio.ClosedResourceError:
+                return b""
+            try:
+                return sock.recv(RECEIVE_SIZE)
             except BlockingIOError:
                 continue
-            except (OSError, trio.ClosedResourceError):
+            except OSError:
                 return b""
-            # One scheduler pass between the bytes and their handling on every path, as
-            # above: a parked connection's bytes (``receive_ready``, one pass through the
-            # parking lot) then reach the core as soon as these would, and bytes of two
-            # connections are handled in the order they arrived (``broker/scheduling.py``).
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
 
     def has_bytes(self) -> bool:
         """Whether the socket holds bytes (or the peer's close) now, without taking them."""
