@@ -46,6 +46,8 @@ def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, ui
     barrier = uid("order-barrier")
     sub.send(subscribe(1, [(barrier, 0)]))
     sub.expect(SUBACK)
+    pub.send(PINGREQ_BYTES)  # the node is out of the SUBACK's send() (see the loop's end)
+    pub.expect(PINGRESP)
 
     topics = [uid(f"order-{i}") for i in range(ROUNDS)]
     topics_seen: list[str] = []
