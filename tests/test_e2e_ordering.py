@@ -20,6 +20,7 @@ from mqtt_client import (
     PINGRESP,
     PUBLISH,
     SUBACK,
+    RawClient,
     connect,
     publish,
     subscribe,
@@ -31,6 +32,41 @@ ROUNDS = 60
 #: Between A's PINGRESP and the round: well below ``park_idle_after`` (0.1 s) so A keeps its
 #: task, well above the microseconds A needs to finish its read.
 GAP = 0.02
+
+
+def _round(pub: RawClient, sub: RawClient, topic: str, packet_id: int,
+           seen: list[str]) -> None:
+    """B's SUBSCRIBE, then at once A's PUBLISH to that topic; collect what B gets up to its
+    SUBACK.  Back to back, no wait between: the two packets usually reach the node in one
+    epoll wake-up.  Messages of earlier rounds may come before the SUBACK."""
+    sub.send(subscribe(packet_id, [(topic, 0)]))
+    pub.send(publish(topic, topic.encode()))
+    got = sub.recv_packet()
+    while got.type == PUBLISH:
+        seen.append(got.topic)
+        got = sub.recv_packet()
+    assert got.type == SUBACK and got.packet_id == packet_id, got
+
+
+def _settle(pub: RawClient, sub: RawClient, seen: list[str]) -> None:
+    """Keep rounds apart: the node is done writing to B, and out of that write, before the
+    next round.
+
+    Round i's message, if routed, is on its way to B: a PINGRESP queued behind it means the
+    node has finished writing to B.  Else the next SUBSCRIBE may reach B's socket while the
+    node is inside a send() on it; the kernel then holds the segment in the socket's backlog
+    until that send returns, and A's PUBLISH, on an idle socket, is readable first: no
+    scheduling can order bytes the kernel has not shown yet (seen once in 60 rounds on a
+    loaded CI runner).  The PINGRESP reaching B does not mean the node is out of that send()
+    yet either (a node thread preempted inside it); A's PINGREQ is read only once the node is
+    back in its loop.
+    """
+    sub.send(PINGREQ_BYTES)
+    while (got := sub.recv_packet()).type == PUBLISH:
+        seen.append(got.topic)
+    assert got.type == PINGRESP, got
+    pub.send(PINGREQ_BYTES)
+    pub.expect(PINGRESP)
 
 
 def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, uid):
@@ -52,33 +88,8 @@ def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, ui
     topics = [uid(f"order-{i}") for i in range(ROUNDS)]
     topics_seen: list[str] = []
     for i, topic in enumerate(topics):
-        # Back to back, no wait between: the two packets usually reach the node in one
-        # epoll wake-up.  Waiting for the SUBACK before the next round keeps rounds apart.
-        sub.send(subscribe(i + 2, [(topic, 0)]))
-        pub.send(publish(topic, f"m{i}".encode()))
-        got = sub.recv_packet()
-        while got.type == PUBLISH:  # the previous round's message may come first
-            assert got.topic in topics
-            topics_seen.append(got.topic)
-            got = sub.recv_packet()
-        assert got.type == SUBACK and got.packet_id == i + 2, got
-        # Round i's message, if routed, is on its way to B: a PINGRESP queued behind it
-        # means the node has finished writing to B before the next round.  Else the next
-        # SUBSCRIBE may reach B's socket while the node is inside a send() on it; the kernel
-        # then holds the segment in the socket's backlog until that send returns, and A's
-        # PUBLISH, on an idle socket, is readable first: no scheduling can order bytes the
-        # kernel has not shown yet (seen once in 60 rounds on a loaded CI runner).
-        sub.send(PINGREQ_BYTES)
-        while (got := sub.recv_packet()).type == PUBLISH:
-            assert got.topic in topics
-            topics_seen.append(got.topic)
-        assert got.type == PINGRESP, got
-        # The PINGRESP reaching B does not mean the node is out of that send() yet: a node
-        # thread preempted inside it (a loaded runner) still holds B's socket, and B's
-        # next SUBSCRIBE waits in the kernel's backlog while A's PUBLISH is readable.  A's
-        # PINGREQ is read only once the node is back in its loop, out of B's send.
-        pub.send(PINGREQ_BYTES)
-        pub.expect(PINGRESP)
+        _round(pub, sub, topic, i + 2, topics_seen)
+        _settle(pub, sub, topics_seen)
     # A's packets are handled in order and its messages reach B in order [MQTT-4.6.0-6]:
     # once the barrier message arrives, every earlier one that was delivered has arrived.
     pub.send(publish(barrier, b"end"))
@@ -97,7 +108,6 @@ def test_order_holds_when_the_subscriber_was_parked_and_the_publisher_was_not(tm
     A's had its task: a resumed connection's bytes are handled as soon as an active one's
     would be.  Found by Paho's ``client_test5.py`` (``test_request_response`` after
     ``test_redelivery_on_reconnect``: its 0.5 s waits put B in the lot and A just outside)."""
-    from mqtt_client import RawClient
     from mqttring import BrokerConfig, Limits, MqttRingBroker
 
     broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path,
@@ -127,13 +137,7 @@ def test_order_holds_when_the_subscriber_was_parked_and_the_publisher_was_not(tm
             # in the middle of a read may find A's next bytes before the node learns of
             # B's, which no scheduling can order); B stays in the lot.
             time.sleep(GAP)
-            sub.send(subscribe(i + 2, [(topic, 0)]))
-            pub.send(publish(topic, f"m{i}".encode()))
-            got = sub.recv_packet()
-            while got.type == PUBLISH:
-                seen.append(got.topic)
-                got = sub.recv_packet()
-            assert got.type == SUBACK and got.packet_id == i + 2, got
+            _round(pub, sub, topic, i + 2, seen)
         pub.send(publish(barrier, b"end"))
         while (got := sub.expect(PUBLISH)).topic != barrier:
             seen.append(got.topic)
@@ -154,7 +158,6 @@ def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, 
     around ``park_idle_after`` it missed 7 of 300 rounds before the fix."""
     import random
 
-    from mqtt_client import RawClient
     from mqttring import BrokerConfig, Limits, MqttRingBroker
 
     park = 0.1
@@ -183,19 +186,8 @@ def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, 
             pub.send(PINGREQ_BYTES)
             pub.expect(PINGRESP)
             time.sleep(0.4 * park)
-            sub.send(subscribe(i + 2, [(topic, 0)]))
-            pub.send(publish(topic, f"m{i}".encode()))
-            got = sub.recv_packet()
-            while got.type == PUBLISH:
-                seen.append(got.topic)
-                got = sub.recv_packet()
-            assert got.type == SUBACK and got.packet_id == i + 2, got
-            sub.send(PINGREQ_BYTES)  # as in the first test: round i is written before i + 1
-            while (got := sub.recv_packet()).type == PUBLISH:
-                seen.append(got.topic)
-            assert got.type == PINGRESP, got
-            pub.send(PINGREQ_BYTES)  # and the node is out of that send (the first test)
-            pub.expect(PINGRESP)
+            _round(pub, sub, topic, i + 2, seen)
+            _settle(pub, sub, seen)
         pub.send(publish(barrier, b"end"))
         while (got := sub.expect(PUBLISH)).topic != barrier:
             seen.append(got.topic)
