@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from cluster_support import NodeCluster
-from mqttring.raft.replicated import RAFT_MAX_BUFFERED
+from mqttring.raft.replicated import (
+    RAFT_IDENTIFY_TIMEOUT,
+    RAFT_MAX_BUFFERED,
+    RAFT_MAX_UNIDENTIFIED,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,4 +50,51 @@ def test_an_endless_frame_on_the_raft_port_is_cut_off(tmp_path: Path) -> None:
         cluster.settle(("a",))  # still the leader of its one-node cluster, still serving
         assert cluster.status_sync("a")["leader"] == "a"
     finally:
+        cluster.close()
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.setblocking(False)  # (with a timeout set, recv waits for bytes first)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_silent_connections_to_the_raft_port_are_bounded_in_number_and_time(
+        tmp_path: Path) -> None:
+    """Connections that never say which member they are: beyond ``RAFT_MAX_UNIDENTIFIED``
+    the oldest are closed at once, and every one within ``RAFT_IDENTIFY_TIMEOUT`` (pysyncobj
+    kept them for ever: anyone reaching the port could take every descriptor)."""
+    cluster = NodeCluster(tmp_path / "cluster")
+    held: list[socket.socket] = []
+    try:
+        cluster.form_sync("a")
+        cluster.settle(("a",))
+        host, port = cluster.procs["a"].raft.rsplit(":", 1)
+        extra = 20
+        for _ in range(RAFT_MAX_UNIDENTIFIED + extra):
+            # Not all at once: pysyncobj listens with a backlog of 5, and connections that
+            # overflow it are accepted later, in no particular order.
+            held.append(socket.create_connection((host, int(port)), timeout=10))
+            time.sleep(0.01)
+        deadline = time.monotonic() + RAFT_IDENTIFY_TIMEOUT - 1
+        while sum(map(_closed_by_peer, held)) < extra:  # those past the bound, at once
+            assert time.monotonic() < deadline, "the connections past the bound stayed open"
+            time.sleep(0.05)
+        closed = [i for i, sock in enumerate(held) if _closed_by_peer(sock)]
+        assert len(closed) == extra, closed  # those within the bound are kept meanwhile
+        assert closed[0] < extra  # (the oldest go)
+        deadline = time.monotonic() + RAFT_IDENTIFY_TIMEOUT + 10
+        while not all(map(_closed_by_peer, held)):
+            assert time.monotonic() < deadline, "silent connections were never closed"
+            time.sleep(0.1)
+        cluster.settle(("a",))
+        assert cluster.status_sync("a")["leader"] == "a"
+        assert cluster.grep("a", "did not identify as a member")
+    finally:
+        for sock in held:
+            sock.close()
         cluster.close()

@@ -100,10 +100,55 @@ class TimelyTcpTransport(TCPTransport):
     and TCP's linear retransmission timeouts on its connections (see the module docstring).
     Runs on the Raft thread, like everything it overrides."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: Incoming connections not yet identified as a member, with when each came, in
+        #: that order (``_drop_unidentified``).
+        self._arrived: dict[Any, float] = {}
+        #: Strangers closed since the last warning, and when that was (one line per
+        #: ``_WARN_EVERY`` seconds however many come).
+        self._closed_unwarned = 0
+        self._warned_at = -_WARN_EVERY
+        super().__init__(*args, **kwargs)
+
     def _onNewIncomingConnection(self, conn: Any) -> None:
         _thin_stream(conn)
         _bound_reads(conn)
         super()._onNewIncomingConnection(conn)
+        self._arrived[conn] = monotonic()
+        self._drop_unidentified()
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        if self._arrived:
+            self._drop_unidentified()
+
+    def _drop_unidentified(self) -> None:
+        """Close incoming connections that have not said which member they are: those
+        older than ``RAFT_IDENTIFY_TIMEOUT``, and the oldest past
+        ``RAFT_MAX_UNIDENTIFIED``.  pysyncobj keeps such a connection for as long as it
+        sends nothing (its own timeout is only checked when bytes come), so anyone who
+        reaches the port could take every descriptor of the node.  A member identifies
+        itself in its first frames, within milliseconds of connecting."""
+        arrived, unknown = self._arrived, self._unknownConnections
+        for conn in [c for c in arrived if c not in unknown]:
+            del arrived[conn]  # identified, or gone
+        if not arrived:
+            return
+        too_old = monotonic() - RAFT_IDENTIFY_TIMEOUT
+        stale = [c for c, at in arrived.items() if at < too_old]
+        excess = len(arrived) - len(stale) - RAFT_MAX_UNIDENTIFIED
+        if excess > 0:  # oldest first: dicts keep arrival order
+            stale += [c for c, at in arrived.items() if at >= too_old][:excess]
+        for conn in stale:
+            arrived.pop(conn, None)
+            conn.disconnect()
+        self._closed_unwarned += len(stale)
+        now = monotonic()
+        if self._closed_unwarned and now - self._warned_at >= _WARN_EVERY:
+            log.warning("Raft port: closed %d incoming connection(s) that did not identify "
+                        "as a member within %d s or came beyond %d pending",
+                        self._closed_unwarned, RAFT_IDENTIFY_TIMEOUT, RAFT_MAX_UNIDENTIFIED)
+            self._closed_unwarned, self._warned_at = 0, now
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         _thin_stream(conn)
@@ -129,6 +174,14 @@ class TimelyTcpTransport(TCPTransport):
             conn.disconnect()  # its SYN may sit out a backoff of many seconds: start anew
         return bool(super()._connectIfNecessarySingle(node))
 
+
+#: Most incoming Raft connections that have not yet said which member they are; beyond it
+#: the oldest is closed.  Members identify at once, so only strangers ever wait here.
+RAFT_MAX_UNIDENTIFIED = 32
+#: Seconds an incoming Raft connection may take to identify as a member before it is closed
+#: (checked every tick, about every 50 ms).  Generous against a lossy network's retransmits.
+RAFT_IDENTIFY_TIMEOUT = 5
+_WARN_EVERY = 10.0
 
 #: Most bytes an incoming Raft connection may hold unparsed.  pysyncobj reads a frame whose
 #: 4-byte header announces up to 2 GiB, keeping everything until it is complete, before
