@@ -147,6 +147,33 @@ class ClusterSessions(LocalSessions):
 
     async def open(self, handler: ClientHandler, client_id: str,
                    packet: Connect | Connect5) -> tuple[Session, bool]:
+        """Open ``client_id``'s session through its home; asked again by each newer view
+        while the home cannot answer, for up to ``patience``.
+
+        A home killed a moment ago stays in the view for ``failure_grace``, and one that
+        just took the id over may say it is not its home yet: a refusal then (CONNACK 3,
+        which mosquitto_pub and mosquitto_sub give up on) told the client of a fault that
+        one broker would never show it.  Its CONNACK comes late instead.  A fenced node
+        refuses at once: it cannot tell whether the rest of the cluster still runs.
+        """
+        deadline = trio.current_time() + self.patience
+        while True:
+            epoch = self.view().epoch
+            try:
+                return await self._open_once(handler, client_id, packet)
+            except SessionUnavailable as exc:
+                while not self.fenced() and self.view().epoch == epoch:
+                    remaining = deadline - trio.current_time()
+                    if remaining <= 0:
+                        break
+                    await self.wait_for_view_change(min(remaining, 0.5))
+                if self.fenced() or self.view().epoch == epoch:
+                    raise
+                log.debug("connect of %r: %s; asking again by view %d", client_id, exc,
+                          self.view().epoch)
+
+    async def _open_once(self, handler: ClientHandler, client_id: str,
+                         packet: Connect | Connect5) -> tuple[Session, bool]:
         if self.fenced():
             raise SessionUnavailable("this node is cut off from the cluster majority")
         closing = self._closing.get(client_id)
