@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -16,6 +17,7 @@ from mqtt_client import (
     PUBLISH,
     SUBACK,
     Packet,
+    RawClient,
     StreamDecoder,
     connect,
     puback,
@@ -165,3 +167,84 @@ def test_a_websocket_peer_that_never_upgrades_is_closed_within_connect_timeout(
         started = time.monotonic()
         assert sock.recv(1) == b"", "the node should close, not answer"
         assert time.monotonic() - started < 5.0
+
+
+def _ws_upgrade(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                 b"Sec-WebSocket-Protocol: mqtt\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
+def _ws_frame(payload: bytes, opcode: int = 2) -> bytes:
+    """One masked client frame; the mask key is zero, so the payload goes as it is."""
+    n = len(payload)
+    if n < 126:
+        head = bytes([0x80 | opcode, 0x80 | n])
+    elif n < 65536:
+        head = bytes([0x80 | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
+    return head + b"\0\0\0\0" + payload
+
+
+def _until_close_frame(sock: socket.socket) -> None:
+    """Read the node's (unmasked) frames until its close frame."""
+    buf = b""
+    deadline = time.monotonic() + 5
+    while True:
+        while len(buf) >= 2:
+            n, at = buf[1] & 0x7F, 2
+            if n == 126:
+                n, at = int.from_bytes(buf[2:4], "big"), 4
+            elif n == 127:
+                n, at = int.from_bytes(buf[2:10], "big"), 10
+            if len(buf) < at + n:
+                break
+            if buf[0] & 0x0F == 8:
+                return
+            buf = buf[at + n:]
+        assert time.monotonic() < deadline, "no close frame"
+        chunk = sock.recv(65536)
+        assert chunk, "closed without a close frame"
+        buf += chunk
+
+
+@pytest.mark.parametrize("opening", ["text frame", "DISCONNECT"])
+def test_a_message_over_the_limit_while_the_node_closes_ends_only_that_connection(
+        node_factory, opening):
+    """The node starts the close handshake (a text frame breaks [MQTT-6.0.0-1]; after a
+    DISCONNECT it closes anyway), and the client then sends a message over
+    ``max_packet_size``: trio-websocket raised in its reader task, and the node exited
+    (found by a probe, 2026-11-28: no CONNECT needed; MQTT.js publishing past the announced
+    Maximum Packet Size did it too).  Now that connection ends and the node serves on."""
+    node = node_factory(ws=True)
+    handle = node.start()
+    assert handle.ws_port is not None
+    sock = _ws_upgrade(handle.ws_port)
+    try:
+        if opening == "text frame":
+            sock.sendall(_ws_frame(b"hello", opcode=1))
+        else:
+            sock.sendall(_ws_frame(connect("ws-closing")) + _ws_frame(b"\xe0\x00"))
+        _until_close_frame(sock)  # the node is closing
+        with contextlib.suppress(OSError):
+            sock.sendall(_ws_frame(b"\0" * (2**20 + 100)))
+    finally:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and node.proc.poll() is None:
+        time.sleep(0.1)  # (it exited within a second when it did)
+    assert node.proc.poll() is None, node.log_tail()
+    client = RawClient(handle.host, handle.port)
+    client.send(connect("after-ws"))
+    assert client.expect(CONNACK).return_code == 0
+    client.close()
+    assert "node failed" not in node.log_tail(200)

@@ -44,9 +44,9 @@ from trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
     WebSocketRequest,
-    WebSocketServer,
     wrap_server_stream,
 )
+from wsproto.utilities import LocalProtocolError
 
 from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
@@ -72,7 +72,12 @@ from mqttring.broker.tls import (
     handshake,
     peer_of,
 )
-from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport, WebSocketTransport
+from mqttring.broker.transport import (
+    SecureWebSocketTransport,
+    TcpTransport,
+    Transport,
+    WebSocketTransport,
+)
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore, StoreError
@@ -229,7 +234,7 @@ class BrokerNode:
                 # Every connection's receive timeouts, whatever its transport (``timers``).
                 timers = self.timers = ConnectionTimers()
                 nursery.start_soon(timers.run)
-                mqtt_port = ws_port = None
+                mqtt_port = None
                 if config.mqtt is not None:
                     if tcp_listeners is None:
                         host, port = parse_hostport(config.mqtt)
@@ -244,18 +249,7 @@ class BrokerNode:
                     self.parking = parking
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery, parking)
-                if config.ws is not None:
-                    host, port = parse_hostport(config.ws)
-                    # Upgrade and close bounded like TLS handshakes (trio-websocket: 60 s).
-                    ws_server = WebSocketServer(
-                        self._on_websocket,
-                        await open_listeners(host, port, reuse_port=config.reuse_port),
-                        max_message_size=config.limits.max_packet_size + _WS_FRAME_SLACK,
-                        connect_timeout=config.limits.connect_timeout,
-                        disconnect_timeout=config.limits.connect_timeout,
-                    )
-                    await nursery.start(ws_server.run)
-                    ws_port = ws_server.port
+                ws_port = await self._listen_streams(nursery, config.ws, self._ws_connection)
                 mqtts_port = await self._listen_tls(nursery, config.mqtts, self._serve_mqtts)
                 wss_port = await self._listen_tls(nursery, config.wss, self._serve_wss)
                 if config.sys_interval > 0:
@@ -436,12 +430,6 @@ class BrokerNode:
                 nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), self._timers(),
                                                  parking).run)
 
-    async def _on_websocket(self, request: WebSocketRequest) -> None:
-        ws = await self._accept_websocket(request)
-        if ws is not None:
-            assert self.core is not None
-            await ClientHandler(self.core, WebSocketTransport(ws), self._timers()).run()
-
     async def _accept_websocket(self, request: WebSocketRequest) -> WebSocketConnection | None:
         subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
         try:
@@ -455,18 +443,26 @@ class BrokerNode:
     async def _listen_tls(self, nursery: trio.Nursery, address: str | None,
                           serve: TlsServe) -> int | None:
         """Bind a TLS listener (if configured) and accept on it; returns the bound port."""
+        return await self._listen_streams(nursery, address,
+                                          partial(self._tls_connection, serve=serve))
+
+    async def _listen_streams(self, nursery: trio.Nursery, address: str | None,
+                              handle: Callable[[trio.SocketStream], Awaitable[None]]
+                              ) -> int | None:
+        """Bind a listener (if configured) whose connections ``handle`` serves as streams
+        (TLS, WebSocket); returns the bound port."""
         if address is None:
             return None
         host, port = parse_hostport(address)
         listeners = await open_listeners(host, port, reuse_port=self.config.reuse_port)
         for listener in listeners:
-            nursery.start_soon(self._accept_tls_loop, listener, nursery, serve)
+            nursery.start_soon(self._accept_streams, listener, nursery, handle)
         return int(listeners[0].socket.getsockname()[1])
 
-    async def _accept_tls_loop(self, listener: trio.SocketListener, nursery: trio.Nursery,
-                               serve: TlsServe) -> None:
-        """Accept only: each connection's handshake runs in its own task, so a client that
-        stalls it delays nobody (``_tls_connection``)."""
+    async def _accept_streams(self, listener: trio.SocketListener, nursery: trio.Nursery,
+                              handle: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
+        """Accept only: each connection's handshakes run in its own task, so a client that
+        stalls one delays nobody."""
         listen_socket = listener.socket
         async with listener:
             while True:
@@ -478,7 +474,7 @@ class BrokerNode:
                     log.warning("accept failed (%s); retrying in %.1fs", exc, _ACCEPT_BACKOFF)
                     await trio.sleep(_ACCEPT_BACKOFF)
                     continue
-                nursery.start_soon(self._tls_connection, trio.SocketStream(accepted), serve)
+                nursery.start_soon(handle, trio.SocketStream(accepted))
 
     async def _tls_connection(self, tcp: trio.SocketStream, serve: TlsServe) -> None:
         assert self.tls is not None
@@ -503,25 +499,53 @@ class BrokerNode:
 
     async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
                          identity: str | None) -> None:
-        """A WebSocket over the TLS stream: what ``WebSocketServer`` does per connection,
-        with the WebSocket upgrade bounded by ``connect_timeout`` like the handshake."""
+        await self._serve_websocket(stream, partial(SecureWebSocketTransport,
+                                                    identity=identity))
+
+    async def _ws_connection(self, tcp: trio.SocketStream) -> None:
+        """A plain ``ws`` connection: as ``_tls_connection``, its errors end it alone."""
+        try:
+            await self._serve_websocket(tcp, WebSocketTransport)
+        except Exception:
+            self.metrics.internal_errors += 1
+            log.exception("internal error on WebSocket connection %s; closing it",
+                          peer_of(tcp))
+            await trio.aclose_forcefully(tcp)
+
+    async def _serve_websocket(self, stream: trio.abc.Stream,
+                               transport: Callable[[WebSocketConnection], Transport]) -> None:
+        """What ``trio_websocket.WebSocketServer`` does per connection, in a nursery of this
+        connection's own: the upgrade bounded by ``connect_timeout``, and the WebSocket's
+        reader task ended with the connection.
+
+        Not ``WebSocketServer`` itself: an exception of a connection's reader task escaped
+        into the server's nursery, and one client took the node down.  trio-websocket
+        0.12 raises one when a message over ``max_message_size`` arrives after the close
+        handshake began (it answers 1009 in a state where wsproto forbids sending): an
+        anonymous client sent a text frame, then 1 MiB, and the node exited (found by a
+        probe on 2026-11-28; MQTT.js publishing past the announced Maximum Packet Size did
+        the same).  That case now just ends the connection.
+        """
         assert self.core is not None
         limits = self.config.limits
-        async with trio.open_nursery() as nursery:
-            request = None
-            with trio.move_on_after(limits.connect_timeout):
-                with suppress(ConnectionClosed, trio.BrokenResourceError):
-                    request = await wrap_server_stream(
-                        nursery, stream, max_message_size=limits.max_packet_size + _WS_FRAME_SLACK
-                    )
-            try:
-                ws = None if request is None else await self._accept_websocket(request)
-                if ws is not None:
-                    transport = SecureWebSocketTransport(ws, identity)
-                    await ClientHandler(self.core, transport, self._timers()).run()
-            finally:
-                nursery.cancel_scope.cancel()  # the WebSocket's reader task
-        # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)
+        try:
+            async with trio.open_nursery() as nursery:
+                request = None
+                with trio.move_on_after(limits.connect_timeout):
+                    with suppress(ConnectionClosed, trio.BrokenResourceError):
+                        request = await wrap_server_stream(
+                            nursery, stream,
+                            max_message_size=limits.max_packet_size + _WS_FRAME_SLACK)
+                try:
+                    ws = None if request is None else await self._accept_websocket(request)
+                    if ws is not None:
+                        await ClientHandler(self.core, transport(ws), self._timers()).run()
+                finally:
+                    nursery.cancel_scope.cancel()  # the WebSocket's reader task
+        except* LocalProtocolError as group:
+            log.debug("websocket %s ended by its peer breaking the close handshake: %s",
+                      getattr(stream, "socket", stream), group.exceptions[0])
+        # (Closes the socket even if cancelled; a TLS goodbye gets a second at most.)
         with trio.move_on_after(1), suppress(trio.BrokenResourceError, OSError):
             await stream.aclose()
 

@@ -223,3 +223,4 @@ class SecureWebSocketTransport(WebSocketTransport):
     def __init__(self, ws: WebSocketConnection, identity: str | None) -> None:
         super().__init__(ws)
         self.identity = identity  # type: ignore[misc]
+        self.peer = "wss" + self.peer[2:]
