@@ -172,14 +172,17 @@ class Placed(NamedTuple):
 
 class SharedMessage(Message):
     """The copy of a message one member of a share gets: it remembers the share, so that
-    the copy can go to another member if this one's session ends without acknowledging it.
-    A live delivery never carries RETAIN."""
+    the copy can go to another member if this one's session ends without acknowledging it,
+    and so that the member's session applies the share's own subscription options to it
+    (``session5.retain_flag``, its Subscription Identifier).  A live delivery carries RETAIN
+    only for a member that subscribed with Retain As Published: the copy keeps the
+    publish's flag for that."""
 
     __slots__ = ("__weakref__", "share")
 
     def __init__(self, message: Message, share: str) -> None:
-        super().__init__(message.topic, message.payload, message.qos, False, message.props,
-                         message.mid)
+        super().__init__(message.topic, message.payload, message.qos, message.retain,
+                         message.props, message.mid)
         self.share = share
 
 

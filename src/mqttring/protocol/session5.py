@@ -167,7 +167,16 @@ class V5Session:
         the client's own message and every matching subscription says No Local)."""
         return retain_flag(self.client_id, self.options, message, retain, subscriptions)
 
-    def _subscription_ids(self, topic: str) -> bytes:
+    def _subscription_ids(self, message: object) -> bytes:
+        """The Subscription Identifiers of the subscriptions ``message`` is delivered for:
+        the share's own for a shared subscription's copy (its filter never matches a topic:
+        before 2026-11-28 such a copy carried the ids of the client's other subscriptions,
+        or none), else those of every ordinary subscription that matches [MQTT-3.3.4-3]."""
+        share = getattr(message, "share", None)
+        if share is not None:
+            sid = self.options.get(share, 0) >> 8
+            return b"\x0b" + encode_vbi(sid) if sid else b""
+        topic: str = message.topic  # type: ignore[attr-defined]
         out = b""
         for f, bits in self.options.items():
             sid = bits >> 8
@@ -196,7 +205,7 @@ class V5Session:
                     remaining = 0
                 body += b"\x02" + _U32.pack(remaining)
         if self.options:
-            body += self._subscription_ids(message.topic)  # type: ignore[attr-defined]
+            body += self._subscription_ids(message)
         topic: bytes = message.topic_bytes  # type: ignore[attr-defined]
         new_alias = False
         if self.alias_max:
@@ -229,6 +238,16 @@ def retain_flag(client_id: str, options: dict[str, int], message: object, retain
     """``V5Session.retain_flag`` for given options: also what a 3.1.1 client that resumed
     a v5 session gets (its filters were subscribed with those options)."""
     if not options:
+        return retain
+    share = getattr(message, "share", None)
+    if share is not None:
+        # A shared subscription's copy (``broker.shared.SharedMessage``) goes by the share's
+        # own options.  No Local cannot be set on one [MQTT-3.8.3-4]: before 2026-11-28 the
+        # No Local of the client's ordinary subscription dropped its share's copy, and a
+        # message acknowledged to its publisher reached no member.
+        if (not retain and message.retain  # type: ignore[attr-defined]
+                and options.get(share, 0) & RETAIN_AS_PUBLISHED):
+            return True
         return retain
     props = message.props  # type: ignore[attr-defined]
     topic: str = message.topic  # type: ignore[attr-defined]
