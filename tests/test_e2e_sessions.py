@@ -282,3 +282,16 @@ def test_qos2_outbound_pubrel_state_survives_restart(node_factory, paho_any, uid
     finally:
         c2.close()
     assert node.terminate() == 0
+
+
+def test_a_disconnect_sent_with_the_connect_closes_the_connection(raw, uid):
+    """CONNECT and DISCONNECT in one write, the socket left open: the node answers CONNACK
+    and closes [MQTT-3.14.4]; it kept the connection until the keepalive ran out (the
+    DISCONNECT was taken by the CONNECT's acceptance, behind the reader's back)."""
+    from mqtt_client import CONNACK, DISCONNECT_BYTES, connect
+
+    client = raw()
+    client.send(connect(uid("conndisc"), keepalive=60) + DISCONNECT_BYTES)
+    assert client.expect(CONNACK).return_code == 0
+    client.sock.settimeout(5)
+    assert client.sock.recv(1) == b"", "the node should close the connection"

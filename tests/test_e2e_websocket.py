@@ -12,6 +12,7 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 
 from mqtt_client import (
     CONNACK,
+    PINGREQ_BYTES,
     PINGRESP,
     PUBACK,
     PUBLISH,
@@ -193,6 +194,73 @@ def _ws_frame(payload: bytes, opcode: int = 2) -> bytes:
     else:
         head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
     return head + b"\0\0\0\0" + payload
+
+
+class _RawWs:
+    """A WebSocket MQTT client on a raw socket: packets out in binary frames, packets in
+    from the node's (unmasked) frames."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = _ws_upgrade(port)
+        self.frames = b""
+        self.decoder = StreamDecoder()
+
+    def send(self, packet: bytes) -> None:
+        self.sock.sendall(_ws_frame(packet))
+
+    def recv_packet(self, timeout: float = 5.0) -> Packet:
+        deadline = time.monotonic() + timeout
+        while (packet := self.decoder.next_packet()) is None:
+            buf = self.frames
+            n, at = (buf[1] & 0x7F, 2) if len(buf) >= 2 else (0, 2)
+            if n == 126:
+                n, at = int.from_bytes(buf[2:4], "big"), 4
+            elif n == 127:
+                n, at = int.from_bytes(buf[2:10], "big"), 10
+            if len(buf) >= 2 and len(buf) >= at + n:
+                assert buf[0] & 0x0F == 2, f"frame opcode {buf[0] & 0x0F}"
+                self.decoder.feed(buf[at:at + n])
+                self.frames = buf[at + n:]
+                continue
+            assert time.monotonic() < deadline, "no packet"
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = self.sock.recv(65536)
+            assert chunk, "closed"
+            self.frames += chunk
+        return packet
+
+
+def test_a_websocket_subscribe_is_handled_before_a_later_publish_of_another_client(
+        broker, raw, uid):
+    """A WebSocket client's SUBSCRIBE, then at once a TCP client's PUBLISH to that topic: the
+    WebSocket client gets the message every time, as a TCP one does
+    (``tests/test_e2e_ordering.py``) and as mosquitto's WebSocket listener does.  Through
+    trio-websocket's reader task it got 1-13 of 100 (a probe of 2026-11-28)."""
+    pub = raw()
+    pub.send(connect(uid("wsorder-pub")))
+    pub.expect(CONNACK)
+    sub = _RawWs(broker.ws_port)
+    try:
+        sub.send(connect(uid("wsorder-sub")))
+        assert sub.recv_packet().type == CONNACK
+        topics = [uid(f"wsorder-{i}") for i in range(40)]
+        seen: list[str] = []
+        for i, topic in enumerate(topics):
+            sub.send(subscribe(i + 2, [(topic, 0)]))
+            pub.send(publish(topic, b"m"))
+            while (got := sub.recv_packet()).type == PUBLISH:
+                seen.append(got.topic)
+            assert got.type == SUBACK and got.packet_id == i + 2, got
+            sub.send(PINGREQ_BYTES)  # rounds apart, as in tests/test_e2e_ordering.py
+            while (got := sub.recv_packet()).type == PUBLISH:
+                seen.append(got.topic)
+            assert got.type == PINGRESP, got
+            pub.send(PINGREQ_BYTES)
+            pub.expect(PINGRESP)
+        missed = [t for t in topics if t not in seen]
+        assert not missed, f"{len(missed)} of {len(topics)} missed"
+    finally:
+        sub.sock.close()
 
 
 def _until_close_frame(sock: socket.socket) -> None:

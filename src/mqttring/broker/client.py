@@ -612,6 +612,14 @@ class ClientHandler:
             return True
         if conn.pending_output:
             self.wake()
+        if conn.disconnected and not self._pending and self._receiving:
+            # A DISCONNECT read with the CONNECT, taken by the CONNECT's acceptance: the
+            # reader, waiting for more, never saw it (the node kept the connection open
+            # until the keepalive ran out).  Closed once the CONNACK is out.
+            self._closing = True
+            if not self._writing and not conn.pending_output:
+                self._end()
+            return True
         if conn.closed and not conn.disconnected:
             if conn.protocol_error is not None and self.close_reason is None:
                 # Found by the CONNECT's acceptance in bytes read with it (``accept``).

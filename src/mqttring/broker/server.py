@@ -76,8 +76,8 @@ from mqttring.broker.transport import (
     SecureWebSocketTransport,
     TcpTransport,
     Transport,
-    WebSocketTransport,
 )
+from mqttring.broker.websocket import accept_websocket
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore, StoreError
@@ -503,14 +503,20 @@ class BrokerNode:
                                                     identity=identity))
 
     async def _ws_connection(self, tcp: trio.SocketStream) -> None:
-        """A plain ``ws`` connection: as ``_tls_connection``, its errors end it alone."""
+        """A plain ``ws`` connection, on its socket (``broker/websocket.py``); as
+        ``_tls_connection``, its errors end it alone."""
+        assert self.core is not None
+        peer = peer_of(tcp)
+        sock = socket.socket(fileno=tcp.socket.detach())
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await self._serve_websocket(tcp, WebSocketTransport)
+            transport = await accept_websocket(sock, self.config.limits.connect_timeout)
+            if transport is not None:
+                await ClientHandler(self.core, transport, self._timers()).run()
         except Exception:
             self.metrics.internal_errors += 1
-            log.exception("internal error on WebSocket connection %s; closing it",
-                          peer_of(tcp))
-            await trio.aclose_forcefully(tcp)
+            log.exception("internal error on WebSocket connection %s; closing it", peer)
+            sock.close()
 
     async def _serve_websocket(self, stream: trio.abc.Stream,
                                transport: Callable[[WebSocketConnection], Transport]) -> None:
