@@ -473,3 +473,26 @@ def unique(prefix: str = "t") -> str:
 @pytest.fixture
 def uid() -> Callable[[str], str]:
     return unique
+
+
+# --------------------------------------------------------------------------- MQTT 5 clients
+
+
+@pytest.fixture
+def v5(broker: BrokerHandle) -> Iterator[Callable[..., Any]]:
+    """``make(client_id="") -> Paho5`` on the ``broker`` fixture (not yet connected);
+    stopped at teardown."""
+    from mqtt5_support import Paho5
+
+    made: list[Paho5] = []
+
+    def make(client_id: str = "") -> Paho5:
+        client = Paho5(broker.host, broker.port, client_id)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.client.loop_stop()
+        with contextlib.suppress(Exception):  # already gone
+            client.client.disconnect()

@@ -9,7 +9,7 @@ import contextlib
 import queue
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -17,22 +17,6 @@ from conftest import BrokerHandle, PahoClient, unique
 from mqtt5_support import WAIT, Paho5, props
 
 PUBLISH, SUBSCRIBE, CONNECT, DISCONNECT, WILL = 3, 8, 1, 14, 99
-
-
-@pytest.fixture
-def v5(broker: BrokerHandle) -> Iterator[Callable[..., Paho5]]:
-    made: list[Paho5] = []
-
-    def make(client_id: str = "") -> Paho5:
-        client = Paho5(broker.host, broker.port, client_id)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.client.loop_stop()
-        with contextlib.suppress(Exception):  # already gone
-            client.client.disconnect()
 
 
 def test_connack_properties_and_assigned_client_id(v5: Callable[..., Paho5]) -> None:

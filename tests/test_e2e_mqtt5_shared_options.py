@@ -12,32 +12,18 @@ acknowledged to its publisher reached no member (No Local cannot be set on a sha
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
-
-from conftest import BrokerHandle, unique
+from conftest import unique
 from mqtt5_support import Paho5, props
 
 SUBSCRIBE = 8
 
 
-@pytest.fixture
-def v5(broker: BrokerHandle) -> Iterator[Callable[..., Paho5]]:
-    made: list[Paho5] = []
-
-    def make(client_id: str = "") -> Paho5:
-        client = Paho5(broker.host, broker.port, client_id)
-        made.append(client)
-        client.connect()
-        return client
-
-    yield make
-    for client in made:
-        client.client.loop_stop()
-        with contextlib.suppress(Exception):  # already gone
-            client.client.disconnect()
+def _connected(v5: Callable[..., Paho5], client_id: str) -> Paho5:
+    client = v5(client_id)
+    client.connect()
+    return client
 
 
 def _ids(message: object) -> list[int]:
@@ -48,11 +34,11 @@ def _ids(message: object) -> list[int]:
 def test_a_share_copy_carries_the_shares_subscription_identifier(
         v5: Callable[..., Paho5]) -> None:
     topic = unique("shid")
-    member = v5(unique("member"))
+    member = _connected(v5, unique("member"))
     assert member.subscribe(f"$share/g/{topic}/+", 1,
                             props(SUBSCRIBE, SubscriptionIdentifier=22)) == [1]
     assert member.subscribe(f"{topic}/#", 1, props(SUBSCRIBE, SubscriptionIdentifier=33)) == [1]
-    v5(unique("pub")).publish(f"{topic}/x", b"m", 1)
+    _connected(v5, unique("pub")).publish(f"{topic}/x", b"m", 1)
     got = sorted(_ids(member.get()) for _ in range(2))  # one copy per subscription
     assert got == [[22], [33]], got
 
@@ -60,9 +46,9 @@ def test_a_share_copy_carries_the_shares_subscription_identifier(
 def test_a_share_member_with_retain_as_published_gets_the_retain_flag(
         v5: Callable[..., Paho5]) -> None:
     topic = unique("shrap")
-    member = v5(unique("member"))
+    member = _connected(v5, unique("member"))
     assert member.subscribe(f"$share/g/{topic}", 1, retainAsPublished=True) == [1]
-    publisher = v5(unique("pub"))
+    publisher = _connected(v5, unique("pub"))
     publisher.publish(topic, b"kept", 1, retain=True)
     publisher.publish(topic, b"live", 1)
     got = [(m.payload, m.retain) for m in (member.get(), member.get())]
@@ -74,7 +60,7 @@ def test_no_local_on_an_ordinary_subscription_does_not_drop_the_shares_copy(
         v5: Callable[..., Paho5]) -> None:
     """Its publishes reach the client through its share, every one, acknowledged or not."""
     topic = unique("shnl")
-    client = v5(unique("both"))
+    client = _connected(v5, unique("both"))
     assert client.subscribe(topic, 1, noLocal=True) == [1]
     assert client.subscribe(f"$share/g/{topic}", 1) == [1]  # its only member
     for i in range(20):
