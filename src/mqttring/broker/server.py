@@ -72,12 +72,8 @@ from mqttring.broker.tls import (
     handshake,
     peer_of,
 )
-from mqttring.broker.transport import (
-    SecureWebSocketTransport,
-    TcpTransport,
-    Transport,
-)
-from mqttring.broker.websocket import accept_websocket
+from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport
+from mqttring.broker.websocket import PlainWebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore, StoreError
@@ -447,10 +443,10 @@ class BrokerNode:
                                           partial(self._tls_connection, serve=serve))
 
     async def _listen_streams(self, nursery: trio.Nursery, address: str | None,
-                              handle: Callable[[trio.SocketStream], Awaitable[None]]
+                              handle: Callable[[socket.socket], Awaitable[None]]
                               ) -> int | None:
-        """Bind a listener (if configured) whose connections ``handle`` serves as streams
-        (TLS, WebSocket); returns the bound port."""
+        """Bind a listener (if configured) whose connections ``handle`` serves after a
+        handshake of their own (TLS, WebSocket); returns the bound port."""
         if address is None:
             return None
         host, port = parse_hostport(address)
@@ -460,7 +456,7 @@ class BrokerNode:
         return int(listeners[0].socket.getsockname()[1])
 
     async def _accept_streams(self, listener: trio.SocketListener, nursery: trio.Nursery,
-                              handle: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
+                              handle: Callable[[socket.socket], Awaitable[None]]) -> None:
         """Accept only: each connection's handshakes run in its own task, so a client that
         stalls one delays nobody."""
         listen_socket = listener.socket
@@ -474,10 +470,13 @@ class BrokerNode:
                     log.warning("accept failed (%s); retrying in %.1fs", exc, _ACCEPT_BACKOFF)
                     await trio.sleep(_ACCEPT_BACKOFF)
                     continue
-                nursery.start_soon(handle, trio.SocketStream(accepted))
+                sock = socket.socket(fileno=accepted.detach())
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                nursery.start_soon(handle, sock)
 
-    async def _tls_connection(self, tcp: trio.SocketStream, serve: TlsServe) -> None:
+    async def _tls_connection(self, sock: socket.socket, serve: TlsServe) -> None:
         assert self.tls is not None
+        tcp = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         stream = await handshake(tcp, self.tls, self.config.limits.connect_timeout,
                                  self.metrics)
         if stream is None:
@@ -497,40 +496,34 @@ class BrokerNode:
         # No parking lot: see ``mqttring.broker.tls`` for why a TLS connection keeps its task.
         await ClientHandler(self.core, TlsTransport(stream, peer, identity), self._timers()).run()
 
-    async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
-                         identity: str | None) -> None:
-        await self._serve_websocket(stream, partial(SecureWebSocketTransport,
-                                                    identity=identity))
-
-    async def _ws_connection(self, tcp: trio.SocketStream) -> None:
+    async def _ws_connection(self, sock: socket.socket) -> None:
         """A plain ``ws`` connection, on its socket (``broker/websocket.py``); as
         ``_tls_connection``, its errors end it alone."""
         assert self.core is not None
-        peer = peer_of(tcp)
-        sock = socket.socket(fileno=tcp.socket.detach())
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport = PlainWebSocketTransport(sock)
         try:
-            transport = await accept_websocket(sock, self.config.limits.connect_timeout)
-            if transport is not None:
+            if await transport.accept(self.config.limits.connect_timeout):
                 await ClientHandler(self.core, transport, self._timers()).run()
         except Exception:
             self.metrics.internal_errors += 1
-            log.exception("internal error on WebSocket connection %s; closing it", peer)
+            log.exception("internal error on WebSocket connection %s; closing it",
+                          transport.peer)
             sock.close()
 
-    async def _serve_websocket(self, stream: trio.abc.Stream,
-                               transport: Callable[[WebSocketConnection], Transport]) -> None:
-        """What ``trio_websocket.WebSocketServer`` does per connection, in a nursery of this
+    async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
+                         identity: str | None) -> None:
+        """A WebSocket over the TLS stream (trio-websocket), in a nursery of this
         connection's own: the upgrade bounded by ``connect_timeout``, and the WebSocket's
         reader task ended with the connection.
 
-        Not ``WebSocketServer`` itself: an exception of a connection's reader task escaped
-        into the server's nursery, and one client took the node down.  trio-websocket
-        0.12 raises one when a message over ``max_message_size`` arrives after the close
-        handshake began (it answers 1009 in a state where wsproto forbids sending): an
-        anonymous client sent a text frame, then 1 MiB, and the node exited (found by a
-        probe on 2026-11-28; MQTT.js publishing past the announced Maximum Packet Size did
-        the same).  That case now just ends the connection.
+        Not trio-websocket's ``WebSocketServer``: an exception of a connection's reader task
+        escaped into the server's nursery, and one client took the node down.
+        trio-websocket 0.12 raises one when a message over ``max_message_size`` arrives
+        after the close handshake began (it answers 1009 in a state where wsproto forbids
+        sending): an anonymous client sent a text frame, then 1 MiB, and the node exited
+        (found by a probe on 2026-11-28 against ``ws``, which has its own transport now;
+        MQTT.js publishing past the announced Maximum Packet Size did the same).  That case
+        now just ends the connection.
         """
         assert self.core is not None
         limits = self.config.limits
@@ -545,13 +538,14 @@ class BrokerNode:
                 try:
                     ws = None if request is None else await self._accept_websocket(request)
                     if ws is not None:
-                        await ClientHandler(self.core, transport(ws), self._timers()).run()
+                        transport = SecureWebSocketTransport(ws, identity)
+                        await ClientHandler(self.core, transport, self._timers()).run()
                 finally:
                     nursery.cancel_scope.cancel()  # the WebSocket's reader task
         except* LocalProtocolError as group:
             log.debug("websocket %s ended by its peer breaking the close handshake: %s",
-                      getattr(stream, "socket", stream), group.exceptions[0])
-        # (Closes the socket even if cancelled; a TLS goodbye gets a second at most.)
+                      peer, group.exceptions[0])
+        # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)
         with trio.move_on_after(1), suppress(trio.BrokenResourceError, OSError):
             await stream.aclose()
 

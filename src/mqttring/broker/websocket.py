@@ -48,36 +48,6 @@ NORMAL_CLOSURE = 1000
 UNSUPPORTED_DATA = 1003
 
 
-async def accept_websocket(sock: socket.socket, timeout: float) -> PlainWebSocketTransport | None:
-    """Read the client's upgrade request and answer it, within ``timeout``; the transport,
-    or None (the request was refused, the client left or was too slow: closed)."""
-    transport = PlainWebSocketTransport(sock)
-    ws = transport.ws
-    with trio.move_on_after(timeout):
-        while True:
-            data = await transport.read()
-            if not data:
-                break
-            try:
-                ws.receive_data(data)
-                request = next((e for e in ws.events() if isinstance(e, Request)), None)
-            except RemoteProtocolError as exc:  # not a WebSocket upgrade
-                log.debug("websocket upgrade from %s refused: %s", transport.peer, exc)
-                hint = exc.event_hint
-                if hint is not None:
-                    with contextlib.suppress(LocalProtocolError):
-                        transport.queue(ws.send(hint))
-                    transport.flush_now()
-                break
-            if request is not None:
-                subprotocol = "mqtt" if "mqtt" in request.subprotocols else None
-                transport.queue(ws.send(AcceptConnection(subprotocol=subprotocol)))
-                transport.flush_now()
-                return transport
-    await transport.tcp.aclose()
-    return None
-
-
 class PlainWebSocketTransport:
     """A ``ws`` connection: MQTT bytes in binary frames over the plain socket."""
 
@@ -94,6 +64,33 @@ class PlainWebSocketTransport:
         self._outbox = bytearray()
         #: The peer closed (a close frame, or its end of the socket).
         self._eof = False
+
+    async def accept(self, timeout: float) -> bool:
+        """Read the client's upgrade request and answer it, within ``timeout``; False (and
+        the socket closed) if it was refused, or the client left or was too slow."""
+        ws = self.ws
+        with trio.move_on_after(timeout):
+            while True:
+                data = await self.read()
+                if not data:
+                    break
+                try:
+                    ws.receive_data(data)
+                    request = next((e for e in ws.events() if isinstance(e, Request)), None)
+                except RemoteProtocolError as exc:  # not a WebSocket upgrade
+                    log.debug("websocket upgrade from %s refused: %s", self.peer, exc)
+                    if exc.event_hint is not None:
+                        with contextlib.suppress(LocalProtocolError):
+                            self.queue(ws.send(exc.event_hint))
+                        self.flush_now()
+                    break
+                if request is not None:
+                    subprotocol = "mqtt" if "mqtt" in request.subprotocols else None
+                    self.queue(ws.send(AcceptConnection(subprotocol=subprotocol)))
+                    self.flush_now()
+                    return True
+        await self.tcp.aclose()
+        return False
 
     async def read(self) -> bytes:
         """The socket's next bytes (b"": closed), read once epoll reports them."""
