@@ -22,6 +22,7 @@ import trio
 
 from decision_support import NUM_SHARDS, Frames, Metadata, RecordingLinks
 from mqttring.broker.metrics import BrokerMetrics
+from mqttring.broker.refusals import WriteCancelled
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
@@ -53,6 +54,8 @@ def make_router(node: str, views: list[ClusterView], *,
                 holds: Callable[[int], bool] = lambda shard: True,
                 sessions: dict[str, Session] | None = None,
                 max_frame: int = RecordingLinks.max_frame,
+                persist: Callable[[list[Session]], Any] = lambda sessions: None,
+                spawn: Callable[..., None] | None = None,
                 ) -> tuple[ClusterRouter, RecordingLinks]:
     links = RecordingLinks()
     links.max_frame = max_frame
@@ -61,11 +64,12 @@ def make_router(node: str, views: list[ClusterView], *,
                         SessionStore(None, NUM_SHARDS, None),  # type: ignore[arg-type]
                         BrokerMetrics(), lambda client_id: None)
 
-    def spawn(fn: Any, *args: Any) -> None:
+    def no_task(fn: Any, *args: Any) -> None:
         raise AssertionError("no task is needed for these decisions")
 
+    spawn = spawn or no_task
     deliveries = Deliveries(node, local, links, lambda: views[-1],  # type: ignore[arg-type]
-                            lambda sessions: None, spawn, holds, ViewChanges(),
+                            persist, spawn, holds, ViewChanges(),
                             patience=30.0, request_timeout=35.0)
     registry = RouteRegistry(node, links, lambda: views[-1], spawn,  # type: ignore[arg-type]
                              lambda: homes_of(views[-1], node), routes_wait=0.2)
@@ -364,6 +368,26 @@ async def test_an_owner_withholds_acceptance_while_routes_are_incomplete() -> No
     assert await router.registry.await_routes(shard) is view
 
 
+async def test_an_owner_that_waited_for_its_routes_delivers_by_them() -> None:
+    """The owner looked a message's routes up, found the shard's routes incomplete, waited
+    for the route sets, and then delivered by what it had looked up before the wait: a
+    persistent session whose route came in the wait missed an acknowledged message (the
+    5-node power-loss run: every persistent subscriber missed one)."""
+    _, _, router, view, _ = owner_a_of_three()
+    links = router.links
+    topic = next(t for t in (f"x/{i}" for i in range(1000))
+                 if view.owner(view.shard_for_topic(t)) == "a")
+    route = ("x/#", f"s:{homes_of(view, 'b')[0]}")  # a persistent session homed at b
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(router.accept, [Message(topic, b"m", 1)], view)
+        await trio.testing.wait_all_tasks_blocked()
+        assert links.take(Dlv) == []  # no route set yet: it waits
+        router.registry.on_rsync("b", RouteSync(view.epoch, [route], homes_of(view, "b")))
+        router.registry.on_rsync("c", RouteSync(view.epoch, [], homes_of(view, "c")))
+    [(node, dlv)] = links.take(Dlv)
+    assert node == "b" and [e.topic for e in dlv.entries] == [topic]
+
+
 def test_after_a_start_routes_wait_for_a_loaded_home_of_every_session_shard() -> None:
     """A node back from a power loss knows no persistent session's route.  Every peer has
     sent its route set, but c, back too, has not loaded the session shards it is home of:
@@ -380,6 +404,42 @@ def test_after_a_start_routes_wait_for_a_loaded_home_of_every_session_shard() ->
     views.append(meta.view())
     router.on_view(view, views[-1])
     assert router.registry.routes_complete(shard, views[-1])
+
+
+def test_a_route_set_sent_while_we_were_joining_does_not_complete_our_routes() -> None:
+    """Back from a power loss, a node owns what it held last while it is still joining, but
+    no peer counts it a wildcard route target until it is up: their sets of that view leave
+    those routes out.  Counted as complete once it was up, the owner acknowledged a message
+    that reached none of the wildcard subscribers whose routes were still on the way (the
+    5-node power-loss run).  Only a set sent once we are up counts."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, _ = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+
+    def change(command: dict[str, Any]) -> ClusterView:
+        assert meta.state.apply(command)["ok"]
+        views.append(meta.view())
+        router.on_view(views[-2], views[-1])
+        return views[-1]
+
+    shard = next(s for s in range(NUM_SHARDS) if set(views[-1].replicas(s)) == {"a", "b"})
+    change(sm.cmd_down("b", meta.state.members["b"].incarnation))  # a: the last holder
+    joining = change(sm.cmd_joining(meta.info("a")))  # a restarts
+    assert joining.owner(shard) == "a"
+    assert joining.members["a"].state is MemberState.JOINING
+    route = ("x/#", f"s:{homes_of(joining, 'c')[0]}")  # a persistent session homed at c
+    assert "a" not in router.registry.route_targets(route[0], joining)
+    router.registry.on_rsync("c", RouteSync(joining.epoch, [], homes_of(joining, "c")))
+    assert not router.registry.routes_complete(shard, joining)
+    up = change(sm.cmd_up("a"))
+    assert "a" in router.registry.route_targets(route[0], up)
+    assert not router.registry.routes_complete(shard, up)
+    with pytest.raises(RoutesIncomplete):
+        trio.run(router.registry.await_routes, shard)
+    router.registry.on_rsync("c", RouteSync(up.epoch, [route], homes_of(up, "c")))
+    assert router.registry.routes_complete(shard, up)
+    assert router.routes.nodes_for("x/1") == {route[1]}
 
 
 # -- routing across an epoch change -------------------------------------------------------
@@ -511,6 +571,32 @@ async def test_a_receiver_serves_what_it_holds_and_names_the_shards_it_does_not(
     router.deliveries.on_dlv("a", Dlv(10, [DlvEntry("t/1", b"y", 1, [3], False)]))
     assert links.take(Ack) == [("a", Ack(10, True, Delivered([(0, [3])])))]
     assert [e.message.payload for e in subscriber.queue] == [b"x"]
+
+
+async def test_a_delivery_whose_durable_write_was_cancelled_is_answered_not_accepted() -> None:
+    """Found by the 5-node power-loss run: the durable write that carried a delivery's
+    changes belonged to a task that was cancelled (a connection closed as its session
+    moved); the delivery's own wait then ended in a RuntimeError, logged as a crashed task
+    with a traceback, and the sender was never answered.  It is a refusal like a silent
+    replica's: answered not accepted, so the sender resends."""
+    meta = Metadata("a", "b")
+    view = meta.view()
+    subscriber = Session("p-sub", False)
+    tasks: list[tuple[Any, tuple[Any, ...]]] = []
+
+    async def persist(sessions: list[Session]) -> None:
+        raise WriteCancelled("the durable write carrying these changes was cancelled")
+
+    router, links = make_router("b", [view], sessions={"p-sub": subscriber},
+                                persist=persist, spawn=lambda fn, *a: tasks.append((fn, a)))
+    router.local.add_subscription(subscriber, "t/#", 1)
+    shard = view.shard_for_client("p-sub")
+    router.deliveries.on_dlv("a", Dlv(9, [DlvEntry("t/1", b"x", 1, [shard], False)]))
+    assert links.take(Ack) == [] and len(tasks) == 1  # answered once it is durable
+    fn, args = tasks.pop()
+    await fn(*args)
+    [(node, ack)] = links.take(Ack)
+    assert (node, ack.req, ack.ok) == ("a", 9, False)
 
 
 # -- fencing ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from mqttring.broker.refusals import PublishRefused, WriteCancelled
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter, Op
 from mqttring.lsm import Durability, LsmStore
@@ -111,6 +112,40 @@ async def test_a_failed_durable_write_fails_every_caller_that_relied_on_it(
             await trio.testing.wait_all_tasks_blocked()
             writer.gate.set()
         assert sorted(failures) == ["DURABLE: replica unreachable", "LAZY: replica unreachable"]
+
+
+async def test_a_cancelled_durable_write_is_a_refusal_for_every_caller_that_relied_on_it(
+        tmp_path: Path) -> None:
+    """The task carrying a durable write can be cancelled (its connection closed as its
+    session moved: the 5-node power-loss run); another caller waiting on that write must
+    not take its changes as stored, and gets a typed refusal (answered as one: no
+    acknowledgement), not the RuntimeError that ended its task with a traceback."""
+    with LsmStore(tmp_path / "store") as lsm:
+        writer = GatedWriter(lsm)
+        store = SessionStore(lsm, NUM_SHARDS, writer)
+        session = offline_subscriber()
+        session.deliver(Message("t/x", b"m", 1), 1)
+        refused: list[type] = []
+        carrier = trio.CancelScope()
+
+        async def carry() -> None:
+            with carrier:
+                await store.save_changes([session], Durability.DURABLE)
+
+        async def rely() -> None:
+            try:
+                await store.save_changes([session], Durability.DURABLE)
+            except PublishRefused as exc:
+                refused.append(type(exc))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(carry)
+            await trio.testing.wait_all_tasks_blocked()
+            assert writer.writes == [Durability.DURABLE]  # the carrier took the change
+            nursery.start_soon(rely)
+            await trio.testing.wait_all_tasks_blocked()
+            carrier.cancel()
+        assert refused == [WriteCancelled]
 
 
 def test_acknowledgement_progress_alone_stays_lazy() -> None:

@@ -199,7 +199,14 @@ def outer(args: argparse.Namespace, argv: list[str]) -> int:
         for proc in child:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait(10)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    # Run from a signal handler while the main thread is in ``wait`` itself,
+                    # this wait cannot take the Popen's lock and always times out: it used to
+                    # end the cleanup there, leaving the nodes running in their namespaces.
+                    # ``teardown`` kills everything in them, the inner run included.
+                    pass
         topology.teardown()
 
     def on_signal(signum: int, frame: Any) -> None:

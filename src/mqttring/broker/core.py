@@ -49,7 +49,8 @@ import trio
 from mqttring.broker.delayed import DelayedWills
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
-from mqttring.broker.router import PublishRefused, Router
+from mqttring.broker.refusals import PublishRefused
+from mqttring.broker.router import Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import (
     SESSION_SWEEP_INTERVAL,

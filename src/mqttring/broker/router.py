@@ -62,15 +62,6 @@ from mqttring.protocol.topics import TopicTrie
 MATCH_CACHE_SIZE = 50_000
 
 
-class PublishRefused(Exception):
-    """The router could not accept a message with the guarantees its QoS asks for.
-
-    Raised by a clustered router when a fault leaves it unable to prove delivery (an owner
-    unreachable past its patience, routes not known complete, a replica silent); the
-    publisher then gets no acknowledgement and its connection is closed, so it resends.
-    """
-
-
 class Router(Protocol):
     #: The telemetry archive the owner side appends to (None when not configured).
     archive: TelemetryArchive | None
@@ -85,7 +76,7 @@ class Router(Protocol):
     async def publish_many(self, messages: Sequence[Message]) -> None:
         """Route what one connection had waiting, in order; returns once all of it is
         accepted (one group commit, one round trip per owner), or raises
-        ``PublishRefused`` for the whole batch."""
+        ``PublishRefused`` (``mqttring.broker.refusals``) for the whole batch."""
 
     async def publish_local(self, message: Message) -> None:
         """Deliver to this node's subscribers only (the node's own ``$SYS`` values)."""

@@ -59,6 +59,7 @@ from hashlib import blake2b
 
 import trio
 
+from mqttring.broker.refusals import WriteCancelled
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.message import Message
@@ -293,7 +294,8 @@ class SessionStore:
                 except BaseException as exc:
                     # The callers whose changes it carried must not take them as stored.
                     flush.error = (exc if isinstance(exc, Exception)
-                                   else RuntimeError("the durable write was cancelled"))
+                                   else WriteCancelled("the durable write carrying these "
+                                                       "changes was cancelled"))
                     raise
                 finally:
                     for client_id in taken:

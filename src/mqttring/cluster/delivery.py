@@ -40,10 +40,10 @@ from typing import Any, NamedTuple, Protocol
 
 import trio
 
+from mqttring.broker.refusals import PublishRefused
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.shared import Placement
 from mqttring.cluster.errors import (
-    PeerFailure,
     PeerUnavailable,
     RemoteError,
     peer_failures_unwrapped,
@@ -374,8 +374,9 @@ class Deliveries:
             try:
                 if served.to_persist:
                     await self._persist_tracked(served.to_persist, served.shards)
-            except PeerFailure as exc:
-                # Not durable on every replica: the sender must not count it accepted.
+            except PublishRefused as exc:
+                # Not durable on every replica (a peer failed, or the write that carried
+                # these changes was cancelled): the sender must not count it accepted.
                 self.links.reply(node, req, False, str(exc))
                 return
             if served.congested:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from mqttring.broker.router import PublishRefused
+from mqttring.broker.refusals import PublishRefused
 from mqttring.rpc import ProtocolError
 
 

@@ -307,11 +307,16 @@ class ClusterRouter:
         route = self.route
         if routes is None:
             routes = [route(m.topic, view) for m in messages]
-        routed_under = view
+        waited = False
         for shard in {r.shard for r, m in zip(routes, messages, strict=True) if m.qos}:
             if not self.registry.routes_complete(shard, view):
                 view = await self.registry.await_routes(shard)
-        if view is not routed_under:  # looked up again, under the view that has the routes
+                waited = True
+        if waited:
+            # Looked up again, in the table that is now complete (and under the view that
+            # has it): the routes looked up before the wait lacked what it waited for, and
+            # sent on, the owner acknowledged a message that reached no persistent session
+            # (the 5-node power-loss run).
             routes = [route(m.topic, view) for m in messages]
         retained = [m for m in messages if m.retain]
         if retained:

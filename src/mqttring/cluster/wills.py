@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from mqttring.broker.router import PublishRefused
+from mqttring.broker.refusals import PublishRefused
 from mqttring.broker.sessions import will_message
 from mqttring.cluster.messages import WillSpec
 from mqttring.protocol.packets import Will

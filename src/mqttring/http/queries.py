@@ -20,7 +20,7 @@ import trio
 
 from mqttring.broker import inspect
 from mqttring.broker.admin import node_stats
-from mqttring.broker.router import PublishRefused
+from mqttring.broker.refusals import PublishRefused
 from mqttring.cluster.plane import DataPlane
 from mqttring.protocol.message import Message
 from mqttring.raft.view import MemberState
