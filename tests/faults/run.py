@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -199,14 +200,12 @@ def outer(args: argparse.Namespace, argv: list[str]) -> int:
         for proc in child:
             if proc.poll() is None:
                 proc.kill()
-                try:
+                # Run from a signal handler while the main thread is in ``wait`` itself,
+                # this wait cannot take the Popen's lock and always times out: it used to
+                # end the cleanup there, leaving the nodes running in their namespaces.
+                # ``teardown`` kills everything in them, the inner run included.
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    # Run from a signal handler while the main thread is in ``wait`` itself,
-                    # this wait cannot take the Popen's lock and always times out: it used to
-                    # end the cleanup there, leaving the nodes running in their namespaces.
-                    # ``teardown`` kills everything in them, the inner run included.
-                    pass
         topology.teardown()
 
     def on_signal(signum: int, frame: Any) -> None:

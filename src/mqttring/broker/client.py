@@ -48,7 +48,7 @@ import math
 
 import trio
 
-from mqttring.broker.core import BrokerCore
+from mqttring.broker.core import BrokerCore, EarlySubscribe
 from mqttring.broker.parking import ParkingLot
 from mqttring.broker.timers import ConnectionTimers
 from mqttring.broker.transport import TcpTransport, Transport
@@ -97,6 +97,7 @@ class ClientHandler:
         "_timers",
         "_turns",
         "_unread",
+        "_unregistered",
         "_writing",
         "clean_disconnect",
         "client_id",
@@ -104,6 +105,7 @@ class ClientHandler:
         "conn",
         "connected_at",
         "core",
+        "early",
         "finished",
         "owed_will",
         "session",
@@ -175,6 +177,13 @@ class ClientHandler:
         #: attributes, created when needed: 10,000 idle connections pay for none of it.
         self._pending: list[Event] = []
         self._accepting = False
+        #: Of those (and of the batch the acceptor is handling), how many the reader did not
+        #: register at once: a SUBSCRIBE is registered as it is read only when none is ahead
+        #: of it (``_read_ahead``).
+        self._unregistered = 0
+        #: SUBSCRIBEs registered as they were read, by id of their event, for the acceptor to
+        #: finish (``BrokerCore.on_subscribe``); None while there are none.
+        self.early: dict[int, EarlySubscribe] | None = None
         #: Set when the acceptor handled a batch or stopped, for whoever waits for that.
         self._progress: trio.Event | None = None
         #: The core closed the connection: end it once the output is flushed.
@@ -541,6 +550,7 @@ class ClientHandler:
                     if turns:
                         turns.end(self)  # its acceptor has the first events: no wait on it
                     await self._wait_progress()
+                self._read_ahead(event)
                 self._pending.append(event)
                 self._busy += 1
                 if type(event) is PublishReceived:
@@ -579,11 +589,15 @@ class ClientHandler:
             while self._pending:
                 batch, self._pending = self._pending, []
                 size, self._pending_bytes = self._pending_bytes, 0
+                early = self.early
+                plain = (len(batch) if not early
+                         else sum(1 for event in batch if id(event) not in early))
                 try:
                     ended = await self._handle(batch)
                 finally:
                     self._busy -= len(batch)
                     self._busy_bytes -= size
+                    self._unregistered -= plain
                     self._signal_progress()
                 if ended:
                     return
@@ -591,6 +605,21 @@ class ClientHandler:
             self._accepting = False
             self._signal_progress()
             self._arm()
+
+    def _read_ahead(self, event: Event) -> None:
+        """Register a SUBSCRIBE as it is read when nothing else of this connection is ahead
+        of it: then a PUBLISH of another client read after it finds the subscription, as on
+        one broker, however long the SUBSCRIBEs ahead take (a cluster's wait for its route
+        registrations).  The acceptor finishes it in order (SUBACK, retained messages).
+        Anything else ahead (a PUBLISH, an UNSUBSCRIBE, the CONNECT) must act first."""
+        if (type(event) is SubscribeRequested and not self._unregistered
+                and self.session is not None and not self.conn.closed):
+            early = self.core.subscribe_early(self, event)  # type: ignore[arg-type]
+            if self.early is None:
+                self.early = {}
+            self.early[id(event)] = early
+            return
+        self._unregistered += 1
 
     async def _handle(self, batch: list[Event]) -> bool:
         """Hand ``batch`` to the core.  True if the core closed the connection (a refused
@@ -626,7 +655,7 @@ class ClientHandler:
                 self.core.metrics.protocol_errors += 1
                 log.debug("closing %s: %s", self.transport.peer, conn.protocol_error)
                 self.close_reason = f"protocol error: {conn.protocol_error}"
-            self._pending, self._pending_bytes = [], 0
+            self._pending, self._pending_bytes, self._unregistered = [], 0, 0
             self._closing = True
             if not self._writing and not conn.pending_output:
                 self._end()
@@ -662,19 +691,18 @@ def _handled_inline(events: list[Event]) -> bool:
     and on a node whose router ``answers_locally``) instead of starting the acceptor task:
     it saves that task's scheduler pass on the path of every QoS 0 message (latency).
 
-    Only events whose handling never waits for this connection's own next packets: a
-    SUBSCRIBE or UNSUBSCRIBE, and a PUBLISH at QoS 0, not retained, without MQTT 5
-    properties (no owner's answer, no group commit, no congested subscriber to wait for).
-    Subscriptions go the same way as QoS 0 publishes so that both keep taking the same
-    number of scheduler passes from the socket to the core, which is what keeps a
-    SUBSCRIBE ahead of another client's PUBLISH that arrived after it
-    (``broker/scheduling.py``)."""
+    Only events whose handling never waits: an UNSUBSCRIBE, and a PUBLISH at QoS 0, not
+    retained, without MQTT 5 properties (no owner's answer, no group commit, no congested
+    subscriber to wait for).  Not a SUBSCRIBE: the reader registers it as it is read
+    (``_read_ahead``), which keeps it ahead of another client's PUBLISH read after it
+    (``broker/scheduling.py``), and its SUBACK may wait (a persistent session's durable
+    write): handled here, it kept the reader from the next SUBSCRIBE meanwhile."""
     for event in events:
         kind = type(event)
         if kind is PublishReceived:
             message = event.message  # type: ignore[union-attr]
             if message.qos or message.retain or message.props is not None:
                 return False
-        elif kind is not SubscribeRequested and kind is not UnsubscribeRequested:
+        elif kind is not UnsubscribeRequested:
             return False
     return True

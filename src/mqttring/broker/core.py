@@ -41,7 +41,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -118,6 +118,18 @@ def _session_limits(config: BrokerConfig) -> SessionLimits:
 
 RouterFactory = Callable[["BrokerCore"], Router]
 ManagerFactory = Callable[["BrokerCore"], SessionManager]
+
+
+@dataclass(slots=True)
+class EarlySubscribe:
+    """A SUBSCRIBE registered as it was read, for ``on_subscribe`` to finish: the filters'
+    Retain Handling answers, the SUBACK codes, the registrations still being confirmed
+    elsewhere, or ``forwarded`` to the session's home node, which answers it."""
+
+    replay: list[bool] | None
+    codes: list[int]
+    registered: list[trio.Event]
+    forwarded: bool = False
 
 
 class BrokerCore:
@@ -467,17 +479,33 @@ class BrokerCore:
                              handler.client_id, m.topic)
         return allowed
 
-    async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
+    def subscribe_early(self, handler: ClientHandler, event: SubscribeRequested
+                        ) -> EarlySubscribe:
+        """Register a SUBSCRIBE as it is read, before the packets ahead of it are answered
+        (``ClientHandler._read_ahead``): forwarded to the session's home, or registered
+        here, in the caller's turn.  ``on_subscribe`` finishes it, in order."""
         session = handler.session
         assert session is not None
         if self.manager.forward_subscribe(session, event.packet_id, event.topics,
                                           event.options, event.subscription_id):
-            return  # the session lives on another node, which answers
+            return EarlySubscribe(None, [], [], forwarded=True)
         replay = retained_wanted(session, event.topics, event.options)
-        codes = await self.subscribe(session, event.topics, event.options,
-                                     event.subscription_id)
+        codes, registered = self._register(session, event.topics, event.options,
+                                           event.subscription_id)
+        return EarlySubscribe(replay, codes, registered)
+
+    async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
+        session = handler.session
+        assert session is not None
+        early = handler.early.pop(id(event), None) if handler.early else None
+        if early is None:
+            early = self.subscribe_early(handler, event)
+        if early.forwarded:
+            return  # the session lives on another node, which answers
+        codes = early.codes
+        await self._registered(session, event.topics, early.registered)
         handler.conn.send_suback(event.packet_id, codes)
-        await self.deliver_retained(session, event.topics, codes, replay)
+        await self.deliver_retained(session, event.topics, codes, early.replay)
 
     async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...],
                         options: tuple[int, ...] | None = None, subscription_id: int = 0
@@ -489,7 +517,25 @@ class BrokerCore:
         precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x8F
         a malformed ``$share/...`` filter) and 0x80 for a 3.1.1 one.
         """
+        codes, registered = self._register(session, topics, options, subscription_id)
+        await self._registered(session, topics, registered)
+        return codes
+
+    async def _registered(self, session: Session, topics: tuple[tuple[str, int], ...],
+                          registered: list[trio.Event]) -> None:
+        """Return once publishes anywhere find the filters, and a persistent session's
+        are stored."""
+        for done in registered:
+            await done.wait()
+        await self.session_store.save_subscriptions(session, [f for f, _ in topics])
+
+    def _register(self, session: Session, topics: tuple[tuple[str, int], ...],
+                  options: tuple[int, ...] | None, subscription_id: int
+                  ) -> tuple[list[int], list[trio.Event]]:
+        """``subscribe``'s part that acts at once: the SUBACK codes, and an event per
+        registration still to be confirmed elsewhere (``Router.subscribe_now``)."""
         codes: list[int] = []
+        registered: list[trio.Event] = []
         access = session.access
         v5 = session.v5
         for i, (topic_filter, qos) in enumerate(topics):
@@ -513,14 +559,15 @@ class BrokerCore:
             ):
                 codes.append(SUBACK_FAILURE if v5 is None else 0x97)
                 continue
-            await self.router.subscribe(session, topic_filter, qos)
             if v5 is not None:
                 v5.set_options(topic_filter, options[i] if options else 0, subscription_id)
             elif session.kept_options:  # a 3.1.1 SUBSCRIBE replaces it, without options
                 session.kept_options.pop(topic_filter, None)
+            done = self.router.subscribe_now(session, topic_filter, qos)
+            if done is not None:
+                registered.append(done)
             codes.append(qos)
-        await self.session_store.save_subscriptions(session, [f for f, _ in topics])
-        return codes
+        return codes, registered
 
     async def deliver_retained(
         self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],

@@ -37,6 +37,8 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
+import trio
+
 from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
@@ -84,6 +86,12 @@ class Router(Protocol):
     async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         """Register (or replace [MQTT-3.8.4-3]) one subscription of a session; returns once
         publishes anywhere will find it (so the SUBACK that follows is truthful)."""
+
+    def subscribe_now(self, session: Session, topic_filter: str, qos: int
+                      ) -> trio.Event | None:
+        """``subscribe`` in the caller's turn: registered here and announced to the nodes
+        that must know (ahead of anything routed after it); the event, if any, is set once
+        they confirmed, and the SUBACK waits for it."""
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None: ...
 
@@ -405,6 +413,9 @@ class LocalRouter:
         return targets
 
     async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        self.add_subscription(session, topic_filter, qos)
+
+    def subscribe_now(self, session: Session, topic_filter: str, qos: int) -> None:
         self.add_subscription(session, topic_filter, qos)
 
     def add_subscription(self, session: Session, topic_filter: str, qos: int) -> None:

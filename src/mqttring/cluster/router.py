@@ -506,6 +506,14 @@ class ClusterRouter:
         if new:
             await self.registry.add((topic_filter, self.route_target(session)))
 
+    def subscribe_now(self, session: Session, topic_filter: str, qos: int
+                      ) -> trio.Event | None:
+        new = topic_filter not in session.subscriptions
+        self.local.add_subscription(session, topic_filter, qos)
+        if new:
+            return self.registry.add_now((topic_filter, self.route_target(session)))
+        return None
+
     def unsubscribe(self, session: Session, topic_filter: str) -> None:
         if topic_filter in session.subscriptions:
             self.local.unsubscribe(session, topic_filter)
