@@ -48,8 +48,9 @@ import math
 
 import trio
 
-from mqttring.broker.core import BrokerCore, EarlySubscribe
+from mqttring.broker.core import BrokerCore
 from mqttring.broker.parking import ParkingLot
+from mqttring.broker.subscribing import EarlySubscribe
 from mqttring.broker.timers import ConnectionTimers
 from mqttring.broker.transport import TcpTransport, Transport
 from mqttring.lsm import StoreError
@@ -614,7 +615,7 @@ class ClientHandler:
         Anything else ahead (a PUBLISH, an UNSUBSCRIBE, the CONNECT) must act first."""
         if (type(event) is SubscribeRequested and not self._unregistered
                 and self.session is not None and not self.conn.closed):
-            early = self.core.subscribe_early(self, event)  # type: ignore[arg-type]
+            early = self.core.subscriptions.subscribe_early(self, event)  # type: ignore[arg-type]
             if self.early is None:
                 self.early = {}
             self.early[id(event)] = early

@@ -41,7 +41,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -59,7 +59,7 @@ from mqttring.broker.sessions import (
     SessionUnavailable,
     effective_will,
 )
-from mqttring.broker.shared import is_shared, parse_shared
+from mqttring.broker.subscribing import Subscriptions
 from mqttring.config import BrokerConfig, ConfigError
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
@@ -71,9 +71,8 @@ from mqttring.protocol.connection import (
     UnsubscribeRequested,
 )
 from mqttring.protocol.connection5 import ServerLimits5
-from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.message import Message
-from mqttring.protocol.packets import SUBACK_FAILURE, Connect, ConnectReturnCode
+from mqttring.protocol.packets import Connect, ConnectReturnCode
 from mqttring.protocol.packets5 import Connect5
 from mqttring.protocol.session import Session, SessionLimits
 from mqttring.protocol.session5 import (
@@ -81,7 +80,6 @@ from mqttring.protocol.session5 import (
     ClientLimits5,
     PublishProps,
     V5Session,
-    retained_wanted,
 )
 from mqttring.security.acl import AccessControl, AclFile, ClientAccess
 from mqttring.security.auth import Authenticator, AuthOutcome
@@ -118,18 +116,6 @@ def _session_limits(config: BrokerConfig) -> SessionLimits:
 
 RouterFactory = Callable[["BrokerCore"], Router]
 ManagerFactory = Callable[["BrokerCore"], SessionManager]
-
-
-@dataclass(slots=True)
-class EarlySubscribe:
-    """A SUBSCRIBE registered as it was read, for ``on_subscribe`` to finish: the filters'
-    Retain Handling answers, the SUBACK codes, the registrations still being confirmed
-    elsewhere, or ``forwarded`` to the session's home node, which answers it."""
-
-    replay: list[bool] | None
-    codes: list[int]
-    registered: list[trio.Event]
-    forwarded: bool = False
 
 
 class BrokerCore:
@@ -172,6 +158,9 @@ class BrokerCore:
                     if config.acl_file is not None else None)
         self.router: Router = router(self)
         self.manager: SessionManager = manager(self)
+        #: SUBSCRIBE and UNSUBSCRIBE, from the packet to the SUBACK and retained messages.
+        self.subscriptions = Subscriptions(self.router, self.manager, session_store, metrics,
+                                           lambda: self.limits.max_subscriptions, self.wake)
         #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the
         #: node's nursery (``mqttring.broker.server``).
         self.delayed_wills = DelayedWills(self.router.publish, self.clients.__contains__)
@@ -278,9 +267,9 @@ class BrokerCore:
                 if more:
                     await self.handle(handler, more)
             elif kind is SubscribeRequested:
-                await self.on_subscribe(handler, event)  # type: ignore[arg-type]
+                await self.subscriptions.on_subscribe(handler, event)  # type: ignore[arg-type]
             elif kind is UnsubscribeRequested:
-                await self.on_unsubscribe(handler, event)  # type: ignore[arg-type]
+                await self.subscriptions.on_unsubscribe(handler, event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
                 # MQTT 5 reason 0x04: "disconnect with will message" keeps the will.
                 handler.clean_disconnect = event.reason_code != 0x04  # type: ignore[union-attr]
@@ -478,137 +467,6 @@ class BrokerCore:
                     log.info("denied a publish of %r on %r by the ACL (not routed)",
                              handler.client_id, m.topic)
         return allowed
-
-    def subscribe_early(self, handler: ClientHandler, event: SubscribeRequested
-                        ) -> EarlySubscribe:
-        """Register a SUBSCRIBE as it is read, before the packets ahead of it are answered
-        (``ClientHandler._read_ahead``): forwarded to the session's home, or registered
-        here, in the caller's turn.  ``on_subscribe`` finishes it, in order."""
-        session = handler.session
-        assert session is not None
-        if self.manager.forward_subscribe(session, event.packet_id, event.topics,
-                                          event.options, event.subscription_id):
-            return EarlySubscribe(None, [], [], forwarded=True)
-        replay = retained_wanted(session, event.topics, event.options)
-        codes, registered = self._register(session, event.topics, event.options,
-                                           event.subscription_id)
-        return EarlySubscribe(replay, codes, registered)
-
-    async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
-        session = handler.session
-        assert session is not None
-        early = handler.early.pop(id(event), None) if handler.early else None
-        if early is None:
-            early = self.subscribe_early(handler, event)
-        if early.forwarded:
-            return  # the session lives on another node, which answers
-        codes = early.codes
-        await self._registered(session, event.topics, early.registered)
-        handler.conn.send_suback(event.packet_id, codes)
-        await self.deliver_retained(session, event.topics, codes, early.replay)
-
-    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...],
-                        options: tuple[int, ...] | None = None, subscription_id: int = 0
-                        ) -> list[int]:
-        """Register a session's filters (durably for a persistent one); the SUBACK codes.
-
-        ``options`` (MQTT 5: one subscription options byte per filter) and the
-        subscription identifier go to the session's ``V5Session``.  Failure codes are the
-        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x8F
-        a malformed ``$share/...`` filter) and 0x80 for a 3.1.1 one.
-        """
-        codes, registered = self._register(session, topics, options, subscription_id)
-        await self._registered(session, topics, registered)
-        return codes
-
-    async def _registered(self, session: Session, topics: tuple[tuple[str, int], ...],
-                          registered: list[trio.Event]) -> None:
-        """Return once publishes anywhere find the filters, and a persistent session's
-        are stored."""
-        for done in registered:
-            await done.wait()
-        await self.session_store.save_subscriptions(session, [f for f, _ in topics])
-
-    def _register(self, session: Session, topics: tuple[tuple[str, int], ...],
-                  options: tuple[int, ...] | None, subscription_id: int
-                  ) -> tuple[list[int], list[trio.Event]]:
-        """``subscribe``'s part that acts at once: the SUBACK codes, and an event per
-        registration still to be confirmed elsewhere (``Router.subscribe_now``)."""
-        codes: list[int] = []
-        registered: list[trio.Event] = []
-        access = session.access
-        v5 = session.v5
-        for i, (topic_filter, qos) in enumerate(topics):
-            checked = topic_filter
-            if is_shared(topic_filter):
-                try:
-                    checked = parse_shared(topic_filter).filter  # ACLs see the inner filter
-                except InvalidTopic as exc:
-                    log.info("refused a subscription of %r: %s", session.client_id, exc)
-                    codes.append(SUBACK_FAILURE if v5 is None else 0x8F)  # filter invalid
-                    continue
-            if access is not None and not access.may_subscribe(checked):
-                # mosquitto checks a subscription against read rules; SUBACK 0x80.
-                log.info("refused a subscription of %r to %r by the ACL", session.client_id,
-                         topic_filter)
-                codes.append(SUBACK_FAILURE if v5 is None else 0x87)
-                continue
-            if (
-                topic_filter not in session.subscriptions
-                and len(session.subscriptions) >= self.limits.max_subscriptions
-            ):
-                codes.append(SUBACK_FAILURE if v5 is None else 0x97)
-                continue
-            if v5 is not None:
-                v5.set_options(topic_filter, options[i] if options else 0, subscription_id)
-            elif session.kept_options:  # a 3.1.1 SUBSCRIBE replaces it, without options
-                session.kept_options.pop(topic_filter, None)
-            done = self.router.subscribe_now(session, topic_filter, qos)
-            if done is not None:
-                registered.append(done)
-            codes.append(qos)
-        return codes, registered
-
-    async def deliver_retained(
-        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],
-        replay: list[bool] | None = None,
-    ) -> None:
-        """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
-        several new filters match it, at the best QoS any of them grants.  ``replay``
-        (MQTT 5 Retain Handling) says which filters get them; expired ones are not sent."""
-        best: dict[str, tuple[Message, int]] = {}
-        if replay is None:
-            replay = [True] * len(topics)
-        # Never on a shared subscription [MQTT-4.8.2]: which member would it be for?
-        granted = [(f, code) for (f, _), code, wanted in zip(topics, codes, replay, strict=True)
-                   if code <= 2 and wanted and not is_shared(f)]
-        now = time.time()  # wall clock: message expiry deadlines are UNIX time
-        for topic_filter, qos in granted:
-            for message in await self.router.retained(topic_filter):
-                if message.props is not None and message.props.expired(now):
-                    continue  # MQTT 5 message expiry interval passed [MQTT-3.3.2-5]
-                q = min(message.qos, qos)
-                seen = best.get(message.topic)
-                if seen is None or seen[1] < q:
-                    best[message.topic] = (message, q)
-        for message, q in best.values():
-            session.deliver(message, q, True, now)
-        self.metrics.messages_sent += len(best)
-        if best:
-            self.wake(session.client_id)
-
-    async def on_unsubscribe(self, handler: ClientHandler, event: UnsubscribeRequested) -> None:
-        session = handler.session
-        assert session is not None
-        if self.manager.forward_unsubscribe(session, event.packet_id, event.topics):
-            return
-        # MQTT 5 reports per filter: 0x11 "no subscription existed" (section 3.11.3).
-        codes = [0 if f in session.subscriptions else 0x11 for f in event.topics]
-        for topic_filter in event.topics:
-            self.router.unsubscribe(session, topic_filter)
-        session.forget_options(event.topics)
-        await self.session_store.save_subscriptions(session, event.topics)
-        handler.conn.send_unsuback(event.packet_id, codes)
 
     # -- disconnects ------------------------------------------------------------------------
 

@@ -329,13 +329,14 @@ class SessionRelay:
         pairs = tuple(message.topics)
         options = None if message.options is None else tuple(message.options)
         replay = retained_wanted(session, pairs, options)
-        codes = await self.core.subscribe(session, pairs, options, message.subscription_id)
+        codes = await self.core.subscriptions.subscribe(session, pairs, options,
+                                                        message.subscription_id)
         if session.v5 is not None:
             proxy.output += session.v5.encode_ack(SubAck5(message.packet_id, tuple(codes)))
         else:
             proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
         proxy.wake()
-        await self.core.deliver_retained(session, pairs, codes, replay)
+        await self.core.subscriptions.deliver_retained(session, pairs, codes, replay)
 
     async def on_sunsub(self, message: SessionUnsubscribe) -> None:
         found = self._proxied(message.client_id, message.token)
