@@ -58,6 +58,14 @@ class RecordingLinks:
         """As scripted in ``answers``, else as if ``node`` accepted all at once (the
         decisions under test are the sender's)."""
         self.sent.append((node, message))
+        return await self._answer(node, message, expect)
+
+    def request_now(self, node: str, message: Any, timeout: float = 10.0) -> Any:
+        """``request``, recorded as sent now; the answer is awaited through what it returns."""
+        self.sent.append((node, message))
+        return self._answer(node, message, None)
+
+    async def _answer(self, node: str, message: Any, expect: type | None) -> Any:
         scripted = (self.witness_answers if type(message) is ShareTrack
                     else self.answers).get(node)
         if scripted:

@@ -14,6 +14,9 @@ that make it so, on real ``ClusterView``s built by the metadata state machine:
 
 from __future__ import annotations
 
+import gc
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +38,7 @@ from mqttring.cluster.messages import (
     Dlv,
     DlvEntry,
     Pub,
+    RouteAdd,
     RouteDigest,
     RoutePull,
     RouteSync,
@@ -168,6 +172,35 @@ def _many_wildcard_routes(router: ClusterRouter, count: int) -> set[tuple[str, s
     for key in keys:
         router.registry.local_filters[key] = 1
     return keys
+
+
+async def test_a_subscribes_route_goes_out_in_its_own_turn_and_is_confirmed_later() -> None:
+    """``add_now`` (a SUBSCRIBE registered as it is read) queues the route on the links
+    before it returns, so a publish routed after it finds it; the SUBACK awaits the
+    answers (``confirmed``), and a connection that ends first leaves nothing unawaited."""
+    meta = Metadata("a", "b", "c")
+    views = [meta.view()]
+    router, links = make_router("a", views)
+    router.on_view(ClusterView(0, None, 1, 1), views[-1])
+    links.sent.clear()
+    pending = router.registry.add_now(("x/#", "a"))
+    assert pending is not None
+    assert sorted(n for n, m in links.take(RouteAdd)) == ["b", "c"]  # before any await
+    assert router.registry.add_now(("x/#", "a")) is None  # a second local subscriber
+    await pending.confirmed()
+    abandoned = router.registry.add_now(("y/#", "a"))
+    assert abandoned is not None
+    unraisable: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            abandoned.abandon()
+            del abandoned
+            gc.collect()  # an answer never awaited and not closed warns here
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []
 
 
 def test_a_route_set_past_half_a_frame_goes_in_parts_and_applies_whole() -> None:

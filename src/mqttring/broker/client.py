@@ -309,6 +309,10 @@ class ClientHandler:
             if self._turns is not None:
                 self._turns.end(self)
             if not parked:
+                if self.early:  # SUBSCRIBEs registered as read, never finished
+                    for early in self.early.values():
+                        early.abandon()
+                    self.early = None
                 await self._close(timed_out)
 
     async def _serve(self, resumed: bool = False) -> tuple[bool, bool]:

@@ -37,8 +37,6 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
-import trio
-
 from mqttring.broker.archive import TelemetryArchive
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
@@ -62,6 +60,17 @@ from mqttring.protocol.topics import TopicTrie
 
 #: Topics whose subscriber set is cached (cleared when full or when subscriptions change).
 MATCH_CACHE_SIZE = 50_000
+
+
+class Registration(Protocol):
+    """A subscription announced to other nodes whose confirmation is still to come."""
+
+    async def confirmed(self) -> None:
+        """Return once the nodes that must know have answered (or failed to: anti-entropy
+        repairs what a lost announcement missed)."""
+
+    def abandon(self) -> None:
+        """Nobody will wait for the answers (the connection ended first)."""
 
 
 class Router(Protocol):
@@ -88,10 +97,10 @@ class Router(Protocol):
         publishes anywhere will find it (so the SUBACK that follows is truthful)."""
 
     def subscribe_now(self, session: Session, topic_filter: str, qos: int
-                      ) -> trio.Event | None:
+                      ) -> Registration | None:
         """``subscribe`` in the caller's turn: registered here and announced to the nodes
-        that must know (ahead of anything routed after it); the event, if any, is set once
-        they confirmed, and the SUBACK waits for it."""
+        that must know (ahead of anything routed after it); what it returns, if anything,
+        is still to be confirmed by them, and the SUBACK waits for that."""
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None: ...
 

@@ -19,10 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import trio
-
 from mqttring.broker.metrics import BrokerMetrics
-from mqttring.broker.router import Router
+from mqttring.broker.router import Registration, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import SessionManager
 from mqttring.broker.shared import is_shared, parse_shared
@@ -47,8 +45,12 @@ class EarlySubscribe:
 
     replay: list[bool] | None
     codes: list[int]
-    registered: list[trio.Event]
+    registered: list[Registration]
     forwarded: bool = False
+
+    def abandon(self) -> None:
+        for registration in self.registered:
+            registration.abandon()
 
 
 class Subscriptions:
@@ -106,20 +108,24 @@ class Subscriptions:
         return codes
 
     async def _registered(self, session: Session, topics: tuple[tuple[str, int], ...],
-                          registered: list[trio.Event]) -> None:
+                          registered: list[Registration]) -> None:
         """Return once publishes anywhere find the filters, and a persistent session's
         are stored."""
-        for done in registered:
-            await done.wait()
+        try:
+            for registration in registered:
+                await registration.confirmed()
+        finally:
+            for registration in registered:
+                registration.abandon()  # those a cancelled wait never reached
         await self.session_store.save_subscriptions(session, [f for f, _ in topics])
 
     def _register(self, session: Session, topics: tuple[tuple[str, int], ...],
                   options: tuple[int, ...] | None, subscription_id: int
-                  ) -> tuple[list[int], list[trio.Event]]:
+                  ) -> tuple[list[int], list[Registration]]:
         """``subscribe``'s part that acts at once: the SUBACK codes, and an event per
         registration still to be confirmed elsewhere (``Router.subscribe_now``)."""
         codes: list[int] = []
-        registered: list[trio.Event] = []
+        registered: list[Registration] = []
         access = session.access
         v5 = session.v5
         for i, (topic_filter, qos) in enumerate(topics):
@@ -147,9 +153,9 @@ class Subscriptions:
                 v5.set_options(topic_filter, options[i] if options else 0, subscription_id)
             elif session.kept_options:  # a 3.1.1 SUBSCRIBE replaces it, without options
                 session.kept_options.pop(topic_filter, None)
-            done = self.router.subscribe_now(session, topic_filter, qos)
-            if done is not None:
-                registered.append(done)
+            registration = self.router.subscribe_now(session, topic_filter, qos)
+            if registration is not None:
+                registered.append(registration)
             codes.append(qos)
         return codes, registered
 

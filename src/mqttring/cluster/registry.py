@@ -91,6 +91,31 @@ def route_key_size(key: RouteKey) -> int:
     return len(key[0].encode()) + len(key[1].encode()) + 8
 
 
+class PendingRoute:
+    """A route registration announced in its SUBSCRIBE's turn, its answers still to come
+    (``RouteRegistry.add_now``): the SUBACK awaits ``confirmed``; a connection that ends
+    before that ``abandon``s it (the announcement stands; nobody waits for the answers).
+    Not a task: one spawned for it could be cancelled unstarted when this node's life
+    ends, and the SUBACK would then wait for ever."""
+
+    __slots__ = ("_answers", "_registry", "_topic_filter")
+
+    def __init__(self, registry: RouteRegistry, topic_filter: str,
+                 answers: list[tuple[str, Answer]]) -> None:
+        self._registry = registry
+        self._topic_filter = topic_filter
+        self._answers = answers
+
+    async def confirmed(self) -> None:
+        answers, self._answers = self._answers, []
+        await self._registry._confirm("radd", self._topic_filter, answers)
+
+    def abandon(self) -> None:
+        for _, answer in self._answers:
+            answer.close()  # never awaited: closed, so that it is not reported as a leak
+        self._answers = []
+
+
 class RouteRegistry:
     def __init__(
         self,
@@ -157,25 +182,15 @@ class RouteRegistry:
             self._local_version += 1
             await self._confirm("radd", key[0], self._announce(key, "radd"))
 
-    def add_now(self, key: tuple[str, str]) -> trio.Event | None:
-        """``add``, announced in the caller's turn; the event is set once confirmed (None:
-        another local subscription holds the route already)."""
+    def add_now(self, key: tuple[str, str]) -> PendingRoute | None:
+        """``add``, announced in the caller's turn; the caller awaits the answers through
+        what it returns (None: another local subscription holds the route already)."""
         count = self.local_filters.get(key, 0)
         self.local_filters[key] = count + 1
         if count:
             return None
         self._local_version += 1
-        answers = self._announce(key, "radd")
-        confirmed = trio.Event()
-
-        async def confirm() -> None:
-            try:
-                await self._confirm("radd", key[0], answers)
-            finally:
-                confirmed.set()
-
-        self.spawn(confirm)
-        return confirmed
+        return PendingRoute(self, key[0], self._announce(key, "radd"))
 
     def add_soon(self, key: tuple[str, str]) -> None:
         """``add`` without waiting for the registration (sessions restored at load)."""

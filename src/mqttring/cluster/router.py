@@ -74,7 +74,7 @@ from mqttring.cluster.messages import (
     RetainedRows,
     SharedDone,
 )
-from mqttring.cluster.registry import RouteRegistry
+from mqttring.cluster.registry import PendingRoute, RouteRegistry
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
@@ -507,7 +507,7 @@ class ClusterRouter:
             await self.registry.add((topic_filter, self.route_target(session)))
 
     def subscribe_now(self, session: Session, topic_filter: str, qos: int
-                      ) -> trio.Event | None:
+                      ) -> PendingRoute | None:
         new = topic_filter not in session.subscriptions
         self.local.add_subscription(session, topic_filter, qos)
         if new:
