@@ -37,6 +37,7 @@ from mqtt_client import (
     PUBACK,
     PUBLISH,
     SUBACK,
+    Packet,
     RawClient,
     connect,
     publish,
@@ -174,10 +175,18 @@ def test_qos0_messages_of_one_topic_keep_their_order_when_some_are_retained(
 def test_pipelined_subscribes_are_each_handled_before_a_later_publish(
         cluster: NodeCluster) -> None:
     """A subscriber that sends its SUBSCRIBEs without waiting for their SUBACKs, and another
-    client that publishes to each new topic right after it: every message reaches the
-    subscriber, as on mosquitto.  Each SUBSCRIBE waited in line while the one before it
-    waited for its route registrations, and the publisher's PUBLISH, read meanwhile, went
-    to the owner first: a black-box probe saw 5 of 100 delivered on a cluster node."""
+    client that publishes to each new topic once the node has read them: every message
+    reaches the subscriber, as on mosquitto.  Each SUBSCRIBE waited in line while the one
+    before it waited for its route registrations, and the publisher's PUBLISHes, read
+    meanwhile, went to their owners first: a black-box probe saw 5 of 100 delivered on a
+    cluster node, and this test 1 of 60.
+
+    The node has read the SUBSCRIBEs once it answers the PINGREQ sent behind them (its
+    protocol machine answers a PINGREQ as it reads it); their SUBACKs may still be waiting
+    for the other node.  (Sent round by round instead, with no such wait, the subscriber's
+    connection can be busy with one SUBSCRIBE as the next and the other client's PUBLISH
+    arrive, and epoll reports the idle publisher first: the limit ``docs/design.md`` states
+    for arrival order.  On a loaded machine that missed 10-14 of 60.)"""
     port = cluster.port("a")
     tag = unique("pipe")
     rounds = 60
@@ -187,26 +196,34 @@ def test_pipelined_subscribes_are_each_handled_before_a_later_publish(
         sub.expect(CONNACK)
         pub.send(connect(f"{tag}-pub"))
         pub.expect(CONNACK)
-        for i in range(rounds):
-            sub.send(subscribe(i + 1, [(f"{tag}/t{i}", 1)]))
-            pub.send(publish(f"{tag}/t{i}", f"m{i}".encode(), qos=1, packet_id=i + 1))
+        sub.send(b"".join(subscribe(i + 1, [(f"{tag}/t{i}", 1)]) for i in range(rounds))
+                 + PINGREQ_BYTES)
         subacks, got = set(), set()
-        deadline = time.monotonic() + 20
-        while (len(subacks) < rounds or len(got) < rounds) and time.monotonic() < deadline:
-            try:
-                packet = sub.recv_packet(timeout=max(deadline - time.monotonic(), 0.01))
-            except TimeoutError:
-                break
+
+        def take(packet: Packet) -> None:
             if packet.type == SUBACK:
                 subacks.add(packet.packet_id)
             elif packet.type == PUBLISH:
                 got.add(packet.topic)
                 sub.send(bytes([0x40, 2]) + packet.packet_id.to_bytes(2, "big"))
-            if len(subacks) == rounds and len(got) < rounds:
-                deadline = min(deadline, time.monotonic() + 1.0)  # what is late is lost
-        assert len(subacks) == rounds
+
+        while (packet := sub.recv_packet(timeout=10)).type != PINGRESP:
+            take(packet)
+        pub.send(b"".join(publish(f"{tag}/t{i}", f"m{i}".encode(), qos=1, packet_id=i + 1)
+                          for i in range(rounds)))
+        # A PUBACK means the message is queued at every node with a subscriber to it: once
+        # all are in, what the subscriber has not got by a short bound was not routed to it.
         for i in range(rounds):
-            assert pub.expect(PUBACK, timeout=5).packet_id == i + 1
+            assert pub.expect(PUBACK, timeout=20).packet_id == i + 1
+        deadline = time.monotonic() + 20
+        while (len(subacks) < rounds or len(got) < rounds) and time.monotonic() < deadline:
+            try:
+                take(sub.recv_packet(timeout=max(deadline - time.monotonic(), 0.01)))
+            except TimeoutError:
+                break
+            if len(subacks) == rounds:
+                deadline = min(deadline, time.monotonic() + 3.0)
+        assert len(subacks) == rounds
         missed = sorted(f"{tag}/t{i}" for i in range(rounds) if f"{tag}/t{i}" not in got)
         assert not missed, f"{len(missed)} of {rounds} messages missed: {missed[:10]}"
     finally:
