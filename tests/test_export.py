@@ -351,6 +351,10 @@ def test_decoders_on_mqtt5_rows():
     for eighth in (props, None):
         row = decode_row("queued", "n", qkey, ["t/x", b"pay", 2, False, 7, 2, 0.0, eighth, 99])
         assert row == ("n", 5, "c1", 42, "t/x", b"pay", 3, 2, False, 7, "await_pubrec", None)
+    # A shared subscription's copy: its share's filter tenth.
+    shared = ["t/x", b"pay", 1, False, 7, 1, 0.0, None, 0, "$share/g/t/+"]
+    row = decode_row("queued", "n", qkey, shared)
+    assert row == ("n", 5, "c1", 42, "t/x", b"pay", 3, 1, False, 7, "await_puback", None)
     assert decode_row("retained", "n", shard_key(1, b"a"), ["a", b"xy", 1, 3, 10, props]) == (
         "n", 1, "a", b"xy", 2, 1)
     skey = shard_key(1, struct.pack(">H", 2) + cid)

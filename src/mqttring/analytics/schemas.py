@@ -170,10 +170,10 @@ def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
     if len(key) != end + _SEQ.size:
         raise ValueError("queue key is not client id + 8-byte sequence")
     (seq,) = _SEQ.unpack_from(key, end)
-    # 8: an MQTT 5 message's properties (or None); 9: then a cluster's QoS 2 identity.
-    # Neither is exported.
-    if len(value) not in (7, 8, 9):
-        raise ValueError(f"{len(value)} fields, expected 7 to 9")
+    # 8: an MQTT 5 message's properties (or None); 9: then a cluster's QoS 2 identity;
+    # 10: a shared subscription's copy's share filter.  None of them is exported.
+    if len(value) not in (7, 8, 9, 10):
+        raise ValueError(f"{len(value)} fields, expected 7 to 10")
     topic, payload, qos, retain, packet_id, state, expires_at = value[:7]
     expires = None if not expires_at else int(float(expires_at) * 1_000_000)
     return (node_id, shard, client_id, seq, topic, bytes(payload), len(payload), int(qos),

@@ -29,7 +29,10 @@ a single range scan (what a shard handoff or an export reads):
   messages keep the seven-element row.  A QoS 2 message a cluster gave an identity
   (``Message.mid``) has a ninth, that identity (the eighth is then None without
   properties): the session's next owner remembers it, so that a copy a retry brings there
-  is not delivered a second time.
+  is not delivered a second time.  A shared subscription's copy (``SharedMessage``) has a
+  tenth, its share's filter (the eighth and ninth then None and 0 where unset): loaded
+  after a restart or at the session's next home, it still goes by the share's options
+  (its Subscription Identifier) and back to the share if the session ends with it.
 * ``inflight``  ``shard | cid | pid(2)``  -> ``mid``: an inbound QoS 2 id between PUBLISH
   and PUBREL, with its message's identity until the PUBREC was sent, ``1`` after (rows from
   before 2026-11-28 were written at PUBREC and hold ``1``; ``Message.mid`` is never 1).
@@ -61,6 +64,7 @@ import trio
 
 from mqttring.broker.refusals import WriteCancelled
 from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
+from mqttring.broker.shared import SharedMessage
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.message import Message
 from mqttring.protocol.session import Outbound, OutState, Session, SessionLimits
@@ -245,10 +249,16 @@ class SessionStore:
                     int(entry.state),
                     entry.expires_at,
                 ]
-                if msg.props is not None or msg.mid:
+                share = msg.share if type(msg) is SharedMessage else None
+                if msg.props is not None or msg.mid or share:
                     row.append(None if msg.props is None else msg.props.to_wire())
-                    if msg.mid:
+                    if msg.mid or share:
                         row.append(msg.mid)
+                    if share:
+                        # A shared subscription's copy goes by its share's options when it
+                        # is sent (its Subscription Identifier), and back to the share
+                        # should the session end without acknowledging it.
+                        row.append(share)
                 ops.append(Put("queues", key, row))
         for pid, mid in qos2.items():
             key = prefix + _PID.pack(pid)
@@ -358,10 +368,13 @@ class SessionStore:
             topic, payload, qos, retain, pid, state, expires_at = value[:7]
             props = PublishProps.from_wire(value[7]) if len(value) > 7 else None
             mid = int(value[8]) if len(value) > 8 else 0
+            message = Message(topic, payload, qos, False, props, mid)
+            if len(value) > 9:
+                message = SharedMessage(message, str(value[9]))
             owner.outbound.append(
                 Outbound(
                     _SEQ.unpack(key[-8:])[0],
-                    Message(topic, payload, qos, False, props, mid),
+                    message,
                     qos,
                     retain,
                     pid,
