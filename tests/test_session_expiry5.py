@@ -33,7 +33,7 @@ def test_expired_sessions_are_swept() -> None:
             if online:
                 session.attach(bytearray())
             core.sessions[cid] = session
-            await core.router.subscribe(session, f"{cid}/#", 1)
+            core.router.subscribe_now(session, f"{cid}/#", 1)
         assert await core.manager.expire_sessions(NOW) == 1
         assert sorted(core.sessions) == ["kept", "never", "online"]
         assert not core.router.subscriptions.get("gone/#")  # type: ignore[attr-defined]

@@ -183,7 +183,7 @@ class ClientHandler:
         #: of it (``_read_ahead``).
         self._unregistered = 0
         #: SUBSCRIBEs registered as they were read, by id of their event, for the acceptor to
-        #: finish (``BrokerCore.on_subscribe``); None while there are none.
+        #: finish (``Subscriptions.on_subscribe``); None while there are none.
         self.early: dict[int, EarlySubscribe] | None = None
         #: Set when the acceptor handled a batch or stopped, for whoever waits for that.
         self._progress: trio.Event | None = None

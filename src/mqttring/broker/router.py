@@ -92,15 +92,12 @@ class Router(Protocol):
     async def publish_local(self, message: Message) -> None:
         """Deliver to this node's subscribers only (the node's own ``$SYS`` values)."""
 
-    async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
-        """Register (or replace [MQTT-3.8.4-3]) one subscription of a session; returns once
-        publishes anywhere will find it (so the SUBACK that follows is truthful)."""
-
     def subscribe_now(self, session: Session, topic_filter: str, qos: int
                       ) -> Registration | None:
-        """``subscribe`` in the caller's turn: registered here and announced to the nodes
-        that must know (ahead of anything routed after it); what it returns, if anything,
-        is still to be confirmed by them, and the SUBACK waits for that."""
+        """Register (or replace [MQTT-3.8.4-3]) one subscription of a session, in the
+        caller's turn: here, and announced to the nodes that must know (ahead of anything
+        routed after it).  What it returns, if anything, is still to be confirmed by them;
+        the SUBACK waits for that, so that it is truthful."""
 
     def unsubscribe(self, session: Session, topic_filter: str) -> None: ...
 
@@ -420,9 +417,6 @@ class LocalRouter:
                 cache.clear()
             cache[topic] = targets
         return targets
-
-    async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
-        self.add_subscription(session, topic_filter, qos)
 
     def subscribe_now(self, session: Session, topic_filter: str, qos: int) -> None:
         self.add_subscription(session, topic_filter, qos)

@@ -122,7 +122,7 @@ class Subscriptions:
     def _register(self, session: Session, topics: tuple[tuple[str, int], ...],
                   options: tuple[int, ...] | None, subscription_id: int
                   ) -> tuple[list[int], list[Registration]]:
-        """``subscribe``'s part that acts at once: the SUBACK codes, and an event per
+        """``subscribe``'s part that acts at once: the SUBACK codes, and each
         registration still to be confirmed elsewhere (``Router.subscribe_now``)."""
         codes: list[int] = []
         registered: list[Registration] = []

@@ -11,10 +11,10 @@ acknowledges.
 Registration
 ------------
 A subscription registers a node-level route (``radd``/``rdel``, see
-``mqttring.cluster.routes``) at every replica of its filter's shard, or at every live node for
-a wildcard filter; ``add`` returns only once that is done, so a client's SUBACK means what it
-says on every node.  Local subscriptions are counted per (filter, route target): only the
-first registers, only the last withdraws.
+``mqttring.cluster.routes``) at every replica of its filter's shard, or at every up or
+leaving node for a wildcard filter; the SUBACK waits for ``add_now``'s answers, so a
+client's SUBACK means what it says on every node.  Local subscriptions are counted per
+(filter, route target): only the first registers, only the last withdraws.
 
 Anti-entropy
 ------------
@@ -173,18 +173,10 @@ class RouteRegistry:
             return self.node_id
         return f"s:{self.view().shard_for_client(session.client_id)}"
 
-    async def add(self, key: tuple[str, str]) -> None:
-        """One more local subscription to ``key``; the first registers it, and returns
-        once it is registered."""
-        count = self.local_filters.get(key, 0)
-        self.local_filters[key] = count + 1
-        if count == 0:
-            self._local_version += 1
-            await self._confirm("radd", key[0], self._announce(key, "radd"))
-
     def add_now(self, key: tuple[str, str]) -> PendingRoute | None:
-        """``add``, announced in the caller's turn; the caller awaits the answers through
-        what it returns (None: another local subscription holds the route already)."""
+        """One more local subscription to ``key``; the first registers it, announced in the
+        caller's turn, and the caller awaits the answers through what it returns (None:
+        another local subscription holds the route already)."""
         count = self.local_filters.get(key, 0)
         self.local_filters[key] = count + 1
         if count:
@@ -193,7 +185,7 @@ class RouteRegistry:
         return PendingRoute(self, key[0], self._announce(key, "radd"))
 
     def add_soon(self, key: tuple[str, str]) -> None:
-        """``add`` without waiting for the registration (sessions restored at load)."""
+        """``add_now`` without waiting for the registration (sessions restored at load)."""
         count = self.local_filters.get(key, 0)
         self.local_filters[key] = count + 1
         if count == 0:
@@ -373,7 +365,7 @@ class RouteRegistry:
         self.routes.drop_exact_where(held, new)
         # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
         # replica of (its former replicas all gone) needs the exact routes of our own
-        # subscribers too, which ``add`` registered only where it was held then.
+        # subscribers too, which ``add_now`` registered only where it was held then.
         for topic_filter, target in self.local_filters:
             if me in self.route_targets(topic_filter, new):
                 self.routes.add(topic_filter, target, registrar_for(target, me))

@@ -500,12 +500,6 @@ class ClusterRouter:
     def route_target(self, session: Session) -> str:
         return self.registry.route_target(session)
 
-    async def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
-        new = topic_filter not in session.subscriptions
-        self.local.add_subscription(session, topic_filter, qos)
-        if new:
-            await self.registry.add((topic_filter, self.route_target(session)))
-
     def subscribe_now(self, session: Session, topic_filter: str, qos: int
                       ) -> PendingRoute | None:
         new = topic_filter not in session.subscriptions
