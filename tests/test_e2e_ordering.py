@@ -70,23 +70,20 @@ def _settle(pub: RawClient, sub: RawClient, seen: list[str]) -> None:
     pub.expect(PINGRESP)
 
 
-def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, uid):
-    """B's SUBSCRIBE, then at once A's PUBLISH to that topic: B gets the message, every time."""
-    # The publisher connects first: its tasks are the older ones, so an order by task age
-    # (trio's test-only deterministic mode) would fail this test too.
-    pub = raw()
-    pub.send(connect(uid("order-pub")))
+def order_rounds(pub: RawClient, sub: RawClient, uid, name: str) -> None:
+    """``ROUNDS`` rounds of B's SUBSCRIBE then at once A's PUBLISH to that topic, on two
+    connections that are connected and idle; B must get every message."""
+    pub.send(connect(uid(f"{name}-pub")))
     pub.expect(CONNACK)
-    sub = raw()
-    sub.send(connect(uid("order-sub")))
+    sub.send(connect(uid(f"{name}-sub")))
     sub.expect(CONNACK)
-    barrier = uid("order-barrier")
+    barrier = uid(f"{name}-barrier")
     sub.send(subscribe(1, [(barrier, 0)]))
     sub.expect(SUBACK)
     pub.send(PINGREQ_BYTES)  # the node is out of the SUBACK's send() (see the loop's end)
     pub.expect(PINGRESP)
 
-    topics = [uid(f"order-{i}") for i in range(ROUNDS)]
+    topics = [uid(f"{name}-{i}") for i in range(ROUNDS)]
     topics_seen: list[str] = []
     for i, topic in enumerate(topics):
         _round(pub, sub, topic, i + 2, topics_seen)
@@ -101,6 +98,15 @@ def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, ui
         topics_seen.append(got.topic)
     missed = [t for t in topics if t not in topics_seen]
     assert not missed, f"{len(missed)} of {ROUNDS} messages missed: {missed[:5]}"
+
+
+def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, uid):
+    """B's SUBSCRIBE, then at once A's PUBLISH to that topic: B gets the message, every time."""
+    # The publisher connects first: its tasks are the older ones, so an order by task age
+    # (trio's test-only deterministic mode) would fail this test too.
+    pub = raw()
+    sub = raw()
+    order_rounds(pub, sub, uid, "order")
 
 
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])

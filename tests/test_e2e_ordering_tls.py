@@ -14,18 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from mqtt_client import (
-    CONNACK,
-    PINGREQ_BYTES,
-    PINGRESP,
-    PUBLISH,
-    SUBACK,
-    RawClient,
-    connect,
-    publish,
-    subscribe,
-)
-from test_e2e_ordering import ROUNDS, _round, _settle
+from mqtt_client import RawClient
+from test_e2e_ordering import order_rounds
 from test_e2e_tls import HOST, Pki, client_context, pki, tls_broker  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(90)
@@ -43,25 +33,7 @@ def test_a_subscribe_over_mqtts_is_handled_before_a_later_publish_of_another_cli
 
     pub, sub = tls_client(), tls_client()
     try:
-        pub.send(connect(uid("tls-order-pub")))
-        pub.expect(CONNACK)
-        sub.send(connect(uid("tls-order-sub")))
-        sub.expect(CONNACK)
-        barrier = uid("tls-order-barrier")
-        sub.send(subscribe(1, [(barrier, 0)]))
-        sub.expect(SUBACK)
-        pub.send(PINGREQ_BYTES)
-        pub.expect(PINGRESP)
-        topics = [uid(f"tls-order-{i}") for i in range(ROUNDS)]
-        seen: list[str] = []
-        for i, topic in enumerate(topics):
-            _round(pub, sub, topic, i + 2, seen)
-            _settle(pub, sub, seen)
-        pub.send(publish(barrier, b"end"))
-        while (got := sub.expect(PUBLISH)).topic != barrier:
-            seen.append(got.topic)
-        missed = [t for t in topics if t not in seen]
-        assert not missed, f"{len(missed)} of {ROUNDS} messages missed: {missed[:5]}"
+        order_rounds(pub, sub, uid, "tls-order")
     finally:
         pub.close()
         sub.close()
