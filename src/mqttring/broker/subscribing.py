@@ -76,7 +76,7 @@ class Subscriptions:
                                           event.options, event.subscription_id):
             return EarlySubscribe(None, [], [], forwarded=True)
         replay = retained_wanted(session, event.topics, event.options)
-        codes, registered = self._register(session, event.topics, event.options,
+        codes, registered = self.register(session, event.topics, event.options,
                                            event.subscription_id)
         return EarlySubscribe(replay, codes, registered)
 
@@ -89,28 +89,14 @@ class Subscriptions:
         if early.forwarded:
             return  # the session lives on another node, which answers
         codes = early.codes
-        await self._registered(session, event.topics, early.registered)
+        await self.registered(session, event.topics, early.registered)
         handler.conn.send_suback(event.packet_id, codes)
         await self.deliver_retained(session, event.topics, codes, early.replay)
 
-    async def subscribe(self, session: Session, topics: tuple[tuple[str, int], ...],
-                        options: tuple[int, ...] | None = None, subscription_id: int = 0
-                        ) -> list[int]:
-        """Register a session's filters (durably for a persistent one); the SUBACK codes.
-
-        ``options`` (MQTT 5: one subscription options byte per filter) and the
-        subscription identifier go to the session's ``V5Session``.  Failure codes are the
-        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x8F
-        a malformed ``$share/...`` filter) and 0x80 for a 3.1.1 one.
-        """
-        codes, registered = self._register(session, topics, options, subscription_id)
-        await self._registered(session, topics, registered)
-        return codes
-
-    async def _registered(self, session: Session, topics: tuple[tuple[str, int], ...],
-                          registered: list[Registration]) -> None:
-        """Return once publishes anywhere find the filters, and a persistent session's
-        are stored."""
+    async def registered(self, session: Session, topics: tuple[tuple[str, int], ...],
+                         registered: list[Registration]) -> None:
+        """Return once publishes anywhere find the filters ``register`` took, and a
+        persistent session's are stored."""
         try:
             for registration in registered:
                 await registration.confirmed()
@@ -119,11 +105,17 @@ class Subscriptions:
                 registration.abandon()  # those a cancelled wait never reached
         await self.session_store.save_subscriptions(session, [f for f, _ in topics])
 
-    def _register(self, session: Session, topics: tuple[tuple[str, int], ...],
-                  options: tuple[int, ...] | None, subscription_id: int
-                  ) -> tuple[list[int], list[Registration]]:
-        """``subscribe``'s part that acts at once: the SUBACK codes, and each
-        registration still to be confirmed elsewhere (``Router.subscribe_now``)."""
+    def register(self, session: Session, topics: tuple[tuple[str, int], ...],
+                 options: tuple[int, ...] | None, subscription_id: int
+                 ) -> tuple[list[int], list[Registration]]:
+        """A SUBSCRIBE's part that acts at once, in the caller's turn: the SUBACK codes,
+        and each registration still to be confirmed elsewhere (``Router.subscribe_now``).
+
+        ``options`` (MQTT 5: one subscription options byte per filter) and the
+        subscription identifier go to the session's ``V5Session``.  Failure codes are the
+        precise v5 ones for a v5 session (0x87 not authorized, 0x97 quota exceeded, 0x8F
+        a malformed ``$share/...`` filter) and 0x80 for a 3.1.1 one.
+        """
         codes: list[int] = []
         registered: list[Registration] = []
         access = session.access
@@ -192,10 +184,16 @@ class Subscriptions:
         assert session is not None
         if self.manager.forward_unsubscribe(session, event.packet_id, event.topics):
             return
-        # MQTT 5 reports per filter: 0x11 "no subscription existed" (section 3.11.3).
-        codes = [0 if f in session.subscriptions else 0x11 for f in event.topics]
-        for topic_filter in event.topics:
-            self.router.unsubscribe(session, topic_filter)
-        session.forget_options(event.topics)
+        codes = self.unregister(session, event.topics)
         await self.session_store.save_subscriptions(session, event.topics)
         handler.conn.send_unsuback(event.packet_id, codes)
+
+    def unregister(self, session: Session, topics: tuple[str, ...]) -> list[int]:
+        """An UNSUBSCRIBE's part that acts at once: the filters dropped here and at the
+        nodes that routed them; the UNSUBACK codes.  MQTT 5 reports per filter: 0x11 "no
+        subscription existed" (section 3.11.3)."""
+        codes = [0 if f in session.subscriptions else 0x11 for f in topics]
+        for topic_filter in topics:
+            self.router.unsubscribe(session, topic_filter)
+        session.forget_options(topics)
+        return codes

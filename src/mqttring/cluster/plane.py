@@ -539,6 +539,15 @@ class DataPlane:
                 return lambda node, msg: self.spawn(fn, node, msg)
             return lambda node, msg: self.spawn(fn, msg)
 
+        def then(fn: Callable[[Any], Callable[[], Awaitable[None]] | None]
+                 ) -> Callable[[str, Any], None]:
+            """Acts inline, in arrival order; what it returns to finish runs in a task."""
+            def handle(node: str, msg: Any) -> None:
+                finish = fn(msg)
+                if finish is not None:
+                    self.spawn(finish)
+            return handle
+
         return {
             Pub: router.on_pub,
             Dlv: self.deliveries.on_dlv,
@@ -563,8 +572,8 @@ class DataPlane:
             SessionBytes: lambda node, msg: relay.on_sbytes(msg),
             SessionAck: task(relay.on_sack, with_node=False),
             InboundQos2: task(relay.on_q2),
-            SessionSubscribe: task(relay.on_ssub, with_node=False),
-            SessionUnsubscribe: task(relay.on_sunsub, with_node=False),
+            SessionSubscribe: then(relay.on_ssub),
+            SessionUnsubscribe: then(relay.on_sunsub),
         }
 
     def _on_message(self, node: str, msg: LinkMessage) -> None:

@@ -28,8 +28,10 @@ live connection's session bytes and acknowledgements, and does no locking of its
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from mqttring.cluster.errors import PeerFailure, PeerUnavailable
 from mqttring.cluster.links import Links
@@ -141,7 +143,7 @@ class RemoteSession(Session):
 class SessionProxy:
     """Home-side waker: ships a persistent session's output to the edge that holds it."""
 
-    __slots__ = ("client_id", "links", "node", "output", "token")
+    __slots__ = ("_last_answer", "client_id", "links", "node", "output", "token")
 
     def __init__(self, links: Links, node: str, client_id: str, token: str) -> None:
         self.links = links
@@ -149,6 +151,17 @@ class SessionProxy:
         self.client_id = client_id
         self.token = token
         self.output = bytearray()
+        #: Set once the last SUBACK/UNSUBACK asked for is written (``answer_turn``).
+        self._last_answer: trio.Event | None = None
+
+    def answer_turn(self) -> tuple[trio.Event | None, trio.Event]:
+        """Places in line for a SUBACK or UNSUBACK: the event to wait for before writing
+        it (None: nothing ahead) and the one to set once written.  What each waits for
+        (other nodes' confirmations, a durable write) ends in any order; the answers leave
+        in the order the requests came [MQTT-4.6.0-2], as from one connection's acceptor."""
+        ahead, mine = self._last_answer, trio.Event()
+        self._last_answer = mine
+        return ahead, mine
 
     def wake(self) -> None:
         """Ship the output, in pieces of at most half a link frame: one pump of the inflight
@@ -321,38 +334,66 @@ class SessionRelay:
         await self.core.session_store.save_changes([session], durability)
         self.links.reply(node, req, True)
 
-    async def on_ssub(self, message: SessionSubscribe) -> None:
+    def on_ssub(self, message: SessionSubscribe) -> Callable[[], Awaitable[None]] | None:
+        """Register a SUBSCRIBE forwarded by the edge as it arrives, in the link's order
+        (an UNSUBSCRIBE after it acts after it); what remains, the SUBACK and the retained
+        messages in their turn, is returned for a task to finish."""
         found = self._proxied(message.client_id, message.token)
         if found is None:
-            return
+            return None
         session, proxy = found
+        subscriptions = self.core.subscriptions
         pairs = tuple(message.topics)
         options = None if message.options is None else tuple(message.options)
         replay = retained_wanted(session, pairs, options)
-        codes = await self.core.subscriptions.subscribe(session, pairs, options,
-                                                        message.subscription_id)
-        if session.v5 is not None:
-            proxy.output += session.v5.encode_ack(SubAck5(message.packet_id, tuple(codes)))
-        else:
-            proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
-        proxy.wake()
-        await self.core.subscriptions.deliver_retained(session, pairs, codes, replay)
+        codes, registered = subscriptions.register(session, pairs, options,
+                                                   message.subscription_id)
+        ahead, mine = proxy.answer_turn()
 
-    async def on_sunsub(self, message: SessionUnsubscribe) -> None:
+        async def finish() -> None:
+            try:
+                await subscriptions.registered(session, pairs, registered)
+                if ahead is not None:
+                    await ahead.wait()
+                if session.v5 is not None:
+                    proxy.output += session.v5.encode_ack(
+                        SubAck5(message.packet_id, tuple(codes)))
+                else:
+                    proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
+                proxy.wake()
+                await subscriptions.deliver_retained(session, pairs, codes, replay)
+            finally:
+                mine.set()
+
+        return finish
+
+    def on_sunsub(self, message: SessionUnsubscribe) -> Callable[[], Awaitable[None]] | None:
+        """An UNSUBSCRIBE forwarded by the edge, as ``on_ssub``: acts as it arrives,
+        answered in its turn."""
         found = self._proxied(message.client_id, message.token)
         if found is None:
-            return
+            return None
         session, proxy = found
-        codes = [0 if f in session.subscriptions else 0x11 for f in message.topics]
-        for topic_filter in message.topics:
-            self.core.router.unsubscribe(session, topic_filter)
-        session.forget_options(message.topics)
-        await self.core.session_store.save_subscriptions(session, message.topics)
-        if session.v5 is not None:
-            proxy.output += session.v5.encode_ack(UnsubAck5(message.packet_id, tuple(codes)))
-        else:
-            proxy.output += encode(UnsubAck(message.packet_id))
-        proxy.wake()
+        subscriptions = self.core.subscriptions
+        topics = tuple(message.topics)
+        codes = subscriptions.unregister(session, topics)
+        ahead, mine = proxy.answer_turn()
+
+        async def finish() -> None:
+            try:
+                await self.core.session_store.save_subscriptions(session, topics)
+                if ahead is not None:
+                    await ahead.wait()
+                if session.v5 is not None:
+                    proxy.output += session.v5.encode_ack(
+                        UnsubAck5(message.packet_id, tuple(codes)))
+                else:
+                    proxy.output += encode(UnsubAck(message.packet_id))
+                proxy.wake()
+            finally:
+                mine.set()
+
+        return finish
 
 
 __all__ = ["RemoteSession", "SessionProxy", "SessionRelay"]
