@@ -60,7 +60,7 @@ GAP = 0.02
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     c = NodeCluster(Path(tmp_path_factory.mktemp("ordering")))
     c.extra_toml = (f'http = "{HOST}:0"\nhttp_token = "{TOKEN}"\n'
-                    "[limits]\npark_idle_after = 0.1\n")
+                    "[limits]\npark_idle_after = 0.1\npingresp_wait = 0\n")
     try:
         c.form_sync("a", "b")
         c.settle(("a", "b"))
@@ -184,12 +184,12 @@ def test_pipelined_subscribes_are_each_handled_before_a_later_publish(
     meanwhile, went to their owners first: a black-box probe saw 5 of 100 delivered on a
     cluster node, and this test 1 of 60.
 
-    The node has read the SUBSCRIBEs once it answers the PINGREQ sent behind them (its
-    protocol machine answers a PINGREQ as it reads it); their SUBACKs may still be waiting
-    for the other node.  (Sent round by round instead, with no such wait, the subscriber's
-    connection can be busy with one SUBSCRIBE as the next and the other client's PUBLISH
-    arrive, and epoll reports the idle publisher first: the limit ``docs/design.md`` states
-    for arrival order.  On a loaded machine that missed 10-14 of 60.)"""
+    The node has read the SUBSCRIBEs once it answers the PINGREQ sent behind them (with
+    ``pingresp_wait = 0``, as here, a node answers a PINGREQ as it reads it); their
+    SUBACKs may still be waiting for the other node.  (Sent round by round instead, with no
+    such wait, the subscriber's connection can be busy with one SUBSCRIBE as the next and the
+    other client's PUBLISH arrive, and epoll reports the idle publisher first: the limit
+    ``docs/design.md`` states for arrival order.  On a loaded machine that missed 10-14 of 60.)"""
     port = cluster.port("a")
     tag = unique("pipe")
     rounds = 60

@@ -20,6 +20,7 @@ from mqtt_client import (
     PINGRESP,
     PUBACK,
     PUBLISH,
+    PUBREC,
     SUBACK,
     RawClient,
     connect,
@@ -110,18 +111,21 @@ def test_a_subscribe_is_handled_before_a_later_publish_of_another_client(raw, ui
 
 
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])
-def test_pipelined_subscribes_are_each_handled_before_a_later_publish(raw, uid, clean):
+def test_pipelined_subscribes_are_each_handled_before_a_later_publish(
+        broker_factory, raw, uid, clean):
     """B sends its SUBSCRIBEs without waiting for their SUBACKs; once the node has read them
-    (it answers B's PINGREQ behind them as it reads it), A publishes to each new topic: B
+    (with ``pingresp_wait = 0`` it answers B's PINGREQ behind them as it reads it), A
+    publishes to each new topic: B
     gets every message, as from mosquitto.  A SUBSCRIBE read while the one before it was
     still being answered (a persistent session's subscriptions are written durably; a
     retained lookup) waited in line, and A's PUBLISHes were routed first: a black-box probe
     saw 81-91 of 100 delivered on one node, and this test 1 of 60 for a persistent session
     (see ``test_cluster_ordering.py`` for why the rounds are not interleaved)."""
-    pub = raw()
+    broker = broker_factory(pingresp_wait=0)
+    pub = raw(broker)
     pub.send(connect(uid("pipe-pub")))
     pub.expect(CONNACK)
-    sub = raw()
+    sub = raw(broker)
     sub.send(connect(uid("pipe-sub"), clean_session=clean))
     sub.expect(CONNACK)
     topics = [uid(f"pipe-{i}") for i in range(ROUNDS)]
@@ -254,3 +258,23 @@ def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, 
         for client in clients:
             client.close()
         broker.stop()
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])
+def test_a_pingresp_follows_the_answers_to_the_packets_before_its_pingreq(raw, uid, clean):
+    """SUBSCRIBEs, QoS 1 and QoS 2 PUBLISHes and a PINGREQ in one write: the answers come in
+    the order of the packets, PINGRESP last, as from mosquitto.  The PINGRESP used to be
+    written as the PINGREQ was read, ahead of the SUBACK of a persistent session (stored
+    first) and of PUBACKs still being accepted."""
+    client = raw()
+    client.send(connect(uid("ping"), clean_session=clean))
+    client.expect(CONNACK)
+    topic = uid("ping-t")
+    client.send(subscribe(1, [(uid("ping-f"), 1)])
+                + b"".join(publish(topic, b"m", qos=1 + i % 2, packet_id=10 + i)
+                           for i in range(20))
+                + subscribe(2, [(uid("ping-g"), 1)]) + PINGREQ_BYTES)
+    answers = [(p.type, p.packet_id) for p in (client.recv_packet() for _ in range(23))]
+    assert answers == ([(SUBACK, 1)] + [(PUBACK if i % 2 == 0 else PUBREC, 10 + i)
+                                        for i in range(20)]
+                       + [(SUBACK, 2), (PINGRESP, None)])

@@ -162,6 +162,11 @@ class Limits:
     #: The same bound in payload bytes (whichever is reached first; one packet always fits):
     #: the read-ahead memory of one connection.
     publish_window_bytes: Count = 1024 * 1024
+    #: Seconds a PINGRESP may wait behind the answers to the packets read before its
+    #: PINGREQ (it follows them, as from one broker); past it, it goes out anyway, so that a
+    #: client whose publishes are held (``slow_subscriber_hold``, a cluster owner's wait) is
+    #: not closed by its own keep alive.  0 = answer a PINGREQ as soon as it is read.
+    pingresp_wait: Seconds = 1.0
     #: Seconds without a byte either way after which a TCP connection gives up its task and
     #: waits in the node's parking lot (``mqttring.broker.parking``): an idle connection then
     #: costs its state, not a task.  0 = never park.

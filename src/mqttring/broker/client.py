@@ -57,6 +57,7 @@ from mqttring.lsm import StoreError
 from mqttring.protocol.connection import (
     ConnState,
     Event,
+    PingRequested,
     PublishReceived,
     ServerConnection,
     SubscribeRequested,
@@ -89,6 +90,8 @@ class ClientHandler:
         "_parking",
         "_pending",
         "_pending_bytes",
+        "_ping_timer",
+        "_pings",
         "_progress",
         "_quiet_since",
         "_receiving",
@@ -185,6 +188,10 @@ class ClientHandler:
         #: SUBSCRIBEs registered as they were read, by id of their event, for the acceptor to
         #: finish (``Subscriptions.on_subscribe``); None while there are none.
         self.early: dict[int, EarlySubscribe] | None = None
+        #: PINGREQs waiting for the answers ahead of them, and the bound on that wait
+        #: (``limits.pingresp_wait``, ``_ping_behind``); None while there are none.
+        self._pings: list[PingRequested] | None = None
+        self._ping_timer: trio.CancelScope | None = None
         #: Set when the acceptor handled a batch or stopped, for whoever waits for that.
         self._progress: trio.Event | None = None
         #: The core closed the connection: end it once the output is flushed.
@@ -537,7 +544,7 @@ class ClientHandler:
                 self.close_reason = self.close_reason or f"protocol error: {exc}"
                 return
             if conn.pending_output:
-                self.wake()  # PINGRESP, PUBCOMP: written by the protocol machine itself
+                self.wake()  # PUBCOMP: written by the protocol machine itself
             session = self.session
             if session is not None:
                 flow.room_made(session.client_id)  # its acks may have made room
@@ -551,6 +558,11 @@ class ClientHandler:
                     return
                 continue
             for event in received:
+                if type(event) is PingRequested:
+                    if not (self._pending or self._accepting) or not core.limits.pingresp_wait:
+                        self.answer_ping(event)  # nothing ahead of it to answer first
+                        continue
+                    self._ping_behind(event)
                 while self._busy >= window or self._busy_bytes >= window_bytes:
                     if turns:
                         turns.end(self)  # its acceptor has the first events: no wait on it
@@ -610,6 +622,49 @@ class ClientHandler:
             self._accepting = False
             self._signal_progress()
             self._arm()
+
+    def answer_ping(self, ping: PingRequested) -> None:
+        """PINGRESP, in its turn (the core, behind the answers read before it) or at once
+        (nothing ahead of it, or the bound on its wait ran out)."""
+        self.conn.send_pingresp(ping)
+        self.wake()
+        pings = self._pings
+        if pings is None:
+            return
+        for i, waiting in enumerate(pings):
+            if waiting is ping:
+                del pings[i]
+                break
+        if not pings:
+            self._pings = None
+            if self._ping_timer is not None:
+                self._ping_timer.cancel()
+                self._ping_timer = None
+
+    def _ping_behind(self, ping: PingRequested) -> None:
+        """A PINGREQ read behind packets still being answered: its PINGRESP waits for
+        them, as from one broker, but at most ``limits.pingresp_wait`` seconds: a client
+        whose publishes are held (flow control, a cluster owner's wait) would otherwise
+        close the connection when its keep alive sees no answer."""
+        if self._pings is None:
+            self._pings = []
+        self._pings.append(ping)
+        if self._ping_timer is None:
+            scope = trio.CancelScope(
+                deadline=trio.current_time() + self.core.limits.pingresp_wait)
+            self._ping_timer = scope
+            assert self._nursery is not None
+            self._nursery.start_soon(self._answer_pings_by, scope)
+
+    async def _answer_pings_by(self, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep_forever()
+        if self._ping_timer is scope:  # the bound ran out (``answer_ping`` cancels it)
+            self._ping_timer = None
+            pings, self._pings = self._pings, None
+            for ping in pings or ():
+                self.conn.send_pingresp(ping)
+            self.wake()
 
     def _read_ahead(self, event: Event) -> None:
         """Register a SUBSCRIBE as it is read when nothing else of this connection is ahead
@@ -696,7 +751,7 @@ def _handled_inline(events: list[Event]) -> bool:
     and on a node whose router ``answers_locally``) instead of starting the acceptor task:
     it saves that task's scheduler pass on the path of every QoS 0 message (latency).
 
-    Only events whose handling never waits: an UNSUBSCRIBE, and a PUBLISH at QoS 0, not
+    Only events whose handling never waits: an UNSUBSCRIBE, a PINGREQ, and a PUBLISH at QoS 0, not
     retained, without MQTT 5 properties (no owner's answer, no group commit, no congested
     subscriber to wait for).  Not a SUBSCRIBE: the reader registers it as it is read
     (``_read_ahead``), which keeps it ahead of another client's PUBLISH read after it
@@ -708,6 +763,6 @@ def _handled_inline(events: list[Event]) -> bool:
             message = event.message  # type: ignore[union-attr]
             if message.qos or message.retain or message.props is not None:
                 return False
-        elif kind is not UnsubscribeRequested:
+        elif kind is not UnsubscribeRequested and kind is not PingRequested:
             return False
     return True

@@ -66,6 +66,7 @@ from mqttring.protocol.connection import (
     ConnectRequested,
     DisconnectRequested,
     Event,
+    PingRequested,
     PublishReceived,
     SubscribeRequested,
     UnsubscribeRequested,
@@ -270,6 +271,8 @@ class BrokerCore:
                 await self.subscriptions.on_subscribe(handler, event)  # type: ignore[arg-type]
             elif kind is UnsubscribeRequested:
                 await self.subscriptions.on_unsubscribe(handler, event)  # type: ignore[arg-type]
+            elif kind is PingRequested:
+                handler.answer_ping(event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
                 # MQTT 5 reason 0x04: "disconnect with will message" keeps the will.
                 handler.clean_disconnect = event.reason_code != 0x04  # type: ignore[union-attr]

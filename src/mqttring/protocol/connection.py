@@ -9,10 +9,12 @@ Theory of operation
 -------------------
 Shaped like h11's ``Connection``: the adapter feeds received bytes to ``receive_data``, which
 returns the *events* the broker must act on, and drains ``data_to_send()`` into the socket.
-Everything the protocol can answer by itself (PINGRESP, PUBREL/PUBCOMP handshakes, PUBREC for
-a redelivered QoS 2 PUBLISH, CONNACK refusals with codes 1 and 2) is answered here; what
+Everything the protocol can answer by itself (PUBREL/PUBCOMP handshakes, PUBREC for a
+redelivered QoS 2 PUBLISH, CONNACK refusals with codes 1 and 2) is answered here; what
 needs the rest of the broker (routing, subscriptions, takeover, authentication) becomes an
 event, and the broker answers through ``accept``/``refuse``/``ack_publish``/``send_suback``.
+A PINGREQ is an event too (``PingRequested``): its PINGRESP must not overtake the answers
+to the packets before it, which only the broker knows are due.
 
 States: ``AWAIT_CONNECT`` -> ``CONNECTING`` (CONNECT seen, broker deciding) -> ``CONNECTED``
 -> ``CLOSED``.  Any byte that violates the protocol raises an ``MQTTError``; the adapter then
@@ -46,6 +48,7 @@ from mqttring.protocol.events import (
     ConnectRequested,
     DisconnectRequested,
     Event,
+    PingRequested,
     PublishReceived,
     SubscribeRequested,
     UnsubscribeRequested,
@@ -312,7 +315,7 @@ class ServerConnection:
             session.release_inbound_qos2(packet.packet_id)
             self._out += encode_packet(PubComp(packet.packet_id))
         elif isinstance(packet, PingReq):
-            self._out += encode_packet(PingResp())
+            return PingRequested()
         elif isinstance(packet, Subscribe):
             return SubscribeRequested(packet.packet_id, packet.topics)
         elif isinstance(packet, Unsubscribe):
@@ -471,6 +474,14 @@ class ServerConnection:
         # PUBACK 0x40 / PUBREC 0x50, remaining length 2, the id (one per publish: no
         # packet object on this path).
         self._out += bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
+
+    def send_pingresp(self, ping: PingRequested) -> None:
+        """PINGRESP for ``ping``, once: in order behind the answers read before it, or
+        sooner when the adapter's bound on that wait ran out."""
+        if self.state is ConnState.CLOSED or ping.answered:
+            return
+        ping.answered = True
+        self._out += encode_packet(PingResp())
 
     def send_suback(self, packet_id: int, return_codes: list[int]) -> None:
         """SUBACK; a v5 connection may get any SUBACK reason code (0x8F, 0x9E, 0xA1...),

@@ -14,8 +14,8 @@ from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Connect
 from mqttring.protocol.packets5 import Connect5
 
-__all__ = ["ConnectRequested", "DisconnectRequested", "Event", "PublishReceived",
-           "SubscribeRequested", "UnsubscribeRequested"]
+__all__ = ["ConnectRequested", "DisconnectRequested", "Event", "PingRequested",
+           "PublishReceived", "SubscribeRequested", "UnsubscribeRequested"]
 
 
 # -- events handed to the broker ------------------------------------------------------------
@@ -63,10 +63,21 @@ class DisconnectRequested:
     session_expiry: int | None = None
 
 
+@dataclass(slots=True, eq=False)
+class PingRequested:
+    """A PINGREQ.  The broker answers it (``ServerConnection.send_pingresp``) once the
+    packets read before it are answered, so its PINGRESP follows their answers as from one
+    broker; an adapter may answer it sooner (a bound on the wait), and ``answered`` keeps
+    that to one PINGRESP."""
+
+    answered: bool = False
+
+
 Event = (
     ConnectRequested
     | PublishReceived
     | SubscribeRequested
     | UnsubscribeRequested
     | DisconnectRequested
+    | PingRequested
 )
