@@ -1,8 +1,9 @@
 """The trio adapter of one client connection: a reader, an acceptor, and a writer while needed.
 
 The reader feeds bytes to the sans-IO ``ServerConnection``, which applies what needs no
-decision at once (the client's PUBACK/PUBREC/PUBCOMP of our deliveries, PUBREL, PINGREQ);
-the events it returns (PUBLISH, SUBSCRIBE, ...) go, in order, to the acceptor task, which
+decision at once (the client's PUBACK/PUBREC/PUBCOMP of our deliveries, PUBREL); the
+events it returns (PUBLISH, SUBSCRIBE, ..., PINGREQ: its PINGRESP must not overtake the
+answers due before it, ``answer_ping``) go, in order, to the acceptor task, which
 hands them to ``BrokerCore`` one batch at a time (the acceptor runs only while there are
 events, like the writer while there is output).  So a connection whose publish waits (for
 its shard's owner, a group commit, or a congested subscriber: ``mqttring.broker.flow``)
