@@ -78,7 +78,7 @@ class Router(Protocol):
     archive: TelemetryArchive | None
     #: True: a subscription change and a plain QoS 0 publish (not retained, no MQTT 5
     #: properties) never wait for another node, so a connection's reader may hand them to
-    #: the core itself (``mqttring.broker.client``) without going unanswered for long.
+    #: the core itself (``mqttring.broker.reading``) without going unanswered for long.
     answers_locally: bool
 
     async def publish(self, message: Message) -> None:
