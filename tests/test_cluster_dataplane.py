@@ -37,17 +37,21 @@ from cluster_support import (
     unique,
 )
 from mqtt_client import (
+    PINGREQ_BYTES,
+    PINGRESP,
     PUBACK,
     PUBCOMP,
     PUBLISH,
     PUBREC,
     PUBREL,
+    SUBACK,
     RawClient,
     puback,
     pubcomp,
     publish,
     pubrec,
     pubrel,
+    subscribe,
 )
 from mqttring.rpc import MAX_FRAME
 
@@ -702,3 +706,28 @@ def test_publishes_in_flight_together_are_acknowledged_in_order_across_owners(
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_pingresp_follows_the_answers_due_before_it_across_owners(
+        cluster: NodeCluster, view: ViewInfo) -> None:
+    """SUBSCRIBEs to topics other nodes own (their SUBACKs wait for those owners), QoS 1
+    and 2 PUBLISHes to topics of every owner and a PINGREQ, in one write on A: every answer
+    comes in the order of its packet and the PINGRESP last, as from one broker (it was
+    written as the PINGREQ was read, ahead of them all)."""
+    topics = one_topic_per_owner(view, unique("ping"))
+    others = [topic for node, topic in sorted(topics.items()) if node != "a"]
+    client = RawClient(HOST, cluster.port("a"))
+    try:
+        assert client.connect(unique("ping-c")).return_code == 0
+        client.send(subscribe(1, [(others[0] + "/x", 1)])
+                    + b"".join(publish(topics[node], b"m", qos=1 + i % 2, packet_id=10 + i)
+                               for i, node in enumerate(sorted(topics) * 4))
+                    + subscribe(2, [(others[1] + "/x", 1)]) + PINGREQ_BYTES)
+        answers = [(p.type, p.packet_id) for p in
+                   (client.recv_packet(timeout=15) for _ in range(3 + 4 * len(topics)))]
+        assert answers == ([(SUBACK, 1)]
+                           + [(PUBACK if i % 2 == 0 else PUBREC, 10 + i)
+                              for i in range(4 * len(topics))]
+                           + [(SUBACK, 2), (PINGRESP, None)])
+    finally:
+        client.close()
