@@ -245,3 +245,25 @@ def test_the_dispatch_table_covers_every_message_but_ack() -> None:
     plane.router = plane.sessions = plane.replicator = plane.deliveries = _Anything()  # type: ignore[assignment]
     table = DataPlane._dispatch_table(plane)
     assert set(table) == set(MESSAGE_TYPES) - {m.Ack}
+
+
+@pytest.mark.parametrize("kind", ["ssub", "sunsub"])
+def test_a_forwarded_filter_no_client_could_send_is_bad_content(kind: str) -> None:
+    """The home applies a forwarded SUBSCRIBE/UNSUBSCRIBE inline, in the link's reader: a
+    filter the edge's decoder would have refused is a peer's bad content (``ValueError``,
+    the link closes), never registered."""
+    from types import SimpleNamespace
+
+    from mqttring.cluster.relay import SessionProxy, SessionRelay
+    from mqttring.protocol.session import Session
+
+    session = Session("c", False)
+    core = SimpleNamespace(sessions={"c": session}, subscriptions=_Anything())
+    relay = SessionRelay(core, make_links())  # type: ignore[arg-type]
+    relay.proxies["c"] = SessionProxy(make_links(), "edge", "c", "edge:1")
+    bad = "a/#/b"
+    message = (m.SessionSubscribe("c", "edge:1", 1, [(bad, 1)], None, 0) if kind == "ssub"
+               else m.SessionUnsubscribe("c", "edge:1", 1, [bad]))
+    with pytest.raises(ValueError, match="forwarded filter"):
+        (relay.on_ssub if kind == "ssub" else relay.on_sunsub)(message)  # type: ignore[operator]
+    assert session.subscriptions == {}

@@ -47,11 +47,13 @@ from mqttring.cluster.messages import (
 )
 from mqttring.lsm import Durability
 from mqttring.protocol.codec import encode
+from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.message import Message, new_mid
 from mqttring.protocol.packets import SubAck, UnsubAck
 from mqttring.protocol.packets5 import SubAck5, UnsubAck5
 from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import ClientLimits5, retained_wanted
+from mqttring.protocol.topics import validate_topic_filter
 
 if TYPE_CHECKING:
     from mqttring.broker.core import BrokerCore
@@ -344,6 +346,7 @@ class SessionRelay:
         session, proxy = found
         subscriptions = self.core.subscriptions
         pairs = tuple(message.topics)
+        _check_filters(f for f, _ in pairs)
         options = None if message.options is None else tuple(message.options)
         replay = retained_wanted(session, pairs, options)
         codes, registered = subscriptions.register(session, pairs, options,
@@ -376,6 +379,7 @@ class SessionRelay:
         session, proxy = found
         subscriptions = self.core.subscriptions
         topics = tuple(message.topics)
+        _check_filters(topics)
         codes = subscriptions.unregister(session, topics)
         ahead, mine = proxy.answer_turn()
 
@@ -394,6 +398,17 @@ class SessionRelay:
                 mine.set()
 
         return finish
+
+
+def _check_filters(filters: Iterable[str]) -> None:
+    """The edge's decoder checked them; a peer that sends a filter no client could is a
+    bug or a version skew, refused as bad content (``ValueError``: the link closes), not
+    registered inline in the link's reader."""
+    for topic_filter in filters:
+        try:
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as exc:
+            raise ValueError(f"a forwarded filter is invalid: {exc}") from None
 
 
 __all__ = ["RemoteSession", "SessionProxy", "SessionRelay"]
