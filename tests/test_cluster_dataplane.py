@@ -45,6 +45,7 @@ from mqtt_client import (
     PUBREC,
     PUBREL,
     SUBACK,
+    UNSUBACK,
     RawClient,
     puback,
     pubcomp,
@@ -52,6 +53,7 @@ from mqtt_client import (
     pubrec,
     pubrel,
     subscribe,
+    unsubscribe,
 )
 from mqttring.rpc import MAX_FRAME
 
@@ -739,3 +741,31 @@ def test_a_pingresp_follows_the_answers_due_before_it_across_owners(
                            + [(SUBACK, 2), (PINGRESP, None)])
     finally:
         client.close()
+
+
+def test_a_session_away_from_its_home_gets_its_answers_in_the_order_of_its_packets(
+        cluster: NodeCluster, view: ViewInfo) -> None:
+    """A persistent session connected to A and living at B: SUBSCRIBE, UNSUBSCRIBE,
+    PINGREQ, SUBSCRIBE, a QoS 1 PUBLISH and a PINGREQ in one write are answered in that
+    order, as by mosquitto.  B writes the SUBACKs and UNSUBACK into the session's bytes;
+    A answered the PINGREQs and the PUBLISH without waiting for them (a black-box probe:
+    PINGRESPs ahead in 8 of 12 client ids, every time for a given one)."""
+    tag = unique("away")
+    client_id = view.client_homed_at("b", f"{tag}-c")
+    client = RawClient(HOST, cluster.port("a"))
+    try:
+        assert client.connect(client_id, clean_session=False).return_code == 0
+        client.send(subscribe(1, [(f"{tag}/a", 1)]) + unsubscribe(2, [f"{tag}/a"])
+                    + PINGREQ_BYTES + subscribe(3, [(f"{tag}/b", 1)])
+                    + publish(f"{tag}/c", b"m", qos=1, packet_id=10) + PINGREQ_BYTES)
+        answers = [(p.type, p.packet_id) for p in
+                   (client.recv_packet(timeout=15) for _ in range(6))]
+        assert answers == [(SUBACK, 1), (UNSUBACK, 2), (PINGRESP, None), (SUBACK, 3),
+                           (PUBACK, 10), (PINGRESP, None)]
+    finally:
+        client.close()
+        end = RawClient(HOST, cluster.port("a"))  # end the session: reruns start clean
+        try:
+            end.connect(client_id, clean_session=True)
+        finally:
+            end.close()

@@ -262,8 +262,8 @@ def test_a_forwarded_filter_no_client_could_send_is_bad_content(kind: str) -> No
     relay = SessionRelay(core, make_links())  # type: ignore[arg-type]
     relay.proxies["c"] = SessionProxy(make_links(), "edge", "c", "edge:1")
     bad = "a/#/b"
-    message = (m.SessionSubscribe("c", "edge:1", 1, [(bad, 1)], None, 0) if kind == "ssub"
-               else m.SessionUnsubscribe("c", "edge:1", 1, [bad]))
+    message = (m.SessionSubscribe(0, "c", "edge:1", 1, [(bad, 1)], None, 0) if kind == "ssub"
+               else m.SessionUnsubscribe(0, "c", "edge:1", 1, [bad]))
     with pytest.raises(ValueError, match="forwarded filter"):
-        (relay.on_ssub if kind == "ssub" else relay.on_sunsub)(message)  # type: ignore[operator]
+        (relay.on_ssub if kind == "ssub" else relay.on_sunsub)("edge", message)  # type: ignore[operator]
     assert session.subscriptions == {}

@@ -133,6 +133,17 @@ class SessionUnavailable(Exception):
     """The node that must decide on this client id cannot be reached now (CONNACK 3)."""
 
 
+class Forwarded(Protocol):
+    """A SUBSCRIBE or UNSUBSCRIBE forwarded to the node its session lives on: ``wait``
+    returns once that node's answer (SUBACK, UNSUBACK) is in the connection's output, or
+    raises ``SessionUnavailable`` if it did not answer; ``close`` if it is never awaited
+    (the connection ended first)."""
+
+    async def wait(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class SessionManager(Protocol):
     async def open(
         self, handler: ClientHandler, client_id: str, packet: Connect | Connect5
@@ -148,13 +159,15 @@ class SessionManager(Protocol):
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
                           options: tuple[int, ...] | None = None,
-                          subscription_id: int = 0) -> bool:
-        """True if the session lives on another node, which then answers the SUBSCRIBE
-        (in the session's own byte stream); False: the broker core handles it here.
+                          subscription_id: int = 0) -> Forwarded | None:
+        """If the session lives on another node: forward the SUBSCRIBE now, which that
+        node answers in the session's own byte stream, and return what to await until the
+        SUBACK is in this connection's output (it raises ``SessionUnavailable`` if that
+        node did not answer).  None: the broker core handles it here.
         ``options``/``subscription_id``: MQTT 5's, as in ``SubscribeRequested``."""
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
-                            topics: tuple[str, ...]) -> bool:
+                            topics: tuple[str, ...]) -> Forwarded | None:
         """As ``forward_subscribe``, for UNSUBSCRIBE."""
 
     async def expire_sessions(self, now: float) -> int:
@@ -169,12 +182,12 @@ class LocalSessions:
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
                           options: tuple[int, ...] | None = None,
-                          subscription_id: int = 0) -> bool:
-        return False  # every session of a single node lives here
+                          subscription_id: int = 0) -> Forwarded | None:
+        return None  # every session of a single node lives here
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
-                            topics: tuple[str, ...]) -> bool:
-        return False
+                            topics: tuple[str, ...]) -> Forwarded | None:
+        return None
 
     async def open(
         self, handler: ClientHandler, client_id: str, packet: Connect | Connect5

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.router import Registration, Router
 from mqttring.broker.session_store import SessionStore
-from mqttring.broker.sessions import SessionManager
+from mqttring.broker.sessions import Forwarded, SessionManager, SessionUnavailable
 from mqttring.broker.shared import is_shared, parse_shared
 from mqttring.protocol.connection import SubscribeRequested, UnsubscribeRequested
 from mqttring.protocol.errors import InvalidTopic
@@ -41,16 +41,20 @@ log = logging.getLogger("mqttring.broker")
 class EarlySubscribe:
     """A SUBSCRIBE registered as it was read, for ``on_subscribe`` to finish: the filters'
     Retain Handling answers, the SUBACK codes, the registrations still being confirmed
-    elsewhere, or ``forwarded`` to the session's home node, which answers it."""
+    elsewhere, or ``forwarded`` to the session's home node, which answers it (awaited
+    through this: done once the SUBACK is in the connection's output)."""
 
     replay: list[bool] | None
     codes: list[int]
     registered: list[Registration]
-    forwarded: bool = False
+    forwarded: Forwarded | None = None
 
     def abandon(self) -> None:
         for registration in self.registered:
             registration.abandon()
+        if self.forwarded is not None:
+            self.forwarded.close()  # never awaited: closed, so it is not reported as a leak
+            self.forwarded = None
 
 
 class Subscriptions:
@@ -72,9 +76,10 @@ class Subscriptions:
         here, in the caller's turn.  ``on_subscribe`` finishes it, in order."""
         session = handler.session
         assert session is not None
-        if self.manager.forward_subscribe(session, event.packet_id, event.topics,
-                                          event.options, event.subscription_id):
-            return EarlySubscribe(None, [], [], forwarded=True)
+        forwarded = self.manager.forward_subscribe(session, event.packet_id, event.topics,
+                                                   event.options, event.subscription_id)
+        if forwarded is not None:
+            return EarlySubscribe(None, [], [], forwarded)
         replay = retained_wanted(session, event.topics, event.options)
         codes, registered = self.register(session, event.topics, event.options,
                                            event.subscription_id)
@@ -86,8 +91,12 @@ class Subscriptions:
         early = handler.early.pop(id(event), None) if handler.early else None
         if early is None:
             early = self.subscribe_early(handler, event)
-        if early.forwarded:
-            return  # the session lives on another node, which answers
+        if early.forwarded is not None:
+            # The session lives on another node, which answers: the client's next packets
+            # are answered once that SUBACK is in the output.
+            forwarded, early.forwarded = early.forwarded, None
+            await self._home_answered(handler, forwarded)
+            return
         codes = early.codes
         await self.registered(session, event.topics, early.registered)
         handler.conn.send_suback(event.packet_id, codes)
@@ -182,11 +191,24 @@ class Subscriptions:
     async def on_unsubscribe(self, handler: ClientHandler, event: UnsubscribeRequested) -> None:
         session = handler.session
         assert session is not None
-        if self.manager.forward_unsubscribe(session, event.packet_id, event.topics):
+        forwarded = self.manager.forward_unsubscribe(session, event.packet_id, event.topics)
+        if forwarded is not None:
+            await self._home_answered(handler, forwarded)
             return
         codes = self.unregister(session, event.topics)
         await self.session_store.save_subscriptions(session, event.topics)
         handler.conn.send_unsuback(event.packet_id, codes)
+
+    @staticmethod
+    async def _home_answered(handler: ClientHandler, forwarded: Forwarded) -> None:
+        """Wait until the session's home wrote its answer; a home that does not answer
+        leaves the subscription state unknown here: the client is closed (MQTT 5: 0x89,
+        server busy) and finds it out from its session when it reconnects."""
+        try:
+            await forwarded.wait()
+        except SessionUnavailable as exc:
+            log.info("closing %r: %s", handler.client_id, exc)
+            handler.kick(str(exc), 0x89)
 
     def unregister(self, session: Session, topics: tuple[str, ...]) -> list[int]:
         """An UNSUBSCRIBE's part that acts at once: the filters dropped here and at the

@@ -435,7 +435,8 @@ LinkMessage: TypeAlias = (
 #: Messages sent with ``Links.request``: they carry ``req`` and get an ``Ack``.
 Request: TypeAlias = (
     Pub | Dlv | Redispatch | ShareTrack | RouteAdd | RouteDel | Handoff | RetainedQuery | Repl
-    | CatchUp | SessionOpen | SessionClose | SessionKick | InboundQos2
+    | CatchUp | SessionOpen | SessionClose | SessionKick | InboundQos2 | SessionSubscribe
+    | SessionUnsubscribe
 )
 
 

@@ -168,9 +168,12 @@ class InboundQos2(FrozenMessage, tag="q2"):
 
 
 class SessionSubscribe(FrozenMessage, tag="ssub"):
-    """Edge -> home: the client's SUBSCRIBE; the home subscribes the session, writes the
-    SUBACK and then the retained messages into the session's byte stream."""
+    """Edge -> home: the client's SUBSCRIBE; the home subscribes the session (as it
+    arrives), writes the SUBACK and then the retained messages into the session's byte
+    stream (in arrival order), then answers ``req``: the edge, which got those bytes first
+    (one link is one FIFO), lets the client's next packets be answered only then."""
 
+    req: int
     client_id: str
     token: str
     packet_id: int
@@ -182,8 +185,10 @@ class SessionSubscribe(FrozenMessage, tag="ssub"):
 
 
 class SessionUnsubscribe(FrozenMessage, tag="sunsub"):
-    """Edge -> home: the client's UNSUBSCRIBE; the home unsubscribes and writes UNSUBACK."""
+    """Edge -> home: the client's UNSUBSCRIBE; the home unsubscribes, writes UNSUBACK, then
+    answers ``req`` (as ``SessionSubscribe``)."""
 
+    req: int
     client_id: str
     token: str
     packet_id: int

@@ -539,11 +539,11 @@ class DataPlane:
                 return lambda node, msg: self.spawn(fn, node, msg)
             return lambda node, msg: self.spawn(fn, msg)
 
-        def then(fn: Callable[[Any], Callable[[], Awaitable[None]] | None]
+        def then(fn: Callable[[str, Any], Callable[[], Awaitable[None]] | None]
                  ) -> Callable[[str, Any], None]:
             """Acts inline, in arrival order; what it returns to finish runs in a task."""
             def handle(node: str, msg: Any) -> None:
-                finish = fn(msg)
+                finish = fn(node, msg)
                 if finish is not None:
                     self.spawn(finish)
             return handle

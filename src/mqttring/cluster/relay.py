@@ -28,11 +28,12 @@ live connection's session bytes and acknowledgements, and does no locking of its
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from mqttring.broker.sessions import SessionUnavailable
 from mqttring.cluster.errors import PeerFailure, PeerUnavailable
 from mqttring.cluster.links import Links
 from mqttring.cluster.messages import (
@@ -142,6 +143,35 @@ class RemoteSession(Session):
         return {}, changes
 
 
+class HomeAnswer:
+    """The answer of a session's home to a forwarded SUBSCRIBE or UNSUBSCRIBE
+    (``mqttring.broker.sessions.Forwarded``): awaited by the connection's acceptor, closed
+    unawaited if the connection ends first."""
+
+    __slots__ = ("_answer", "_error", "home")
+
+    def __init__(self, home: str, answer: Coroutine[Any, Any, None] | None,
+                 error: PeerFailure | None = None) -> None:
+        self.home = home
+        self._answer = answer
+        self._error = error
+
+    async def wait(self) -> None:
+        answer, self._answer = self._answer, None
+        try:
+            if answer is None:
+                raise self._error or PeerUnavailable(f"{self.home}: already awaited")
+            await answer
+        except PeerFailure as exc:
+            raise SessionUnavailable(f"the session's home {self.home} did not answer "
+                                     f"({type(exc).__name__}: {exc})") from exc
+
+    def close(self) -> None:
+        if self._answer is not None:
+            self._answer.close()
+            self._answer = None
+
+
 class SessionProxy:
     """Home-side waker: ships a persistent session's output to the edge that holds it."""
 
@@ -191,9 +221,11 @@ class SessionRelay:
     are connected elsewhere (``proxies``).  ``ClusterSessions`` owns it and decides when a
     stand-in or a proxy begins and ends; the link dispatch hands it the relayed messages."""
 
-    def __init__(self, core: BrokerCore, links: Links) -> None:
+    def __init__(self, core: BrokerCore, links: Links, answer_timeout: float = 15.0) -> None:
         self.core = core
         self.links = links
+        #: Seconds an edge waits for the home's answer to a SUBSCRIBE or UNSUBSCRIBE.
+        self.answer_timeout = answer_timeout
         #: Edge side: stand-ins by (client id, connection token).
         self.remote: dict[tuple[str, str], RemoteSession] = {}
         #: Home side: the proxy of each session served to another node, by client id.
@@ -236,21 +268,31 @@ class SessionRelay:
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
                           options: tuple[int, ...] | None = None,
-                          subscription_id: int = 0) -> bool:
+                          subscription_id: int = 0) -> HomeAnswer | None:
         if not isinstance(session, RemoteSession):
-            return False
-        self.links.send(session.home, SessionSubscribe(
-            session.client_id, session.token, packet_id, list(topics),
+            return None
+        return self._ask_home(session, SessionSubscribe(
+            0, session.client_id, session.token, packet_id, list(topics),
             None if options is None else list(options), subscription_id))
-        return True
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
-                            topics: tuple[str, ...]) -> bool:
+                            topics: tuple[str, ...]) -> HomeAnswer | None:
         if not isinstance(session, RemoteSession):
-            return False
-        self.links.send(session.home, SessionUnsubscribe(session.client_id, session.token,
-                                                         packet_id, list(topics)))
-        return True
+            return None
+        return self._ask_home(session, SessionUnsubscribe(
+            0, session.client_id, session.token, packet_id, list(topics)))
+
+    def _ask_home(self, session: RemoteSession,
+                  message: SessionSubscribe | SessionUnsubscribe) -> HomeAnswer:
+        """Queue ``message`` to the session's home now, in the caller's turn (the home
+        applies SUBSCRIBEs and UNSUBSCRIBEs in link order); its answer comes once the
+        SUBACK/UNSUBACK is in the connection's output, so the answers to the client's
+        later packets (a PINGRESP, a PUBACK) follow it, as from one broker."""
+        try:
+            answer = self.links.request_now(session.home, message, self.answer_timeout)
+        except PeerUnavailable as exc:
+            return HomeAnswer(session.home, None, exc)
+        return HomeAnswer(session.home, answer)
 
     def on_sbytes(self, message: SessionBytes) -> None:
         stand_in = self.remote.get((message.client_id, message.token))
@@ -336,12 +378,14 @@ class SessionRelay:
         await self.core.session_store.save_changes([session], durability)
         self.links.reply(node, req, True)
 
-    def on_ssub(self, message: SessionSubscribe) -> Callable[[], Awaitable[None]] | None:
+    def on_ssub(self, node: str, message: SessionSubscribe
+                ) -> Callable[[], Awaitable[None]] | None:
         """Register a SUBSCRIBE forwarded by the edge as it arrives, in the link's order
         (an UNSUBSCRIBE after it acts after it); what remains, the SUBACK and the retained
-        messages in their turn, is returned for a task to finish."""
+        messages in their turn, then the answer, is returned for a task to finish."""
         found = self._proxied(message.client_id, message.token)
         if found is None:
+            self.links.reply(node, message.req, False, "not the registered connection")
             return None
         session, proxy = found
         subscriptions = self.core.subscriptions
@@ -365,16 +409,19 @@ class SessionRelay:
                     proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
                 proxy.wake()
                 await subscriptions.deliver_retained(session, pairs, codes, replay)
+                self.links.reply(node, message.req, True)  # behind the bytes it answers
             finally:
                 mine.set()
 
         return finish
 
-    def on_sunsub(self, message: SessionUnsubscribe) -> Callable[[], Awaitable[None]] | None:
+    def on_sunsub(self, node: str, message: SessionUnsubscribe
+                  ) -> Callable[[], Awaitable[None]] | None:
         """An UNSUBSCRIBE forwarded by the edge, as ``on_ssub``: acts as it arrives,
         answered in its turn."""
         found = self._proxied(message.client_id, message.token)
         if found is None:
+            self.links.reply(node, message.req, False, "not the registered connection")
             return None
         session, proxy = found
         subscriptions = self.core.subscriptions
@@ -394,6 +441,7 @@ class SessionRelay:
                 else:
                     proxy.output += encode(UnsubAck(message.packet_id))
                 proxy.wake()
+                self.links.reply(node, message.req, True)
             finally:
                 mine.set()
 
@@ -411,4 +459,4 @@ def _check_filters(filters: Iterable[str]) -> None:
             raise ValueError(f"a forwarded filter is invalid: {exc}") from None
 
 
-__all__ = ["RemoteSession", "SessionProxy", "SessionRelay"]
+__all__ = ["HomeAnswer", "RemoteSession", "SessionProxy", "SessionRelay"]

@@ -67,7 +67,7 @@ from mqttring.cluster.messages import (
     WillDelete,
     WillRegister,
 )
-from mqttring.cluster.relay import RemoteSession, SessionRelay
+from mqttring.cluster.relay import HomeAnswer, RemoteSession, SessionRelay
 from mqttring.cluster.wills import OwedWill, Wills, undelayed, will_from_wire, will_to_wire
 from mqttring.lsm import Durability
 from mqttring.protocol.packets import Connect, Will
@@ -126,7 +126,7 @@ class ClusterSessions(LocalSessions):
         self.by_token: dict[str, ClientHandler] = {}
         #: The session bytes and acknowledgements of persistent sessions whose client is
         #: connected to another node than their home (``mqttring.cluster.relay``).
-        self.relay = SessionRelay(core, links)
+        self.relay = SessionRelay(core, links, patience)
         self._locks: dict[str, trio.Lock] = {}
         #: Closes of this edge's connections on their way to a home on another node, by
         #: client id (the latest): a new connection of the id waits for it (``open``).
@@ -322,12 +322,12 @@ class ClusterSessions(LocalSessions):
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
                           options: tuple[int, ...] | None = None,
-                          subscription_id: int = 0) -> bool:
+                          subscription_id: int = 0) -> HomeAnswer | None:
         return self.relay.forward_subscribe(session, packet_id, topics, options,
                                             subscription_id)
 
     def forward_unsubscribe(self, session: Session, packet_id: int,
-                            topics: tuple[str, ...]) -> bool:
+                            topics: tuple[str, ...]) -> HomeAnswer | None:
         return self.relay.forward_unsubscribe(session, packet_id, topics)
 
     def on_skick(self, node: str, message: SessionKick) -> None:
