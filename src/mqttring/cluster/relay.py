@@ -14,7 +14,8 @@ connected to another node (the *edge*), this module relays between the two:
 * **edge -> home.**  A ``RemoteSession`` is the edge's stand-in for the protocol machine.
   It forwards the client's PUBACK/PUBREC/PUBCOMP (``sack``), SUBSCRIBE/UNSUBSCRIBE
   (``ssub``/``sunsub``, answered by the home in the byte stream, so a SUBACK can never
-  overtake nor follow the retained messages it announces) and inbound QoS 2 ids (``q2``,
+  overtake nor follow the retained messages it announces, and then as requests, so the
+  edge answers the client's later packets after it) and inbound QoS 2 ids (``q2``,
   durably before a PUBREC).
 
 Every relayed message carries the connection's token; the home serves only the proxy of the
@@ -398,6 +399,7 @@ class SessionRelay:
         ahead, mine = proxy.answer_turn()
 
         async def finish() -> None:
+            answered = False
             try:
                 await subscriptions.registered(session, pairs, registered)
                 if ahead is not None:
@@ -410,8 +412,11 @@ class SessionRelay:
                 proxy.wake()
                 await subscriptions.deliver_retained(session, pairs, codes, replay)
                 self.links.reply(node, message.req, True)  # behind the bytes it answers
+                answered = True
             finally:
                 mine.set()
+                if not answered:  # the edge closes the client now, not after its timeout
+                    self.links.reply(node, message.req, False, "the SUBSCRIBE failed here")
 
         return finish
 
@@ -431,6 +436,7 @@ class SessionRelay:
         ahead, mine = proxy.answer_turn()
 
         async def finish() -> None:
+            answered = False
             try:
                 await self.core.session_store.save_subscriptions(session, topics)
                 if ahead is not None:
@@ -442,8 +448,11 @@ class SessionRelay:
                     proxy.output += encode(UnsubAck(message.packet_id))
                 proxy.wake()
                 self.links.reply(node, message.req, True)
+                answered = True
             finally:
                 mine.set()
+                if not answered:
+                    self.links.reply(node, message.req, False, "the UNSUBSCRIBE failed here")
 
         return finish
 
