@@ -117,6 +117,9 @@ def test_sys_topics_need_a_dollar_rule(tmp_path):
     ("# c\nfoo bar\n", "acl:2: unknown directive 'foo'"),
     ("pattern read a/x%c\n", "%c and %u must be a whole topic level"),
     ("topic read a+/b\n", "'+' must be a whole level"),
+    # A misspelled access word was read as part of the filter: a grant, not a deny.
+    ("user alice\ntopic Deny shared/secret\n", "acl:2: invalid access type 'Deny'"),
+    ("pattern raed devices/%c\n", "acl:1: invalid access type 'raed'"),
 ])
 def test_parse_errors_name_the_line(text, where):
     with pytest.raises(AclParseError) as err:
@@ -130,7 +133,7 @@ def test_reload_swaps_rules_for_connected_clients_and_keeps_old_on_error(tmp_pat
     (tmp_path / "acl").write_text("user alice\ntopic read other\n")
     holder.reload()
     assert not alice.may_read("alice/x") and alice.may_read("other")
-    (tmp_path / "acl").write_text("user alice\ntopic bogus a b\nbroken line\n")
+    (tmp_path / "acl").write_text("user alice\ntopic a/b\nbroken line\n")
     with pytest.raises(AclParseError, match=":3: unknown directive 'broken'"):
         holder.reload()
     assert alice.may_read("other"), "a bad file leaves the old rules in force"

@@ -103,6 +103,12 @@ class AclFile:
                 word, _, tail = rest.partition(" ")
                 if word in _ACCESS_WORDS:
                     access, topic_filter = _ACCESS_WORDS[word], tail.strip()
+                elif tail.strip():
+                    # Two words: the first is an access type (as mosquitto reads it), and a
+                    # misspelled one must not turn a ``deny`` into a grant of a filter
+                    # nobody publishes to ("Deny shared/secret").
+                    raise AclParseError(f"{where}: invalid access type {word!r} (expected "
+                                        "read, write, readwrite or deny)")
                 else:
                     access, topic_filter = Access.READWRITE, rest
                 problem = _filter_problem(topic_filter, keyword == "pattern")
