@@ -111,13 +111,17 @@ def test_a_node_still_joining_stops_on_a_signal(tmp_path, nodes, signum):
     assert "Traceback" not in text
 
 
-def test_a_busy_port_is_one_line_and_exit_1(tmp_path):
+@pytest.mark.parametrize("listener", ["--mqtt", "--http"])
+def test_a_busy_port_is_one_line_and_exit_1(tmp_path, listener):
+    """The line names the address, for the HTTP listener too (it said only "[Errno 98]
+    Address already in use")."""
     with socket.socket() as busy:
         busy.bind((HOST, 0))
         busy.listen()
         port = busy.getsockname()[1]
+        others = [] if listener == "--mqtt" else ["--mqtt", f"{HOST}:0"]
         result = subprocess.run(
-            [sys.executable, "-m", "mqttring.node", "--mqtt", f"{HOST}:{port}",
+            [sys.executable, "-m", "mqttring.node", listener, f"{HOST}:{port}", *others,
              "--data-dir", str(tmp_path / "d"), "--sys-interval", "0"],
             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

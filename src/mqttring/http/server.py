@@ -17,6 +17,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from mqttring.config import parse_hostport
+from mqttring.errors import ListenError, sole_exception
 from mqttring.http.app import build_app
 
 if TYPE_CHECKING:
@@ -43,7 +44,15 @@ async def serve_http(broker: MqttRingBroker, *,
     hyper.read_timeout = config.http_read_timeout  # type: ignore[assignment]
     hyper.include_server_header = False
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(partial(serve, build_app(broker), hyper))
+        try:
+            binds: list[str] = await nursery.start(partial(serve, build_app(broker), hyper))
+        except (OSError, BaseExceptionGroup) as exc:
+            # A busy port, named as the MQTT listeners name theirs (hypercorn raises it
+            # from a nursery of its own, in a group).
+            cause = sole_exception(exc)
+            if not isinstance(cause, OSError):
+                raise
+            raise ListenError(config.http, cause) from None
         bound = int(binds[0].rpartition(":")[2])
         log.info("node %s: HTTP API, /metrics and dashboard on http://%s:%d/ (%s)",
                  config.node_id, host, bound,
