@@ -176,7 +176,8 @@ def test_patterns_and_denied_retained_messages_on_every_owner(cluster, clients):
     assert sorted(d.payload for d in got) == sorted(f"alice@{o}".encode() for o in NODES), got
 
 
-RELOADED = "SIGHUP: config reloaded, nothing changed"
+RELOADED = ("SIGHUP: config reloaded, no setting changed; "
+            "the password, ACL and certificate files re-read")
 
 
 def reload_acl(cluster: NodeCluster, acl_files: dict[str, Path], text: str,

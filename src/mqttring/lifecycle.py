@@ -187,15 +187,19 @@ class NodeLifecycle:
                 return
             set_level(plan.config.log_level)
         # A file that does not parse is logged by the reload and its previous rules stay.
-        with contextlib.suppress(ConfigError):
+        files = "the password, ACL and certificate files re-read"
+        try:
             await trio.to_thread.run_sync(self.broker.reload_files)
+        except ConfigError:
+            files = "a file named in it kept its previous contents (logged above)"
         for change in plan.applied:
             log.info("reloaded: %s", change.describe())
         if plan.needs_restart:
             log.warning("changed in the config file but not applied (need a restart): %s",
                         ", ".join(plan.needs_restart))
         if not plan.applied and not plan.needs_restart:
-            log.info("SIGHUP: config reloaded, nothing changed")
+            # Not "nothing changed": the files it names may have (a new password file).
+            log.info("SIGHUP: config reloaded, no setting changed; %s", files)
 
 
 def _write_ready_file(path: Path, info: dict[str, Any]) -> None:
