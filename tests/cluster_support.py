@@ -277,9 +277,11 @@ class NodeCluster(LocalCluster):
                                  f"{self.tail(node_id)}") from None
 
 
-def start_cluster(root: Path, nodes: Iterable[str] = ("a", "b", "c"), **kwargs: Any
-                  ) -> NodeCluster:
+def start_cluster(root: Path, nodes: Iterable[str] = ("a", "b", "c"), *,
+                  extra_toml: str = "", **kwargs: Any) -> NodeCluster:
+    """A formed, settled cluster; ``extra_toml``: more TOML lines for every node."""
     cluster = NodeCluster(root, **kwargs)
+    cluster.extra_toml = extra_toml
     try:
         cluster.form_sync(*nodes)
         cluster.settle(nodes)

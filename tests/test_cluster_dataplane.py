@@ -65,17 +65,13 @@ QUIET = 0.4  # after the expected deliveries, how long extras are waited for
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    c = NodeCluster(Path(tmp_path_factory.mktemp("dataplane")))
     # A PINGRESP waits for the answers before it however slow a loaded runner makes them
     # (``test_a_pingresp_follows_the_answers_due_before_it_across_owners``); the bound on
     # that wait has its own test (``test_e2e_flow_control.py``).
-    c.extra_toml = "[limits]\npingresp_wait = 30\n"
-    try:
-        c.form_sync(*NODES)
-        c.settle(NODES)
-        yield c
-    finally:
-        c.close()
+    c = start_cluster(Path(tmp_path_factory.mktemp("dataplane")), NODES,
+                      extra_toml="[limits]\npingresp_wait = 30\n")
+    yield c
+    c.close()
 
 
 @pytest.fixture

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster_support import Client, Clients, ConnectRefused, Delivery, NodeCluster, unique
+from cluster_support import (
+    Client,
+    Clients,
+    ConnectRefused,
+    Delivery,
+    NodeCluster,
+    start_cluster,
+    unique,
+)
 from mqtt_client import PUBLISH, RawClient
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,11 +34,9 @@ pytestmark = pytest.mark.timeout(180)
 
 @contextlib.contextmanager
 def local_first_cluster(root: Path, nodes: tuple[str, ...]) -> Iterator[NodeCluster]:
-    cluster = NodeCluster(root)
-    cluster.extra_toml = 'shared_subscription_strategy = "local_first"\n'
+    cluster = start_cluster(root, nodes,
+                            extra_toml='shared_subscription_strategy = "local_first"\n')
     try:
-        cluster.form_sync(*nodes)
-        cluster.settle(nodes)
         yield cluster
     finally:
         cluster.close()

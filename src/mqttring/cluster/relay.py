@@ -396,29 +396,12 @@ class SessionRelay:
         replay = retained_wanted(session, pairs, options)
         codes, registered = subscriptions.register(session, pairs, options,
                                                    message.subscription_id)
-        ahead, mine = proxy.answer_turn()
-
-        async def finish() -> None:
-            answered = False
-            try:
-                await subscriptions.registered(session, pairs, registered)
-                if ahead is not None:
-                    await ahead.wait()
-                if session.v5 is not None:
-                    proxy.output += session.v5.encode_ack(
-                        SubAck5(message.packet_id, tuple(codes)))
-                else:
-                    proxy.output += encode(SubAck(message.packet_id, tuple(codes)))
-                proxy.wake()
-                await subscriptions.deliver_retained(session, pairs, codes, replay)
-                self.links.reply(node, message.req, True)  # behind the bytes it answers
-                answered = True
-            finally:
-                mine.set()
-                if not answered:  # the edge closes the client now, not after its timeout
-                    self.links.reply(node, message.req, False, "the SUBSCRIBE failed here")
-
-        return finish
+        return self._answer_in_turn(
+            node, message.req, session, proxy,
+            lambda: subscriptions.registered(session, pairs, registered),
+            SubAck(message.packet_id, tuple(codes)) if session.v5 is None
+            else SubAck5(message.packet_id, tuple(codes)),
+            lambda: subscriptions.deliver_retained(session, pairs, codes, replay))
 
     def on_sunsub(self, node: str, message: SessionUnsubscribe
                   ) -> Callable[[], Awaitable[None]] | None:
@@ -429,30 +412,44 @@ class SessionRelay:
             self.links.reply(node, message.req, False, "not the registered connection")
             return None
         session, proxy = found
-        subscriptions = self.core.subscriptions
         topics = tuple(message.topics)
         _check_filters(topics)
-        codes = subscriptions.unregister(session, topics)
+        codes = self.core.subscriptions.unregister(session, topics)
+        return self._answer_in_turn(
+            node, message.req, session, proxy,
+            lambda: self.core.session_store.save_subscriptions(session, topics),
+            UnsubAck(message.packet_id) if session.v5 is None
+            else UnsubAck5(message.packet_id, tuple(codes)))
+
+    def _answer_in_turn(self, node: str, req: int, session: Session, proxy: SessionProxy,
+                        ready: Callable[[], Awaitable[None]],
+                        ack: SubAck | UnsubAck | SubAck5 | UnsubAck5,
+                        then: Callable[[], Awaitable[None]] | None = None,
+                        ) -> Callable[[], Awaitable[None]]:
+        """Take the request's place in line now (``answer_turn``); what it returns, run in
+        a task, waits for ``ready`` and for the answers ahead, writes ``ack`` (the SUBACK
+        or UNSUBACK of the session's protocol) into the session's bytes, runs ``then``
+        (the retained messages), and answers the edge behind those bytes, or refuses at
+        once if anything failed (the edge closes the client now, not after its timeout)."""
         ahead, mine = proxy.answer_turn()
 
         async def finish() -> None:
             answered = False
             try:
-                await self.core.session_store.save_subscriptions(session, topics)
+                await ready()
                 if ahead is not None:
                     await ahead.wait()
-                if session.v5 is not None:
-                    proxy.output += session.v5.encode_ack(
-                        UnsubAck5(message.packet_id, tuple(codes)))
-                else:
-                    proxy.output += encode(UnsubAck(message.packet_id))
+                proxy.output += (session.v5.encode_ack(ack)  # type: ignore[arg-type]
+                                 if session.v5 is not None else encode(ack))
                 proxy.wake()
-                self.links.reply(node, message.req, True)
+                if then is not None:
+                    await then()
+                self.links.reply(node, req, True)
                 answered = True
             finally:
                 mine.set()
                 if not answered:
-                    self.links.reply(node, message.req, False, "the UNSUBSCRIBE failed here")
+                    self.links.reply(node, req, False, f"{type(ack).__name__} not sent here")
 
         return finish
 
