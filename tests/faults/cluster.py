@@ -155,9 +155,10 @@ class Cluster:
                 raise RuntimeError(f"{name} not ready in {timeout}s:\n{self.tail(name)}")
             time.sleep(0.05)
 
-    def form(self) -> None:
-        """First node alone, then each other node joins through it, one at a time."""
-        names = list(self.nodes)
+    def form(self, names: list[str] | None = None) -> None:
+        """First node alone, then each other node joins through it, one at a time (``names``:
+        those of the cluster's nodes to form with, all by default)."""
+        names = names or list(self.nodes)
         first = self.nodes[names[0]]
         self.start(first.name)
         self.wait_ready(first.name)
@@ -172,6 +173,22 @@ class Cluster:
             node.killed_by_us = True
             node.popen.send_signal(signal.SIGKILL)
             node.popen.wait(10)
+
+    def terminate(self, name: str, timeout: float = 60.0) -> float:
+        """SIGTERM (a graceful leave) and wait for the process to exit by itself (bounded;
+        killed past it, and the exit then counts as unexpected). Returns seconds waited."""
+        node = self.nodes[name]
+        assert node.popen is not None and node.alive, f"{name} not running"
+        t0 = time.monotonic()
+        node.popen.send_signal(signal.SIGTERM)
+        try:
+            rc = node.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            node.popen.kill()
+            node.popen.wait(10)
+            return time.monotonic() - t0
+        node.killed_by_us = rc == 0  # a leave that ends in an error exit is a crash
+        return time.monotonic() - t0
 
     def restart(self, name: str) -> None:
         """Start again on the same data dir, joining through any live member."""

@@ -67,7 +67,8 @@ def inner(args: argparse.Namespace) -> int:
         where = args.out / f"{size}n-{scenario}-{run_no}"
         print(f"[faults] {size} nodes, {scenario}, run {run_no} ...", flush=True)
         topology.heal()  # nothing of a previous run's faults may remain
-        report = run_scenario(topology, nodes, scenario, where, timing, grace=args.grace)
+        report = run_scenario(topology, nodes, scenario, where, timing, grace=args.grace,
+                              spare=topology.nodes[size])
         report["run"] = run_no
         report["dir"] = str(where)
         runs.append(report)
@@ -193,7 +194,8 @@ def outer(args: argparse.Namespace, argv: list[str]) -> int:
     if stale:
         print(f"[faults] removed leftovers of earlier runs: {stale}", flush=True)
     sizes = [int(n) for n in str(args.nodes).split(",")]
-    topology = netns.Topology([f"n{i}" for i in range(1, max(sizes) + 1)])
+    # One namespace more than the largest cluster: the node that the ``join`` scenario adds.
+    topology = netns.Topology([f"n{i}" for i in range(1, max(sizes) + 2)])
     child: list[subprocess.Popen[bytes]] = []
 
     def cleanup() -> None:

@@ -36,7 +36,9 @@ from .workload import (
 #: ``none`` is the control: the same run without a fault, which must pass (a harness that
 #: reports failures on a healthy cluster is the harness' bug).
 SCENARIOS = ("none", "kill-follower", "kill-leader", "isolate", "partition", "loss", "sick",
-             "power-loss")
+             "power-loss", "join", "leave", "leader-leaves")
+#: ``leave``: how long a graceful leave (SIGTERM) may take before it counts as a crash.
+LEAVE_BOUND = 60.0
 CONVERGE_BOUND = 20.0
 SETTLE_BOUND = 30.0
 DRAIN_BOUND = 20.0
@@ -146,13 +148,20 @@ def read_retained(addresses: dict[str, tuple[str, int]], node: str, topics: list
 
 
 def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
-                 timing: Timing, grace: float = 5.0) -> dict[str, Any]:
+                 timing: Timing, grace: float = 5.0, spare: str | None = None
+                 ) -> dict[str, Any]:
+    """``spare``: a namespace with no node in it, for the node that ``join`` adds."""
+    if scenario == "join" and spare is None:
+        raise ValueError("the join scenario needs a spare namespace")
     # A fresh cluster needs fresh data dirs: a node finding ``raft/peers.json`` of an
     # earlier run in the same place would try to rejoin that long-gone cluster.
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cluster = Cluster(topology, out, grace=grace, node_names=nodes)
+    cluster = Cluster(topology, out, grace=grace,
+                      node_names=[*nodes, spare] if scenario == "join" and spare else nodes)
     addresses = {n: cluster.nodes[n].mqtt for n in nodes}
+    # The nodes the cluster has after the heal: the checks run against these.
+    final = list(nodes)
     stop_pub, stop_sub = threading.Event(), threading.Event()
     roles: list[Role] = []
     duals: list[DualProbe] = []
@@ -162,22 +171,22 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
                               timing.__dict__, "failure_grace": grace}
     t0 = time.monotonic()
     try:
-        cluster.form()
-        view = cluster.settle(timeout=60)
+        cluster.form(nodes)
+        view = cluster.settle(nodes, timeout=60)
         events["formed"] = time.monotonic()
         leader = cluster.leader()
         followers = [n for n in nodes if n != leader]
         victims: list[str]
-        if scenario == "kill-leader":
+        if scenario in ("kill-leader", "leader-leaves"):
             victims = [leader]
-        elif scenario in ("kill-follower", "isolate", "sick"):
+        elif scenario in ("kill-follower", "isolate", "sick", "leave"):
             victims = [followers[-1]]
         elif scenario == "partition":
             majority = [leader, *followers[: len(nodes) // 2]]
             victims = [n for n in nodes if n not in majority]
         elif scenario == "power-loss":
             victims = list(nodes)
-        elif scenario in ("loss", "none"):
+        elif scenario in ("loss", "none", "join"):
             victims = []
         else:
             raise ValueError(f"unknown scenario {scenario}")
@@ -234,7 +243,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         _wait_until(events["workload"] + timing.warmup)
 
         # ---------------------------------------------------------------- fault
-        if scenario == "kill-leader":
+        if scenario in ("kill-leader", "leader-leaves"):
             current = cluster.leader()
             if current != leader:  # not a failure: the victim is whoever leads now
                 report["notes"] = [f"leader moved {leader} -> {current} before the fault"]
@@ -255,6 +264,20 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
             topology.loss(LOSS_PERCENT)
         elif scenario == "sick":
             topology.degrade(victims[0], SICK_LOSS_PERCENT)
+        elif scenario == "join":
+            # Scaling out under load: a fresh node joins and takes its share of the shards
+            # (sessions, retained, routes) while the workload runs.
+            assert spare is not None
+            cluster.start(spare, join=cluster.nodes[leader].cluster)
+            report["join_ready_s"] = round(cluster.wait_ready(spare, timeout=timing.fault
+                                                              + 30), 3)
+            addresses[spare] = cluster.nodes[spare].mqtt
+            final.append(spare)
+        elif scenario in ("leave", "leader-leaves"):
+            # Scaling in under load: the node hands its shards over and exits by itself;
+            # its clients are closed and reconnect elsewhere.
+            report["leave_s"] = round(cluster.terminate(victims[0], LEAVE_BOUND), 3)
+            final.remove(victims[0])
         _wait_until(events["fault"] + min(2.0, timing.fault / 2))
         pending = list(duals)
         while pending and time.monotonic() < events["fault"] + timing.fault:
@@ -276,7 +299,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
             topology.heal()
         for p in pending:  # still refused during the fault: try once more after the heal
             p.try_second(addresses)
-        report["convergence"] = converge(addresses, nodes, probe_topics, events["heal"])
+        report["convergence"] = converge(addresses, final, probe_topics, events["heal"])
         _wait_until(events["heal"] + timing.post)
 
         # ---------------------------------------------------------------- wind down
@@ -292,7 +315,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         for p in duals:
             p.close()
         try:
-            cluster.settle(nodes, timeout=SETTLE_BOUND)
+            cluster.settle(final, timeout=SETTLE_BOUND)
             report["settled_s_after_stop"] = round(time.monotonic() - events["stop"], 3)
         except RuntimeError as exc:
             report["settled_s_after_stop"] = None
@@ -334,7 +357,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         report["wills"] = _wills(wills, subs, victims, events,
                                  promised=scenario != "power-loss")
         last = {r.topic: r.acked[-1][0] for r in rets if r.acked}
-        seen = {n: read_retained(addresses, n, list(last)) for n in nodes}
+        seen = {n: read_retained(addresses, n, list(last)) for n in final}
         report["retained"] = checker.check_retained(last, seen)
     except Exception as exc:
         harness_errors.append(f"{type(exc).__name__}: {str(exc)[-1500:]}")
