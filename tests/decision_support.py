@@ -111,6 +111,9 @@ class Metadata:
         member = self.state.members[node]
         assert self.state.apply(sm.cmd_down(node, member.incarnation))["ok"]
 
+    def leaving(self, node: str) -> None:
+        assert self.state.apply(sm.cmd_leaving(node))["ok"]
+
     def remove(self, node: str) -> None:
         assert self.state.apply(sm.cmd_remove(node))["ok"]
 

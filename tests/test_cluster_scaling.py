@@ -1,6 +1,7 @@
 """Scaling out and in with data at rest: a join and a graceful leave move shards (sessions,
 their queued messages, retained values) between real ``mqttring.node`` processes; nothing
-acknowledged may be lost or delivered twice on the way.
+acknowledged may be lost or delivered twice on the way, and a leaving node sends its clients
+away without publishing their wills.
 
 The fault suite's ``join``/``leave`` scenarios check the same under a live workload; this
 one holds what is hardest to move: offline persistent sessions with QoS 1 messages queued
@@ -96,14 +97,34 @@ def test_queued_messages_and_retained_values_move_with_a_join_and_a_leave(
         assert _collect(cluster, ["d", "a"], ids, 1) == [], cluster.logs_of_interest()
         assert _retained(cluster, "d") == []
 
-        # Scale in: c leaves on SIGTERM, handing its shards over, with a new queue waiting.
+        # Scale in: c leaves on SIGTERM, handing its shards over, with a new queue waiting,
+        # and a client with a will connected to it.
         _queue(cluster, "d", ids, 2)
         homed_at_c = [cid for cid in ids if view.home_of(cid) == "c"]
         assert homed_at_c, "no session homed at the leaver: the test would prove nothing"
+        watcher = Client(cluster.port("a"), "will-watcher")
+        watcher.connect()
+        watcher.subscribe("wills/#", qos=1)
+        alive = Client(cluster.port("c"), "on-the-leaver")
+        alive.connect(will=("wills/on-the-leaver", b"gone", 1, False))
         assert cluster.sigterm("c") == 0
+        # Sent away (to reconnect elsewhere), not kept until c was out of the cluster.
+        assert alive.disconnected.wait(5)
+        alive.close()
+        again = Client(cluster.port("b"), "on-the-leaver")
+        again.connect()
         cluster.settle(("a", "b", "d"), timeout=60)
+        # Its will waits for it (``moved_session_grace``) and it came back: none.  Before,
+        # the homes published it as soon as they saw c leaving.
+        assert watcher.drain(1.0) == []
+        # The new owners took c's shards only once c had handed them over: a leaving
+        # owner still takes deliveries for them until its view moves on.
+        assert any(" c handed " in line for node in ("a", "b", "d")
+                   for line in cluster.grep(node, "handed")), cluster.logs_of_interest()
         assert _collect(cluster, ["b", "d"], ids, 2) == [], cluster.logs_of_interest()
         assert _retained(cluster, "a") == []
+        again.close()
+        watcher.close()
         for node in ("a", "b", "d"):
             assert cluster.grep(node, "Traceback", "ERROR") == [], node
     finally:

@@ -300,6 +300,73 @@ async def test_a_delayed_will_outlives_its_home(autojump_clock: trio.abc.Clock) 
     assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0
 
 
+async def test_a_leaving_home_s_late_word_on_a_will_reaches_the_replica_it_promoted(
+        autojump_clock: trio.abc.Clock) -> None:
+    """A leaving node sends its clients away first; as a home, it delays each one's will
+    and tells its replicas.  That word can reach a replica after the view made it the home
+    (it was promoted with the copy that has no delay).  It must be taken as the home's own:
+    before 2026-11-29 it was filed as a replica's copy, and the will went out at once when
+    the leaver left the view (a fault run: every will of the leaving node's clients 0.1 s
+    after the SIGTERM, though each client connected again elsewhere)."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    _, home, links, _ = make_node("n1", list(views))  # its own, older view
+    client_id = client_homed_at(views[-1], "n1")
+    await home.register(client_id, "n1", "n1:a:1", WILL, True)  # n1 is its edge too
+    (copy,) = [m for node, m in links.take(WillRegister)
+               if node == views[-1].replicas(views[-1].shard_for_client(client_id))[1]]
+    keeper_id = views[-1].replicas(views[-1].shard_for_client(client_id))[1]
+    _, keeper, _, spawned = make_node(keeper_id, views)
+    keeper.on_wreg(copy)
+    meta.leaving("n1")
+    views.append(meta.view())
+    assert views[-1].owner(views[-1].shard_for_client(client_id)) == keeper_id
+    await keeper.on_view(views[-2], views[-1])  # promoted, not yet told of the close
+    assert _spawned_named(spawned, "_publish_now") == []  # the leaver is no dead edge
+    # n1 sent its client away: its will waits the moved grace (told with its old view).
+    assert await home.unregister(client_id, "n1:a:1", True, "node leaving the cluster",
+                                 None, 15.0)
+    (late,) = [m for _, m in links.take(WillRegister)]
+    assert late.due is not None
+    keeper.on_wreg(late)
+    meta.remove("n1")
+    views.append(meta.view())
+    await keeper.on_view(views[-2], views[-1])
+    assert _spawned_named(spawned, "_publish_now") == []  # not at the removal either
+    (waiting,) = _spawned_named(spawned, "_publish_will_when_due")
+    assert keeper.registrations[client_id].will_due == late.due
+    # The client connects again (through n2) within the grace: no will at all.
+    await keeper.register(client_id, "n2", "n2:b:1", None, True)
+    await keeper._publish_will_when_due(*waiting)
+    assert _spawned_named(spawned, "_publish_now") == []
+
+
+async def test_a_leaving_home_s_late_word_of_a_disconnect_ends_the_promoted_registration(
+        ) -> None:
+    """The same race for a clean DISCONNECT: the promoted registration must end, or the
+    will would go out when the leaver is removed [MQTT-3.14.4-3]."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    _, home, links, _ = make_node("n1", list(views))  # its own, older view
+    client_id = client_homed_at(views[-1], "n1")
+    await home.register(client_id, "n1", "n1:a:1", WILL, True)
+    keeper_id = views[-1].replicas(views[-1].shard_for_client(client_id))[1]
+    (copy,) = [m for node, m in links.take(WillRegister) if node == keeper_id]
+    _, keeper, _, spawned = make_node(keeper_id, views)
+    keeper.on_wreg(copy)
+    meta.leaving("n1")
+    views.append(meta.view())
+    await keeper.on_view(views[-2], views[-1])
+    assert await home.unregister(client_id, "n1:a:1", False, "DISCONNECT")
+    (ended,) = [m for node, m in links.take(WillDelete) if node == keeper_id]
+    keeper.on_wdel(ended)
+    assert client_id not in keeper.registrations
+    meta.remove("n1")
+    views.append(meta.view())
+    await keeper.on_view(views[-2], views[-1])
+    assert _spawned_named(spawned, "_publish_now") == []
+
+
 async def test_a_takeover_publishes_no_delayed_will_but_an_undelayed_one() -> None:
     """A takeover ends the old connection as the new one of the same client id begins: within
     any Will Delay Interval, so that will is not published (section 3.1.3.2.2); a will

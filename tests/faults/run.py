@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import netns
-from .scenario import SCENARIOS, Timing, run_scenario
+from .scenario import SCENARIOS, TOTAL_RATE, Timing, run_scenario
 
 OVERALL_BOUND = 30 * 60  # seconds for the inner process, whatever happens
 
@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--short", action="store_true", help="shorter fault windows")
     parser.add_argument("--grace", type=float, default=5.0,
                         help="failure_grace of the nodes (default: the product default 5 s)")
+    parser.add_argument("--rate", type=float, default=TOTAL_RATE,
+                        help="data messages per second over all publishers (default %(default)s)")
     parser.add_argument("--md", type=Path, help="also write the markdown summary here")
     parser.add_argument("--json", type=Path, help="also copy report.json here")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -68,7 +70,7 @@ def inner(args: argparse.Namespace) -> int:
         print(f"[faults] {size} nodes, {scenario}, run {run_no} ...", flush=True)
         topology.heal()  # nothing of a previous run's faults may remain
         report = run_scenario(topology, nodes, scenario, where, timing, grace=args.grace,
-                              spare=topology.nodes[size])
+                              spare=topology.nodes[size], rate=args.rate)
         report["run"] = run_no
         report["dir"] = str(where)
         runs.append(report)
@@ -76,7 +78,8 @@ def inner(args: argparse.Namespace) -> int:
         print(f"[faults]   {'PASS' if report['ok'] else 'FAIL'} in {report['duration_s']} s"
               + "".join(f"\n[faults]     - {f}" for f in report["failures"]), flush=True)
     summary = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "timing": timing.__dict__, "failure_grace": args.grace, "runs": runs,
+               "timing": timing.__dict__, "failure_grace": args.grace, "rate": args.rate,
+               "runs": runs,
                "ok": all(r["ok"] for r in runs)}
     (args.out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
     return 0 if summary["ok"] else 1
@@ -97,7 +100,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Generated {summary['created']} by `python -m tests.faults.run` "
         f"(fault {summary['timing']['fault']:.0f} s, warm-up {summary['timing']['warmup']:.0f}"
         f" s, after-heal {summary['timing']['post']:.0f} s, failure_grace "
-        f"{summary['failure_grace']} s). See `docs/faults.md` for what each column means.",
+        f"{summary['failure_grace']} s, {summary.get('rate', 120):.0f} msg/s). See `docs/faults.md` for what each column means.",
         "",
         "| nodes | scenario | result | acked | lost (pers.) | lost (clean) | dups (QoS 2) "
         "| reorders "

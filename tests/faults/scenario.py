@@ -148,8 +148,8 @@ def read_retained(addresses: dict[str, tuple[str, int]], node: str, topics: list
 
 
 def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
-                 timing: Timing, grace: float = 5.0, spare: str | None = None
-                 ) -> dict[str, Any]:
+                 timing: Timing, grace: float = 5.0, spare: str | None = None,
+                 rate: float = TOTAL_RATE) -> dict[str, Any]:
     """``spare``: a namespace with no node in it, for the node that ``join`` adds."""
     if scenario == "join" and spare is None:
         raise ValueError("the join scenario needs a spare namespace")
@@ -168,7 +168,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
     harness_errors: list[str] = []
     events: dict[str, float] = {}
     report: dict[str, Any] = {"scenario": scenario, "nodes": len(nodes), "timing":
-                              timing.__dict__, "failure_grace": grace}
+                              timing.__dict__, "failure_grace": grace, "rate": rate}
     t0 = time.monotonic()
     try:
         cluster.form(nodes)
@@ -232,7 +232,7 @@ def run_scenario(topology: Topology, nodes: list[str], scenario: str, out: Path,
         # Every second publisher at QoS 2: its PUBCOMP is an acknowledgement like a PUBACK,
         # and what it acknowledges must not be lost either.
         pubs = [Publisher(f"pub-{n}", order(i), addresses, stop_pub, data_topics,
-                          TOTAL_RATE / len(nodes), qos=2 if i % 2 else 1)
+                          rate / len(nodes), qos=2 if i % 2 else 1)
                 for i, n in enumerate(nodes)]
         rets = [Retainer(f"ret-{k}", order((k + 1) % len(nodes)), addresses, stop_pub, t)
                 for k, t in enumerate(retained_topics)]

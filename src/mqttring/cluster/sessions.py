@@ -101,10 +101,13 @@ class ClusterSessions(LocalSessions):
                  view: Callable[[], ClusterView], spawn: Callable[..., None],
                  fenced: Callable[[], bool], holds: Callable[[int], bool],
                  wait_for_view_change: Callable[[float], Awaitable[None]],
-                 patience: float = 15.0, moved_grace: float = 10.0) -> None:
+                 patience: float = 15.0, moved_grace: float = 10.0,
+                 leaving: Callable[[], bool] = lambda: False) -> None:
         super().__init__(core)
         self.node_id = node_id
         self.fenced = fenced
+        #: True once this node is leaving the cluster: it refuses CONNECT (``send_away``).
+        self.leaving = leaving
         #: True once this node owns a client shard *and* has its stored sessions in memory.
         self.holds = holds
         self.wait_for_view_change = wait_for_view_change
@@ -162,6 +165,8 @@ class ClusterSessions(LocalSessions):
             try:
                 return await self._open_once(handler, client_id, packet)
             except SessionUnavailable as exc:
+                if self.leaving():
+                    raise
                 while not self.fenced() and self.view().epoch == epoch:
                     remaining = deadline - trio.current_time()
                     if remaining <= 0:
@@ -176,6 +181,8 @@ class ClusterSessions(LocalSessions):
                          packet: Connect | Connect5) -> tuple[Session, bool]:
         if self.fenced():
             raise SessionUnavailable("this node is cut off from the cluster majority")
+        if self.leaving():
+            raise SessionUnavailable("this node is leaving the cluster")
         closing = self._closing.get(client_id)
         if closing is not None:
             # The previous connection's close (sent by a task, not awaited) must reach the
@@ -431,7 +438,7 @@ class ClusterSessions(LocalSessions):
         """
         deadline = trio.current_time() + self.patience
         while True:
-            if previous.node not in self.view().live_members():
+            if previous.node not in self.view().serving_members():
                 return
             try:
                 await self.links.request(previous.node,
@@ -519,11 +526,30 @@ class ClusterSessions(LocalSessions):
                 self.links.send(node, message)
 
     def on_wreg(self, message: WillRegister) -> None:
+        current = self.registrations.get(message.client_id)
+        if current is not None and current.token == message.token:
+            # The previous home's word on a registration this node has since been promoted
+            # to hold (a home that left sent it as its view moved on): the connection
+            # closed, its will now waits until ``due``.  Taken as the home's own, or the
+            # will went out at once when that edge left the view.
+            if message.due is not None and current.will_due is None:
+                current.will, current.will_due = will_from_wire(message.will), message.due
+                self.spawn(self._publish_will_when_due, message.client_id, current.token,
+                           message.due)
+            return
         self.replica_registrations[message.client_id] = Registration(
             message.node, message.token, will_from_wire(message.will), message.clean,
             message.due)
 
     def on_wdel(self, message: WillDelete) -> None:
+        current = self.registrations.get(message.client_id)
+        if current is not None and current.token == message.token:
+            # As in ``on_wreg``: the previous home ended it (a DISCONNECT, or its will went
+            # out there) after this node was promoted; keeping it would publish a will
+            # (again) when its edge leaves the view.
+            del self.registrations[message.client_id]
+            self._replicate(message.client_id, message)
+            return
         current = self.replica_registrations.get(message.client_id)
         if current is not None and current.token == message.token:
             del self.replica_registrations[message.client_id]
@@ -606,7 +632,10 @@ class ClusterSessions(LocalSessions):
                 self.links.send(node, WillRegister(client_id, reg.node, reg.token,
                                                    will_to_wire(reg.will), reg.clean,
                                                    reg.will_due))
-        gone = {n for n in old.members if n not in new.live_members()}
+        # Not a leaving node: its clients are being sent away, each close ending its own
+        # registration with the will's grace (``send_away``); what it still holds when it
+        # is removed goes then.
+        gone = {n for n in old.members if n not in new.serving_members()}
         for client_id, reg in list(self.registrations.items()):
             if reg.node in gone and reg.will_due is None:  # (a closed one waits its delay)
                 await self.unregister(client_id, reg.token, True,
@@ -625,14 +654,26 @@ class ClusterSessions(LocalSessions):
                 # Its session moved; the client reconnects to the new home.
                 self.kick_moved(handler)
 
-    def kick_moved(self, handler: ClientHandler) -> None:
+    def kick_moved(self, handler: ClientHandler,
+                   reason: str = "its session moved to another node",
+                   reason_code: int = 0x89) -> None:
         """Disconnect a live client whose persistent session moved to another home, to
         reconnect to it there.  Its will waits ``moved_grace`` for it (a server-side
         will delay): it is alive, and a will published now told its watchers it was gone
-        (the operator probe of 2026-11-28 counted such wills on every fault)."""
+        (the operator probe of 2026-11-28 counted such wills on every fault).
+        ``reason_code``: MQTT 5, 0x89 server busy by default."""
         if handler.token and self.moved_grace > 0:
             self._moved.add(handler.token)
-        handler.kick("its session moved to another node", 0x89)  # MQTT 5: server busy
+        handler.kick(reason, reason_code)
+
+    def send_away(self, reason: str) -> int:
+        """Disconnect every client of this node (it is leaving the cluster), as
+        ``kick_moved`` does: each one reconnects to another node, and its will waits
+        ``moved_grace`` for it there.  MQTT 5: 0x8B server shutting down.  Returns how many."""
+        handlers = list(self.by_token.values())
+        for handler in handlers:
+            self.kick_moved(handler, reason, 0x8B)
+        return len(handlers)
 
     async def _reregister(self, handler: ClientHandler, home: str | None) -> None:
         """Register a clean session's connection (and will) at its new home.

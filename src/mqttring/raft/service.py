@@ -330,15 +330,20 @@ class MetadataService:
         await self._raft.start(raft_peers, self._on_applied)
 
     async def _become_member(self) -> ClusterView:
-        incarnation = 1
+        incarnation, admitted = 1, 0
         if not self._join_via:
             await self._bootstrap()
         else:
-            incarnation = await self._join()
-        # Our own replica may lag the leader: wait until it shows us up in this incarnation.
+            incarnation, admitted = await self._join()
+        # Our own replica may lag the leader: wait until it shows us up in this incarnation,
+        # at the epoch that admitted us or later.  (The incarnation alone is not enough: a
+        # node that left was removed, and its new life counts from 1 again, so the replay
+        # showed it up in its previous life, and the plane started on that view, then
+        # acted on the view in which it was leaving: it refused every client.)
         while True:
             me = self._view.members.get(self.node_id)
-            if me is not None and me.state is MemberState.UP and me.incarnation >= incarnation:
+            if me is not None and me.state is MemberState.UP and me.incarnation >= incarnation \
+                    and self._view.epoch >= admitted:
                 # Just admitted (or bootstrapped) by a leader: that is a proof of quorum.
                 self._quorum.proved(trio.current_time())
                 return self._view
@@ -355,10 +360,11 @@ class MetadataService:
         # Otherwise this is the restart of a one-node cluster, resumed from its journal.  It
         # keeps its incarnation: no other node can have taken writes while it was away.
 
-    async def _join(self) -> int:
+    async def _join(self) -> tuple[int, int]:
+        """Join through a member; the incarnation given and the epoch that admitted us."""
         answer = await self._first_answer("join", {"member": self._member_info()}, timeout=30.0)
         self._peers.forget_left()
-        return int(answer["incarnation"])
+        return int(answer["incarnation"]), int(answer.get("epoch", 0))
 
     async def _first_answer(self, kind: str, body: dict[str, Any],
                             timeout: float = 30.0) -> dict[str, Any]:

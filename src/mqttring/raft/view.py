@@ -124,6 +124,12 @@ class ClusterView:
     def live_members(self) -> tuple[str, ...]:
         return tuple(sorted(m.node_id for m in self.members.values() if m.state is MemberState.UP))
 
+    def serving_members(self) -> tuple[str, ...]:
+        """Members still running: ``up`` and ``leaving`` ones (a leaving node holds its
+        shards until they are handed over, but no client: it sent them away)."""
+        return tuple(sorted(m.node_id for m in self.members.values()
+                            if m.state in (MemberState.UP, MemberState.LEAVING)))
+
     def shard_counts(self) -> dict[str, dict[str, int]]:
         """Per node: shards owned, replicas held (incl. owned), replicas catching up."""
         counts = {
