@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import trio
 
 from cluster_support import (
     HOST,
@@ -201,6 +202,39 @@ def test_kill9_during_qos1_stream_loses_no_acknowledged_message(
             f"acknowledged messages ({not_acked} unacknowledged); first lost "
             f"{[(t, p, view.owner_of_topic(t)) for t, p in lost[:5]]}\n"
             f"{cluster.logs_of_interest(survivors)}")
+
+
+def test_a_wildcard_subscribe_right_after_a_kill_gets_every_retained_message(
+    fresh_cluster: Callable[..., NodeCluster], clients: Clients
+) -> None:
+    """b is killed; before the view marks it down, a wildcard SUBSCRIBE through c asks
+    every owner for its retained matches, and b cannot answer.  Its shards' replicas hold
+    the same messages: the query waits for the view that names them and asks them.  (It
+    dropped b's part silently: a probe got 688 of 1000, every time.)"""
+    cluster = fresh_cluster()
+    view = cluster.view("a")
+    prefix = unique("rk")
+    topics = [f"{prefix}/{i}" for i in range(150)]
+    assert sum(view.owner_of_topic(t) == "b" for t in topics) >= 10
+    writer = clients.connected(cluster.port("a"), name="retainer")
+    for i, topic in enumerate(topics):
+        writer.publish(topic, f"v{i}", 1, retain=True)
+    writer.disconnect()
+    cluster.kill("b")
+    # c knows the link is gone, and the view does not say so yet (grace 4 s).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        links = trio.run(lambda: cluster.call("c", "stats", {}))["links"]
+        if not links["b"]["connected"]:
+            break
+        time.sleep(0.02)
+    assert "b" in cluster.view("c").up(), "the view moved on first: nothing tested"
+    reader = clients.connected(cluster.port("c"), name="reader")
+    reader.subscribe(f"{prefix}/#", 1)
+    got = reader.until(lambda g: len(g) >= len(topics), timeout=WAIT + 10, quiet=0.5)
+    assert sorted((d.topic, d.payload) for d in got) == sorted(
+        (t, f"v{i}".encode()) for i, t in enumerate(topics)), (
+        f"{len(got)} of {len(topics)}\n{cluster.logs_of_interest(('a', 'c'))}")
 
 
 def test_a_delayed_will_outlives_its_home_killed_within_the_delay(

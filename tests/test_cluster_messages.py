@@ -267,3 +267,47 @@ def test_a_forwarded_filter_no_client_could_send_is_bad_content(kind: str) -> No
     with pytest.raises(ValueError, match="forwarded filter"):
         (relay.on_ssub if kind == "ssub" else relay.on_sunsub)("edge", message)  # type: ignore[operator]
     assert session.subscriptions == {}
+
+
+async def test_an_answer_for_a_connection_taken_over_meanwhile_is_not_written() -> None:
+    """A persistent session away from its home: its UNSUBSCRIBE's answer waits for a
+    durable write; meanwhile a client of the other protocol version takes the session
+    over.  The UNSUBACK built for the first connection must not go into the second one's
+    bytes (a probe: ``not an MQTT packet: UnsubAck5`` or ``'SubAck' object has no
+    attribute 'reason_code'``, an ERROR each, the new client closed)."""
+    from types import SimpleNamespace
+
+    from mqttring.cluster.relay import SessionProxy, SessionRelay
+    from mqttring.protocol.session import Session
+    from mqttring.protocol.session5 import V5Session
+
+    session = Session("c", True)
+    session.subscriptions["a/b"] = 1
+    stored = trio.Event()
+
+    async def save_subscriptions(*args: Any) -> None:
+        await stored.wait()
+
+    core = SimpleNamespace(
+        sessions={"c": session}, wakers={},
+        subscriptions=SimpleNamespace(unregister=lambda s, topics: [0] * len(topics)),
+        session_store=SimpleNamespace(save_subscriptions=save_subscriptions))
+    replies: list[tuple[Any, ...]] = []
+    links = make_links()
+    links.reply = lambda *args: replies.append(args)  # type: ignore[method-assign]
+    relay = SessionRelay(core, links)  # type: ignore[arg-type]
+    first = relay.proxies["c"] = SessionProxy(links, "edge", "c", "edge:1")
+    session.attach(first.output)  # a 3.1.1 client
+    finish = relay.on_sunsub("edge", m.SessionUnsubscribe(7, "c", "edge:1", 1, ["a/b"]))
+    assert finish is not None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(finish)
+        await trio.testing.wait_all_tasks_blocked()
+        # Taken over by an MQTT 5 client through another edge.
+        relay.detach_proxy("c", "edge:1")
+        second = relay.proxies["c"] = SessionProxy(links, "edge2", "c", "edge2:1")
+        session.v5 = V5Session("c")
+        session.attach(second.output)
+        stored.set()
+    assert second.output == bytearray()
+    assert replies and replies[-1][:3] == ("edge", 7, False)

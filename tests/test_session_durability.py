@@ -295,3 +295,41 @@ async def test_an_inbound_qos2_id_is_stored_with_its_identity_until_acknowledged
 
 
 pytestmark = pytest.mark.timeout(30)
+
+
+
+async def test_a_will_whose_durable_write_is_cancelled_under_it_ends_nothing_else(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A will is published as its connection closes; its delivery to a persistent session
+    may wait on a durable write that another task carries, and that task may be cancelled
+    (a takeover closing a connection mid-write): the router refuses it (``WriteCancelled``,
+    as the test above shows).  A client's publish is then not acknowledged and is resent; a
+    will has no sender.  A probe found the refusal raised out of the close: the new
+    connection of a takeover failed with an internal error, or the node itself stopped
+    ("node failed: the durable write carrying these changes was cancelled")."""
+    from types import SimpleNamespace
+
+    from mqttring.broker.core import BrokerCore
+    from mqttring.broker.metrics import BrokerMetrics
+    from mqttring.broker.retained import RetainedStore
+    from mqttring.broker.router import LocalRouter
+    from mqttring.config import BrokerConfig
+    from mqttring.protocol.packets import Will
+
+    store = SessionStore(None, NUM_SHARDS, None)  # type: ignore[arg-type]
+    core = BrokerCore(BrokerConfig(), store, BrokerMetrics(),
+                      lambda core: LocalRouter(core.sessions, RetainedStore(None, NUM_SHARDS),
+                                               store, core.metrics, lambda cid: None))
+    tried: list[str] = []
+
+    async def refused(message: Message) -> None:
+        tried.append(message.topic)
+        raise WriteCancelled("the durable write carrying these changes was cancelled")
+
+    core.router.publish = refused  # type: ignore[method-assign]
+    closed = SimpleNamespace(will=Will("wills/dev", b"gone", 1, False),
+                             clean_disconnect=False, client_id="dev",
+                             close_reason="taken over by a new connection")
+    await core.manager.publish_will(closed)  # type: ignore[arg-type]
+    assert tried == ["wills/dev"]
+    assert "not confirmed stored" in caplog.text

@@ -286,7 +286,16 @@ class BrokerCore:
             if session.persistent and session.has_changes():
                 # Acks received, packet ids assigned: progress whose loss only causes a
                 # permitted redelivery, so it is written lazily.
-                await self.manager.persist([session], Durability.LAZY)
+                try:
+                    await self.manager.persist([session], Durability.LAZY)
+                except PublishRefused as exc:
+                    # A home on another node refused it: this connection is no longer the
+                    # session's (taken over elsewhere, or the home moved).  It ends, as a
+                    # refused publish ends it; it was an internal error with a traceback.
+                    log.info("client %r: its session's progress was not stored (%s); "
+                             "closing the connection", handler.client_id, exc)
+                    handler.kick(f"session not stored: {exc}", 0x89)  # MQTT 5: server busy
+                    return
             if session.held_releases:
                 handler.release_soon()  # PUBRECs, or a resumed session's held PUBRELs
 

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from mqttring.broker.refusals import PublishRefused
 from mqttring.protocol.message import Message
 
 log = logging.getLogger("mqttring.broker")
@@ -62,6 +63,9 @@ class DelayedWills:
                 log.info("publishing the delayed will of %r on %r", cid, message.topic)
                 try:
                     await self._publish(message)
+                except PublishRefused as exc:  # as for an undelayed will (``publish_will``)
+                    log.warning("delayed will of %r on %r handed to its subscribers, but not "
+                                "confirmed stored: %s", cid, message.topic, exc)
                 except Exception:
                     log.exception("delayed will of %r on %r not published", cid,
                                   message.topic)

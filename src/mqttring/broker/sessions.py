@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+from mqttring.broker.refusals import PublishRefused
 from mqttring.lsm import Durability
 from mqttring.protocol.connection5 import V5Link
 from mqttring.protocol.message import Message
@@ -333,7 +334,15 @@ class LocalSessions:
                      handler.close_reason or "closed without DISCONNECT",
                      extra={"client_id": handler.client_id, "event": "will"})
             self.core.metrics.messages_received += 1
-            await self.core.router.publish(message)
+            try:
+                await self.core.router.publish(message)
+            except PublishRefused as exc:
+                # Handed to its subscribers, but a durable write it shared was cancelled (a
+                # takeover closing another connection mid-write).  A client's publish is
+                # then not acknowledged and sent again; a will has no sender to resend it,
+                # and must not end the connection's close (or the node) with an error.
+                log.warning("will of %r on %r handed to its subscribers, but not confirmed "
+                            "stored: %s", handler.client_id, will.topic, exc)
 
     async def persist(self, sessions: Iterable[Session], durability: Durability) -> None:
         await self.core.session_store.save_changes(sessions, durability)

@@ -439,6 +439,12 @@ class SessionRelay:
                 await ready()
                 if ahead is not None:
                     await ahead.wait()
+                if self.proxies.get(session.client_id) is not proxy \
+                        or session.output is not proxy.output:
+                    # The connection that asked is gone (taken over meanwhile, maybe by a
+                    # client of the other protocol version: the ack built for it was then
+                    # written into the new one's bytes, and failed to encode).
+                    return
                 proxy.output += (session.v5.encode_ack(ack)  # type: ignore[arg-type]
                                  if session.v5 is not None else encode(ack))
                 proxy.wake()

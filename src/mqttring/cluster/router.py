@@ -548,8 +548,9 @@ class ClusterRouter:
         view = self.view()
         targets = self.registry.route_targets(topic_filter, view)
         found: dict[str, Message] = {}
+        deadline = trio.current_time() + self.deliveries.patience
 
-        async def ask(node: str) -> None:
+        async def ask(node: str, asked_in: ClusterView) -> None:
             if node == self.node_id:
                 for message in self._owned_retained(topic_filter):
                     found[message.topic] = message
@@ -560,7 +561,7 @@ class ClusterRouter:
                     answer = await self.links.request(
                         node, RetainedQuery(0, topic_filter, after), expect=RetainedRows)
                 except (PeerUnavailable, RemoteError) as exc:
-                    log.info("retained query %r at %s failed: %s", topic_filter, node, exc)
+                    await ask_instead(node, asked_in, exc)
                     return
                 for row in answer.rows:
                     found[row.topic] = Message(row.topic, row.payload, row.qos, True,
@@ -569,9 +570,28 @@ class ClusterRouter:
                     return
                 after = answer.rows[-1].topic
 
+        async def ask_instead(node: str, asked_in: ClusterView, failure: Exception) -> None:
+            """A node that does not answer (killed a moment ago, cut off) still owns its
+            shards until the view says otherwise; their replicas hold the same retained
+            messages.  Wait (bounded by ``patience``, as a publish waits for an owner) for
+            a view in which others own them, and ask those; returning without them gave a
+            subscriber a silent two thirds of the matches (a probe: 688 of 1000)."""
+            lost = [s for s in range(asked_in.num_shards) if asked_in.owner(s) == node]
+            while (remaining := deadline - trio.current_time()) > 0:
+                now = self.view()
+                owners = {now.owner(s) for s in lost} - {None}
+                if now.epoch != asked_in.epoch and node not in owners:
+                    for owner in sorted(owners):  # (an answer covers all its shards)
+                        nursery.start_soon(ask, owner, now)
+                    return
+                await self.view_changes.wait(min(remaining, 0.5))
+            log.warning("retained query %r: %s did not answer (%s) and still owns %d shards; "
+                        "their retained messages are left out", topic_filter, node, failure,
+                        len(lost))
+
         async with trio.open_nursery() as nursery:
             for node in targets:
-                nursery.start_soon(ask, node)
+                nursery.start_soon(ask, node, view)
         return list(found.values())
 
     # -- membership changes -----------------------------------------------------------------
