@@ -130,6 +130,26 @@ def test_a_busy_port_is_one_line_and_exit_1(tmp_path, listener):
     assert "Traceback" not in result.stderr
 
 
+def test_a_second_node_on_a_data_dir_in_use_is_refused_in_one_line(tmp_path, nodes):
+    """LMDB lets two processes open one store, and a probe had two nodes serving one data
+    directory.  The second is refused (exit 5, a store error), naming the directory and
+    the holder."""
+    first = Node(tmp_path, "--mqtt", f"{HOST}:0")
+    nodes.append(first)
+    first.wait_ready()
+    result = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--node-id", "n2", "--mqtt", f"{HOST}:0",
+         "--data-dir", str(tmp_path / "data"), "--sys-interval", "0"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 5, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "mqttring:" in line]
+    assert len(lines) == 1 and "in use by process" in lines[0] \
+        and str(tmp_path / "data") in lines[0], result.stderr
+    assert str(first.proc.pid) in lines[0]
+    assert "Traceback" not in result.stderr
+    assert first.proc.poll() is None  # the first serves on
+
+
 async def test_embedded_busy_port_raises_a_plain_oserror(tmp_path):
     import trio
 

@@ -55,6 +55,7 @@ import lmdb
 import trio
 
 from mqttring.config import StoreSettings
+from mqttring.lsm.dirlock import DirLock
 from mqttring.lsm.flusher import (
     INTERNAL_DB,
     SCHEMA_KEY,
@@ -92,15 +93,18 @@ class LsmStore:
         self.path = Path(path)
         self.node_id = node_id
         self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = DirLock.acquire(self.path)
         try:
             self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=len(DATABASES) + 1,
                                   max_readers=512, sync=True, metasync=False)
         except lmdb.Error as exc:
+            self._lock.release()
             raise StoreError(f"cannot open store at {self.path}: {exc}") from exc
         try:
             self._handles, self._internal, last_seq = self._open_databases()
         except BaseException:
             self._env.close()
+            self._lock.release()
             raise
         self._lazy_sync_s = lazy_sync_ms / 1000
         self._queue = CommitQueue(last_seq, memtable_max_bytes)
@@ -155,6 +159,7 @@ class LsmStore:
             with self._gate.exclusive():
                 self._closed = True
                 self._env.close()
+            self._lock.release()
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self.close)
