@@ -100,7 +100,8 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Generated {summary['created']} by `python -m tests.faults.run` "
         f"(fault {summary['timing']['fault']:.0f} s, warm-up {summary['timing']['warmup']:.0f}"
         f" s, after-heal {summary['timing']['post']:.0f} s, failure_grace "
-        f"{summary['failure_grace']} s, {summary.get('rate', 120):.0f} msg/s). See `docs/faults.md` for what each column means.",
+        f"{summary['failure_grace']} s, {summary.get('rate', 120):.0f} msg/s). "
+        "See `docs/faults.md` for what each column means.",
         "",
         "| nodes | scenario | result | acked | lost (pers.) | lost (clean) | dups (QoS 2) "
         "| reorders "
