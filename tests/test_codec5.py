@@ -302,3 +302,42 @@ def test_random_property_sets_raise_only_codec_errors(raw: bytes) -> None:
             decode_properties(data, 0, len(data), packet)
         except MQTTError as exc:
             assert exc.reason_code in (0x81, 0x82)
+
+
+# Packet identifier 0 where one is required [MQTT-2.2.1-3]: a Protocol Error (0x82) in
+# MQTT 5, as mosquitto answers it; 0x81 (Malformed Packet) before 2026-11-29.
+_ZERO_ID_PACKETS = {
+    "publish-qos1": bytes.fromhex("3206" "000174" "0000" "00"),
+    "publish-qos2": bytes.fromhex("3406" "000174" "0000" "00"),
+    "subscribe": bytes.fromhex("8207" "0000" "00" "000174" "00"),
+    "unsubscribe": bytes.fromhex("a206" "0000" "00" "000174"),
+    "puback": bytes.fromhex("40020000"),
+    "pubrec": bytes.fromhex("50020000"),
+    "pubrel": bytes.fromhex("62020000"),
+    "pubcomp": bytes.fromhex("70020000"),
+}
+
+
+@pytest.mark.parametrize("data", _ZERO_ID_PACKETS.values(), ids=_ZERO_ID_PACKETS.keys())
+def test_packet_identifier_zero_is_a_protocol_error(data: bytes) -> None:
+    with pytest.raises(MQTTError) as info:
+        decode5(data)
+    assert info.value.reason_code == 0x82
+    assert info.value.rule == "MQTT-2.2.1-3"
+    # Still one of the codec's own errors, which the connection closes on.
+    assert isinstance(info.value, MalformedPacket)
+    # The same identifier in the same bytes with 1 instead decodes: the 0 is the fault.
+    fixed = data.replace(b"\x00\x00", b"\x00\x01", 1) if data[0] >> 4 in (8, 10) else None
+    if fixed is not None:
+        assert decode5(fixed).packet_id == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", ["publish-qos1", "publish-qos2", "puback", "pubrec"])
+def test_packet_identifier_zero_in_311_is_still_malformed(name: str) -> None:
+    """MQTT 3.1.1 has no reason codes: its decoder's error (and the close) is unchanged."""
+    data = _ZERO_ID_PACKETS[name]
+    if data[0] >> 4 == 3:  # 3.1.1 has no properties: drop the v5 property length
+        data = bytes((data[0], data[1] - 1)) + data[2:-1]
+    with pytest.raises(MalformedPacket) as info:
+        decode(data)
+    assert info.value.reason_code == 0x81

@@ -36,9 +36,13 @@ to the handler registered for K (for long-lived links that batch many messages p
 
 Extension point
 ---------------
-``RpcServer.register(kind, handler)`` adds a request kind; ``register_stream(kind, handler)``
-adds a connection-owning kind.  Metadata kinds are listed in ``mqttring.raft.service``; the
-data plane registers its own (prefix them, e.g. ``"data.forward"``) on the same server.
+``RpcServer.register(kind, handler, schema)`` adds a request kind; ``register_stream(kind,
+handler)`` adds a connection-owning kind.  The dispatch hands a handler only a map body of
+the shape its ``schema`` names (``check_body``); anything else is refused with a
+``BadRequest`` and one warning line, and a frame it cannot dispatch at all (a ``kind`` that
+is not a string, a stream body that is not a map) closes the connection (``BadFrame``).
+Metadata kinds (and their schemas) are listed in ``mqttring.raft.service``; the data plane
+registers its own (prefix them, e.g. ``"data.forward"``) on the same server.
 """
 
 from __future__ import annotations
@@ -47,10 +51,11 @@ import hashlib
 import hmac
 import logging
 import os
+import reprlib
 import ssl
 import struct
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -93,6 +98,22 @@ class AuthError(Exception):
 
 class RpcError(Exception):
     """The remote handler refused the request; the message says why."""
+
+
+class BadRequest(RpcError):
+    """A request whose body does not have the shape its kind needs (not a map, a field
+    missing or of the wrong type).  Only a peer holding the cluster secret gets this far,
+    so it is a bug or version skew there (or a hostile member): the request is refused
+    with this message and the refusal logged as one warning line, not as a handler crash
+    with a traceback."""
+
+
+class BadFrame(ProtocolError):
+    """An authenticated peer sent a well-framed map that is not a request or stream frame
+    this server can dispatch (a ``kind`` that is not a string, a stream body that is not a
+    map, no request id).  Its connection is closed with one warning line: unlike garbage
+    bytes, which a network fault can explain, this is a peer's bug worth an operator's
+    eye."""
 
 
 def derive_key(secret: str, purpose: str) -> bytes:
@@ -218,6 +239,68 @@ Handler = Callable[[dict[str, Any], Peer], Awaitable[dict[str, Any]]]
 StreamHandler = Callable[[FramedStream, Peer, dict[str, Any]], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Field:
+    """What one key of a request body must hold, checked at the dispatch so that a handler
+    indexes its body without guarding every access (a peer's wrong shape used to surface
+    as a ``KeyError`` or ``AttributeError`` deep in the handler, logged with a traceback).
+
+    ``types``: the value's allowed types (``type(None)`` for an explicit null; ``bool`` is
+    not an ``int`` here, though Python says it is).  ``required``: the key must be there.
+    ``items``: for a list, the type every element must have.  ``fields``: for a map, the
+    schema of its own keys."""
+
+    types: tuple[type, ...]
+    required: bool = False
+    items: type | None = None
+    fields: Mapping[str, Field] = field(default_factory=dict)
+
+
+#: A request kind's body: the keys it checks.  Keys not named pass unchecked (a newer peer
+#: may send more than this node reads).
+Schema = Mapping[str, Field]
+
+
+def _has_type(value: object, types: tuple[type, ...]) -> bool:
+    if type(value) is bool:
+        return bool in types
+    return isinstance(value, types)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is type(None) else "map" if t is dict else t.__name__
+                       for t in types)
+
+
+def check_body(kind: str, body: object, schema: Schema | None = None,
+               _path: str = "") -> dict[str, Any]:
+    """``body`` if it is a map of the shape ``schema`` describes, else ``BadRequest``
+    saying what is wrong (a missing body is an empty map, as clients send ``body or {}``).
+    Cheap: a few ``isinstance`` per request, and requests are rare (joins, heartbeats,
+    admin commands); the data links do not go through here."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise BadRequest(f"{kind}: {_path or 'the body'} must be a map, "
+                         f"not {type(body).__name__}")
+    for key, spec in (schema or {}).items():
+        name = f"{_path}.{key}" if _path else repr(key)
+        if key not in body:
+            if spec.required:
+                raise BadRequest(f"{kind}: {name} is required")
+            continue
+        value = body[key]
+        if not _has_type(value, spec.types):
+            raise BadRequest(f"{kind}: {name} must be {_type_names(spec.types)}, "
+                             f"not {type(value).__name__}")
+        if spec.items is not None and isinstance(value, list) and not all(
+                _has_type(item, (spec.items,)) for item in value):
+            raise BadRequest(f"{kind}: {name} must be a list of {spec.items.__name__}")
+        if spec.fields and isinstance(value, dict):
+            check_body(kind, value, spec.fields, name)
+    return body
+
+
 class RpcServer:
     """Accepts authenticated connections and dispatches frames by ``kind``."""
 
@@ -227,14 +310,19 @@ class RpcServer:
         #: Server context of cluster TLS (peers must present the cluster CA's certificate).
         self._tls = tls
         self._handlers: dict[str, Handler] = {}
+        self._schemas: dict[str, Schema] = {}
         self._stream_handlers: dict[str, StreamHandler] = {}
         #: Connections refused for a failed handshake (for tests and status).
         self.refused = 0
 
-    def register(self, kind: str, handler: Handler) -> None:
+    def register(self, kind: str, handler: Handler, schema: Schema | None = None) -> None:
+        """Serve ``kind`` with ``handler``.  Its body is always a map by the time the
+        handler sees it; ``schema`` adds the keys and types it needs (``check_body``)."""
         if kind in self._handlers or kind in self._stream_handlers:
             raise ValueError(f"RPC kind {kind!r} registered twice")
         self._handlers[kind] = handler
+        if schema:
+            self._schemas[kind] = schema
 
     def register_stream(self, kind: str, handler: StreamHandler) -> None:
         if kind in self._handlers or kind in self._stream_handlers:
@@ -291,6 +379,9 @@ class RpcServer:
             await self._dispatch(fs, peer)
         except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except BadFrame as exc:
+            log.warning("closing cluster connection from %r (%s): %s", peer.node_id,
+                        peer.address, exc)
         except ProtocolError as exc:
             log.debug("closing connection from %s: %s", peer, exc)
         finally:
@@ -300,19 +391,38 @@ class RpcServer:
         while True:
             frame = await fs.receive()
             kind = frame.get("kind")
-            if frame.get("t") == "stream" and kind in self._stream_handlers:
-                await self._stream_handlers[kind](fs, peer, frame.get("body") or {})
+            t = frame.get("t")
+            if not isinstance(kind, str):
+                raise BadFrame(f"{reprlib.repr(t)} frame whose kind is "
+                               f"{type(kind).__name__}, not a string")
+            if t == "stream":
+                stream_handler = self._stream_handlers.get(kind)
+                if stream_handler is None:
+                    raise BadFrame(f"unknown stream kind {reprlib.repr(kind)}")
+                body = frame.get("body")
+                if body is None:
+                    body = {}
+                if not isinstance(body, dict):
+                    raise BadFrame(f"{kind} stream whose body is {type(body).__name__}, "
+                                   "not a map")
+                await stream_handler(fs, peer, body)
                 return
-            if frame.get("t") != "req" or "id" not in frame:
-                raise ProtocolError(f"unexpected frame {frame.get('t')!r}")
-            handler = self._handlers.get(kind)  # type: ignore[arg-type]
+            if t != "req" or "id" not in frame:
+                raise BadFrame(f"unexpected frame {reprlib.repr(t)}" if t != "req"
+                               else "request without an id")
+            handler = self._handlers.get(kind)
             if handler is None:
                 await fs.send({"t": "res", "id": frame["id"], "ok": False,
                                "error": f"unknown kind {kind!r}"})
                 continue
             try:
-                body = await handler(frame.get("body") or {}, peer)
+                body = await handler(check_body(kind, frame.get("body"),
+                                                self._schemas.get(kind)), peer)
                 reply = {"t": "res", "id": frame["id"], "ok": True, "body": body}
+            except BadRequest as exc:
+                log.warning("refused RPC %r from %r (%s): %s", kind, peer.node_id,
+                            peer.address, exc)
+                reply = {"t": "res", "id": frame["id"], "ok": False, "error": str(exc)}
             except RpcError as exc:
                 reply = {"t": "res", "id": frame["id"], "ok": False, "error": str(exc)}
             except Exception:

@@ -25,7 +25,10 @@ class BrokerMetrics:
     messages_received: int = 0
     #: The same by the QoS the client published with (index 0, 1, 2), for ``/metrics``.
     received_by_qos: list[int] = field(default_factory=lambda: [0, 0, 0])
-    #: PUBLISH packets handed to local clients' connections (deliveries).
+    #: PUBLISH packets written, or queued to be written, to local clients' connections
+    #: (deliveries).  A QoS 0 message dropped for a client over its output limit counts in
+    #: ``messages_dropped`` only; a QoS 1/2 message queued for an online client counts here
+    #: when queued, even if it is dropped later (queue full, expired) or the client leaves.
     messages_sent: int = 0
     bytes_received: int = 0
     bytes_sent: int = 0

@@ -135,7 +135,9 @@ class LinkReceiver:
     async def serve_stream(self, stream: FramedStream, peer: Peer, body: dict[str, Any]) -> None:
         """RPC stream handler for ``data.link``: dispatch every message of every frame."""
         node = peer.node_id
-        session = body.get("session")
+        # The RPC dispatch hands only a map here; a direct caller (a test, a future
+        # transport) may not, and a list once surfaced as an AttributeError traceback.
+        session = body.get("session") if isinstance(body, dict) else None
         if type(session) is not int or session < 1:
             raise self._on_protocol_error(node, PeerProtocolError(
                 f"data link without a session number: {session!r}"))

@@ -129,7 +129,7 @@ def _decode_publish(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
     if qos:
         packet_id = _read_u16(buf, offset, stop, "PUBLISH packet identifier")
         if not packet_id:
-            raise MalformedPacket("MQTT-2.2.1-3", "PUBLISH packet identifier must not be 0")
+            raise ProtocolError5("MQTT-2.2.1-3", "PUBLISH packet identifier must not be 0")
         offset += 2
     props, offset = decode_properties(buf, offset, stop, "PUBLISH")
     return Publish5(topic, buf[offset:stop], qos, bool(flags & 0x01), dup, packet_id, props)
@@ -141,7 +141,7 @@ def _ack_decoder(cls: type[PubAck5 | PubRec5 | PubRel5 | PubComp5]) -> _Decoder:
     def decode_ack(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
         packet_id = _read_u16(buf, start, stop, f"{name} packet identifier")
         if not packet_id:
-            raise MalformedPacket("MQTT-2.2.1-3", "packet identifier must not be 0")
+            raise ProtocolError5("MQTT-2.2.1-3", "packet identifier must not be 0")
         if stop - start == 2:  # the short form: success, no properties (3.4.2.1)
             return cls(packet_id)
         code = buf[start + 2]
@@ -173,7 +173,7 @@ def _decode_subscribe(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
 
 
 def _zero_id() -> int:
-    raise MalformedPacket("MQTT-2.2.1-3", "packet identifier must not be 0")
+    raise ProtocolError5("MQTT-2.2.1-3", "packet identifier must not be 0")
 
 
 def _decode_suback_like(name: str, cls: type[SubAck5 | UnsubAck5]) -> _Decoder:
@@ -228,7 +228,12 @@ def _empty(cls: type[PingReq | PingResp]) -> _Decoder:
 
 
 class ProtocolError5(MalformedPacket):
-    """A rule whose violation v5 classes as a protocol error (0x82) rather than malformed."""
+    """A rule whose violation v5 classes as a protocol error (0x82) rather than malformed.
+
+    Among them packet identifier 0 on a PUBLISH (QoS > 0), SUBSCRIBE, UNSUBSCRIBE or an
+    acknowledgement [MQTT-2.2.1-3]: the packet is well formed, its identifier is just not
+    one the protocol allows (section 4.13 says Protocol Error; mosquitto sends 0x82).  It
+    was 0x81 before 2026-11-29.  MQTT 3.1.1 has no reason codes: the connection closes."""
 
     default_reason_code = 0x82
 

@@ -65,10 +65,13 @@ from mqttring.raft.replicated import DEFAULT_TIMEOUTS, RAFT_PASSWORD_PURPOSE, Ra
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
 from mqttring.rpc import (
     RPC_KEY_PURPOSE,
+    BadRequest,
+    Field,
     Peer,
     ProtocolError,
     RpcError,
     RpcServer,
+    Schema,
     call_once,
     cluster_secret,
     derive_key,
@@ -79,6 +82,26 @@ log = logging.getLogger(__name__)
 #: Metadata RPC kinds served on the cluster port (the data plane adds its own).
 RPC_KINDS = ("info", "join", "remove", "heartbeat", "status", "leave", "caught_up", "pin",
              "unpin")
+
+_STR = (str,)
+#: What a joining member announces (``state.member_info``): checked before the leader
+#: commits it, since a member's record is replicated to every node and read everywhere.
+_MEMBER: Schema = {"node_id": Field(_STR, required=True),
+                   "cluster": Field(_STR, required=True),
+                   "raft": Field(_STR, required=True),
+                   "mqtt": Field((str, type(None))),
+                   "weight": Field((int,))}
+#: The body each metadata kind needs, checked by the RPC dispatch before the handler runs:
+#: a peer's wrong shape is refused there with a ``BadRequest`` saying what is wrong.
+RPC_BODIES: dict[str, Schema] = {
+    "join": {"member": Field((dict,), required=True, fields=_MEMBER)},
+    "remove": {"node_id": Field(_STR, required=True)},
+    "heartbeat": {"node_id": Field(_STR, required=True), "incarnation": Field((int,))},
+    "status": {"brief": Field((bool, type(None)))},
+    "caught_up": {"shards": Field((list,), items=int)},
+    "pin": {"subtree": Field(_STR, required=True), "shard": Field((int, type(None)))},
+    "unpin": {"subtree": Field(_STR, required=True)},
+}
 
 #: Seconds between two looks at this node's quorum proof, for the lost/regained log lines.
 QUORUM_LOG_POLL = 0.25
@@ -148,7 +171,7 @@ class MetadataService:
         self.rpc = RpcServer(self._rpc_key, self.node_id,
                              tls=None if self.tls is None else self.tls.server)
         for kind in RPC_KINDS:
-            self.rpc.register(kind, getattr(self, f"_rpc_{kind}"))
+            self.rpc.register(kind, getattr(self, f"_rpc_{kind}"), RPC_BODIES.get(kind))
 
     # -- public surface ---------------------------------------------------------------
 
@@ -515,7 +538,17 @@ class MetadataService:
                 "epoch": self._view.epoch}
 
     async def _rpc_join(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        return await self._leader_call("join", {"member": body["member"]})
+        """Body checked against ``RPC_BODIES``; the addresses must also parse, or the
+        leader would commit a member that no node can reach (nor Raft add)."""
+        member = body["member"]
+        for key in ("cluster", "raft"):
+            try:
+                parse_hostport(member[key])
+            except ConfigError as exc:
+                raise BadRequest(f"join: member.{key}: {exc}") from None
+        if member.get("weight", 1) < 1:
+            raise BadRequest("join: member.weight must be >= 1")
+        return await self._leader_call("join", {"member": member})
 
     async def _leader_join(self, body: dict[str, Any]) -> dict[str, Any]:
         info = body["member"]
@@ -552,7 +585,7 @@ class MetadataService:
     async def _rpc_heartbeat(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """Note the member alive; tell it whether this is the leader and counts it up, so a
         follower can tell a live majority from a deposed leader on its side of a split."""
-        node_id = str(body["node_id"])
+        node_id = body["node_id"]  # a string: checked against ``RPC_BODIES``
         self._detector.heard(node_id, trio.current_time())
         member = self._view.members.get(node_id)
         member_up = (member is not None and member.state is not MemberState.DOWN
@@ -597,13 +630,13 @@ class MetadataService:
     async def _rpc_caught_up(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         """For tests and operators standing in for the data plane (see module docstring)."""
         return await self._commit_rpc(sm.cmd_caught_up(
-            self.node_id, self.incarnation, [int(s) for s in body.get("shards", [])]))
+            self.node_id, self.incarnation, body.get("shards", [])))
 
     async def _rpc_pin(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        return await self._commit_rpc(sm.cmd_pin(str(body["subtree"]), body.get("shard")))
+        return await self._commit_rpc(sm.cmd_pin(body["subtree"], body.get("shard")))
 
     async def _rpc_unpin(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        return await self._commit_rpc(sm.cmd_unpin(str(body["subtree"])))
+        return await self._commit_rpc(sm.cmd_unpin(body["subtree"]))
 
     async def _commit_rpc(self, command: sm.Command) -> dict[str, Any]:
         try:
