@@ -10,9 +10,12 @@ parse and move when messages flow.
 from __future__ import annotations
 
 import base64
+import logging
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -324,3 +327,76 @@ def test_a_request_that_stops_coming_is_closed_after_http_read_timeout(tmp_path:
             assert http.get("/api/v1/cluster").status_code == 200
     finally:
         node.stop()
+
+
+@pytest.fixture
+def embedded_http_port() -> Iterator[int]:
+    """The HTTP port of an in-process node (no token: loopback only), for the tests that
+    read the node's log records (``caplog``) or time its sockets."""
+    from mqttring import BrokerConfig, MqttRingBroker
+
+    broker = MqttRingBroker(BrokerConfig(node_id="hx", mqtt=f"{HOST}:0", http=f"{HOST}:0",
+                                         data_dir=None, sys_interval=0))
+    broker.start(timeout=30)
+    assert broker.http_port is not None
+    yield broker.http_port
+    broker.stop(timeout=30)
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(20)
+    return b"".join(iter(lambda: sock.recv(65536), b""))
+
+
+def test_a_client_that_goes_away_mid_request_is_no_error(
+        embedded_http_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A publish whose body stops short of its Content-Length, then the client closes; and
+    a publish whose chunked body Hypercorn refuses (it answers 400 itself).  Nobody is left
+    to answer: the log says so at debug, with no ERROR and no traceback."""
+    caplog.set_level(logging.DEBUG, logger="mqttring.http")
+    head = (b"POST /api/v1/publish HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n")
+    with socket.create_connection((HOST, embedded_http_port), timeout=10) as sock:
+        sock.sendall(head + b'Content-Length: 100\r\n\r\n{"topic":"a"}')
+    with socket.create_connection((HOST, embedded_http_port), timeout=10) as sock:
+        sock.sendall(head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                     b"zz\r\nabc\r\n0\r\n\r\n")
+        assert _until_closed(sock).startswith(b"HTTP/1.1 400")
+
+    def gone() -> int:
+        return sum("went away" in r.getMessage() for r in caplog.records)
+
+    wait_for(lambda: gone() >= 2, 10, "both requests to end")
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [r.getMessage() for r in loud]
+
+
+@pytest.mark.parametrize(("path", "media_type", "text"), [
+    ("/", b"text/html", b"mqttring"),
+    ("/static/dashboard.js", b"text/javascript", b""),
+    ("/static/vendor/uPlot.min.css", b"text/css", b""),
+])
+def test_the_dashboard_closes_at_once_when_asked_to(
+        embedded_http_port: int, path: str, media_type: bytes, text: bytes) -> None:
+    """``Connection: close`` on the dashboard's page and files: the answer, then the socket
+    closed at once, as on every API route (not after ``http_read_timeout``, 10 s)."""
+    with socket.create_connection((HOST, embedded_http_port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        began = time.monotonic()
+        answer = _until_closed(sock)
+        waited = time.monotonic() - began
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"content-type: " + media_type in head.lower() and text in body
+    assert waited < 3, waited
+
+
+def test_only_the_shipped_dashboard_files_are_served(embedded_http_port: int) -> None:
+    for path in ("/static/nope.js", "/static/../api/v1/cluster", "/static/%2e%2e/http/app.py",
+                 "/static/vendor"):
+        with socket.create_connection((HOST, embedded_http_port), timeout=10) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         "Connection: close\r\n\r\n".encode())
+            answer = _until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 404"), (path, answer[:200])

@@ -7,6 +7,7 @@ owns the accepted socket), not from anything the broker says about itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -36,25 +38,37 @@ class Workers:
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict = {}
 
-    def start(self, timeout: float = 60.0, *flags: str) -> dict:
-        ready = self.data_dir.parent / "ready.json"
-        ready.unlink(missing_ok=True)
+    @property
+    def ready_path(self) -> Path:
+        return self.data_dir.parent / "ready.json"
+
+    def launch(self, *flags: str) -> subprocess.Popen[bytes]:
+        """Start the supervisor (in its own process group, for ``kill_all``); not waiting."""
+        self.ready_path.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "mqttring.node", "--workers", str(self.count),
                "--mqtt", f"{HOST}:0", "--data-dir", str(self.data_dir),
-               "--sys-interval", "0", "--ready-file", str(ready), *flags]
+               "--sys-interval", "0", "--ready-file", str(self.ready_path), *flags]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+        return self.proc
+
+    def wait_ready(self, timeout: float = 60.0) -> dict:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (
                 f"supervisor exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                self.info = json.loads(ready.read_text())
+                self.info = json.loads(self.ready_path.read_text())
                 return self.info
             except (FileNotFoundError, json.JSONDecodeError):
                 time.sleep(0.05)
         raise AssertionError(f"workers not ready in {timeout}s:\n{self.log()}")
+
+    def start(self, timeout: float = 60.0, *flags: str) -> dict:
+        self.launch(*flags)
+        return self.wait_ready(timeout)
 
     @property
     def port(self) -> int:
@@ -72,8 +86,11 @@ class Workers:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def kill_all(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """The supervisor and whatever is left of its workers (they share its group, also
+        when a failed test left them orphaned)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
 
@@ -251,3 +268,158 @@ def test_sighup_to_the_supervisor_reloads_every_worker(workers: Workers, tmp_pat
         time.sleep(0.1)
     assert "SIGHUP: passing it on to 2 workers" in workers.log()
     assert workers.stop() == 0
+
+
+# --- The supervisor's own life: signals at any stage, its death, a worker that keeps dying.
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str,
+             log: Callable[[], str]) -> object:
+    """``condition()``'s first true value, polled until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} within {timeout}s:\n{log()}"
+        time.sleep(0.05)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name: [state, ppid, ...]; None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it has ended)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def children(pid: int) -> dict[int, str]:
+    """The live child processes of ``pid`` (its workers), each with its ``--node-id``."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _stat(int(entry.name))
+        if stat is None or stat[1] != str(pid) or stat[0] in ("Z", "X"):
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        node_id = args[args.index(b"--node-id") + 1].decode() if b"--node-id" in args else ""
+        found[int(entry.name)] = node_id
+    return found
+
+
+def starting_workers(workers: Workers) -> set[int]:
+    """Wait until the supervisor has started both workers; their pids (not ready yet)."""
+    assert workers.proc is not None
+    supervisor = workers.proc.pid
+
+    def both() -> set[int] | None:
+        assert workers.proc is not None and workers.proc.poll() is None, workers.log()
+        pids = set(children(supervisor))
+        return pids if len(pids) == 2 else None
+
+    pids = wait_for(both, 30, "two workers started", workers.log)
+    assert isinstance(pids, set)
+    assert not workers.ready_path.exists(), "the workers were ready already: too slow to test"
+    return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_the_workers_start_stops_every_one(workers: Workers,
+                                                               signum: signal.Signals) -> None:
+    """Before the supervisor is ready it must already hold its signals: a SIGTERM with the
+    default disposition killed it alone and left its workers serving the port as orphans,
+    and a SIGINT was a KeyboardInterrupt traceback."""
+    workers.launch()
+    pids = starting_workers(workers)
+    assert workers.proc is not None
+    workers.proc.send_signal(signum)
+    assert workers.proc.wait(40) == 0, workers.log()
+    wait_for(lambda: not any(alive(pid) for pid in pids), 10, "no worker left", workers.log)
+    log = workers.log()
+    assert f"signal {signum.name}: stopping 2 workers (starting)" in log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log
+
+
+def test_a_sighup_while_the_workers_start_is_passed_on_once_they_are_ready(
+        workers: Workers) -> None:
+    """SIGHUP while starting: the supervisor (and every worker) lives on, and each worker
+    gets it once ready (a worker still importing would die of it)."""
+    workers.launch()
+    pids = starting_workers(workers)
+    assert workers.proc is not None
+    workers.proc.send_signal(signal.SIGHUP)
+    workers.wait_ready()
+    assert workers.worker_pids() == pids, "the workers started first are the ones serving"
+    wait_for(lambda: workers.log().count("SIGHUP: no --config file, settings unchanged") == 2,
+             20, "both workers handled the SIGHUP", workers.log)
+    log = workers.log()
+    assert "SIGHUP while the workers start: passing it on once they are ready" in log
+    assert "SIGHUP: passing it on to 2 workers" in log
+    assert "exited with" not in log, log
+    assert workers.stop() == 0, workers.log()
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_the_workers_stop_when_their_supervisor_is_killed(workers: Workers) -> None:
+    """kill -9 of the supervisor: each worker sees its lifeline close and stops, so the
+    port is free and the next start comes back on it (orphans made it 'address in use')."""
+    workers.start()
+    pids, port = workers.worker_pids(), workers.port
+    assert workers.proc is not None
+    workers.proc.kill()
+    workers.proc.wait(10)
+    wait_for(lambda: not any(alive(pid) for pid in pids), 15, "the workers stopped",
+             workers.log)
+    assert workers.log().count("the workers' supervisor is gone: stopping") == 2
+    assert workers.start()["mqtt"] == port, workers.log()
+    client = RawClient(HOST, port)
+    try:
+        assert client.connect("w-after-kill").return_code == 0
+    finally:
+        client.close()
+    assert workers.stop() == 0, workers.log()
+
+
+def test_a_worker_that_keeps_dying_stops_the_supervisor(workers: Workers) -> None:
+    """Past the restart budget (5 a minute) the supervisor stops every worker and exits 1:
+    the one left alone has no Raft majority and would refuse every client, while a living
+    supervisor keeps a process manager from restarting the whole set."""
+    from mqttring.workers import MAX_RESTARTS
+
+    workers.start()
+    assert workers.proc is not None
+    supervisor = workers.proc.pid
+    survivor = next(int(w["pid"]) for w in workers.info["workers"]
+                    if w["node_id"].endswith("-w0"))
+    victim = next(int(w["pid"]) for w in workers.info["workers"]
+                  if w["node_id"].endswith("-w1"))
+
+    def restarted(old: int) -> int | None:
+        assert workers.proc is not None and workers.proc.poll() is None, workers.log()
+        return next((pid for pid, node_id in children(supervisor).items()
+                     if node_id.endswith("-w1") and pid != old), None)
+
+    for kill in range(MAX_RESTARTS + 1):
+        os.kill(victim, signal.SIGKILL)
+        if kill == MAX_RESTARTS:
+            break
+        found = wait_for(partial(restarted, victim), 15, f"w1 started again ({kill + 1})",
+                         workers.log)
+        assert isinstance(found, int)
+        victim = found
+    assert workers.proc.wait(40) == 1, workers.log()
+    assert not alive(survivor) and not alive(victim)
+    log = workers.log()
+    assert f"{MAX_RESTARTS} restarts within a minute, giving up: stopping every worker" in log
+    assert f"exited {MAX_RESTARTS + 1} times within a minute" in log
+    assert "Traceback" not in log

@@ -24,12 +24,20 @@ All workers start at once (a restarted one waits for the others' Raft to elect a
 the supervisor reports ready once every worker is.  Another worker count on the same data
 directory is refused (growing or shrinking in place is not supported yet).
 
-Signals: SIGINT/SIGTERM are passed to every worker, which stop without leaving the cluster
-(``leave_on_stop = false``: they stop together and come back together, so there is nobody to
-hand shards to); past ``leave_timeout`` + a slack a worker is killed.  SIGHUP is passed on
-too: each worker reloads the config file (``mqttring.lifecycle``).  A worker that dies on
-its own is started again (at most ``MAX_RESTARTS`` times a minute), as a crashed node would
-be by an init system.
+Signals, held from before the first worker is started (so a signal at any stage reaches
+every worker already running, never killing the supervisor alone): SIGINT/SIGTERM are
+passed to every worker, which stop without leaving the cluster (``leave_on_stop = false``:
+they stop together and come back together, so there is nobody to hand shards to); past
+``leave_timeout`` + a slack a worker is killed.  SIGHUP is passed on too: each worker
+reloads the config file (``mqttring.lifecycle``); one that comes while the workers start is
+passed on once they are ready.  A worker that dies on its own is started again (at most
+``MAX_RESTARTS`` times a minute), as a crashed node would be by an init system; past that the
+supervisor stops every worker and exits 1, for its own process manager to restart the set
+(the others alone may lack a Raft majority, refusing every client).
+
+The workers die with the supervisor, even with a SIGKILL: each inherits the read end of a
+pipe whose write end only the supervisor holds, and stops itself (as on SIGTERM) when it
+reads EOF there (``worker_main``), so no orphan keeps the port from the next start.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ import secrets
 import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +60,7 @@ from typing import Any
 import trio
 
 from mqttring.config import ENV_PREFIX, BrokerConfig, ConfigError, parse_hostport
+from mqttring.lifecycle import ExitCode
 from mqttring.raft.localcluster import free_port
 
 log = logging.getLogger("mqttring.workers")
@@ -62,6 +73,11 @@ STOP_SLACK = 10.0
 MAX_RESTARTS = 5
 SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
 STATE_FILE = "workers.json"
+#: How a worker process starts (``python -c``): ``mqttring.node`` tied to its supervisor.
+WORKER_BOOT = ("import sys; from mqttring.workers import worker_main; "
+               "sys.exit(worker_main(sys.argv[1:]))")
+#: Seconds an orphaned worker gets to stop on its own SIGTERM before it kills itself.
+ORPHAN_KILL_AFTER = 60.0
 
 
 def worker_count(text: str) -> int:
@@ -172,8 +188,10 @@ def plan(config: BrokerConfig, count: int, args: argparse.Namespace, run_dir: Pa
                 f"{mqtt_host}:{mqtt_port}", ws)
 
 
-def _command(plan: Plan, worker: Worker) -> list[str]:
-    cmd = [sys.executable, "-m", "mqttring.node", *plan.passed_flags,
+def _command(plan: Plan, worker: Worker, lifeline: int) -> list[str]:
+    """The worker's command line: ``mqttring.node`` behind :func:`worker_main`, which stops
+    the worker when the supervisor's end of ``lifeline`` (an fd the worker inherits) closes."""
+    cmd = [sys.executable, "-c", WORKER_BOOT, str(lifeline), *plan.passed_flags,
            "--node-id", worker.node_id, "--data-dir", str(worker.data_dir),
            "--mqtt", plan.mqtt, "--cluster", worker.cluster, "--raft", worker.raft,
            "--ready-file", str(worker.ready_file), "--reuse-port", "--stay-on-stop"]
@@ -184,77 +202,164 @@ def _command(plan: Plan, worker: Worker) -> list[str]:
     return cmd
 
 
+class StartError(RuntimeError):
+    """A worker could not be started, or exited (or hung) before it was ready."""
+
+
 async def _wait_ready(worker: Worker, deadline: float) -> None:
     while True:
         process = worker.process
         assert process is not None
         if process.returncode is not None:
-            raise RuntimeError(f"worker {worker.node_id} exited with {process.returncode} "
-                               "before it was ready")
+            raise StartError(f"worker {worker.node_id} exited with {process.returncode} "
+                             "before it was ready")
         try:
             worker.info = json.loads(worker.ready_file.read_text())
             return
         except (FileNotFoundError, json.JSONDecodeError):
             pass
         if trio.current_time() > deadline:
-            raise RuntimeError(f"worker {worker.node_id} not ready in {READY_SECONDS}s")
+            raise StartError(f"worker {worker.node_id} not ready in {READY_SECONDS}s")
         await trio.sleep(0.05)
 
 
 class Supervisor:
+    """Starts the workers, passes signals on, restarts a crashed worker, stops them all.
+
+    Signals are received from the first moment of :meth:`run`, before any worker exists:
+    a stop signal that arrives while the workers start must stop the ones already started
+    (with the default disposition the supervisor would die alone and leave them serving).
+    """
+
     def __init__(self, plan: Plan, ready_file: Path | None) -> None:
         self.plan = plan
         self.ready_file = ready_file
         self.stopping = False
+        self.ready = False
+        #: A SIGHUP that came while the workers started, passed on once they are ready.
+        self.hup_pending = False
+        self.exit_code = ExitCode.OK
+        #: Why the supervisor failed (one line for stderr), or None.
+        self.error: str | None = None
+        self._scope: trio.CancelScope | None = None
+        # The lifeline: every worker inherits the read end, only this process holds the
+        # write end (os.pipe() fds are not inheritable), so when this process ends, however
+        # it ends (kill -9 included), each worker reads EOF and stops (``worker_main``).
+        self._lifeline_read, self._lifeline_write = os.pipe()
+
+    def _running(self) -> list[trio.Process]:
+        return [w.process for w in self.plan.workers
+                if w.process is not None and w.process.returncode is None]
 
     async def _start(self, worker: Worker) -> None:
         worker.ready_file.unlink(missing_ok=True)
-        worker.data_dir.mkdir(parents=True, exist_ok=True)
-        worker.process = await trio.lowlevel.open_process(
-            _command(self.plan, worker), env=self.plan.env)
+        try:
+            worker.data_dir.mkdir(parents=True, exist_ok=True)
+            # Shielded: a stop signal while the process is being created must not lose it
+            # (then ``_stop_all`` would not know about it).
+            with trio.CancelScope(shield=True):
+                worker.process = await trio.lowlevel.open_process(
+                    _command(self.plan, worker, self._lifeline_read), env=self.plan.env,
+                    pass_fds=(self._lifeline_read,))
+        except OSError as exc:
+            raise StartError(f"cannot start worker {worker.node_id}: {exc}") from None
 
-    async def run(self) -> None:
+    async def run(self, early_signals: list[int] | None = None) -> ExitCode:
+        """Run until a stop signal, or until a worker cannot be kept running; the exit code.
+
+        ``early_signals``: signals that came before this ran (``run_workers`` holds them).
+        """
+        try:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
+                                           signal.SIGHUP) as signals:
+                # After the receiver is open, so that no signal falls between the two.
+                early = [s for s in early_signals or () if s != signal.SIGHUP]
+                if early:  # a SIGHUP before any worker started: they read the file anyway
+                    log.info("signal %s: stopping before any worker started",
+                             signal.Signals(early[0]).name)
+                    return self.exit_code
+                try:
+                    async with trio.open_nursery() as nursery:
+                        self._scope = nursery.cancel_scope
+                        nursery.start_soon(self._on_signals, signals)
+                        if await self._start_all():
+                            for worker in self.plan.workers:
+                                nursery.start_soon(self._watch, worker)
+                        else:
+                            nursery.cancel_scope.cancel()
+                finally:
+                    self.stopping = True
+                    with trio.CancelScope(shield=True):
+                        await self._stop_all()
+        finally:
+            os.close(self._lifeline_write)
+            os.close(self._lifeline_read)
+        return self.exit_code
+
+    async def _start_all(self) -> bool:
+        """Start every worker and wait until each is ready; False (``error`` set) if not."""
         workers = self.plan.workers
-        first = workers[0]
         deadline = trio.current_time() + READY_SECONDS
         try:
             for worker in workers:
                 await self._start(worker)
             for worker in workers:
                 await _wait_ready(worker, deadline)
-            log.info("%d workers serving mqtt=%s ws=%s: %s", len(workers), self.plan.mqtt,
-                     self.plan.ws,
-                     ", ".join(f"{w.node_id} (pid {w.info['pid']})" for w in workers))
-            if self.ready_file is not None:
-                _write_json(self.ready_file, {
-                    "mqtt": first.info["mqtt"], "ws": first.info.get("ws"),
-                    "mqtts": first.info.get("mqtts"), "wss": first.info.get("wss"),
-                    "pid": os.getpid(), "node_id": self.plan.config.node_id,
-                    "workers": [w.info for w in workers]})
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
-                                           signal.SIGHUP) as signals:
-                async with trio.open_nursery() as nursery:
-                    for worker in workers:
-                        nursery.start_soon(self._watch, worker)
-                    async for signum in signals:
-                        if signum == signal.SIGHUP:  # each worker reloads its own config
-                            log.info("SIGHUP: passing it on to %d workers", len(workers))
-                            for worker in workers:
-                                if worker.process is not None \
-                                        and worker.process.returncode is None:
-                                    worker.process.send_signal(signal.SIGHUP)
-                            continue
-                        log.info("signal %s: stopping %d workers",
-                                 signal.Signals(signum).name, len(workers))
-                        break
-                    self.stopping = True
-                    nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._stop_all()
+        except StartError as exc:
+            self.error = f"workers did not start: {exc}"
+            self.exit_code = ExitCode.FAILED
+            return False
+        log.info("%d workers serving mqtt=%s ws=%s: %s", len(workers), self.plan.mqtt,
+                 self.plan.ws,
+                 ", ".join(f"{w.node_id} (pid {w.info['pid']})" for w in workers))
+        if self.ready_file is not None:
+            first = workers[0]
+            _write_json(self.ready_file, {
+                "mqtt": first.info["mqtt"], "ws": first.info.get("ws"),
+                "mqtts": first.info.get("mqtts"), "wss": first.info.get("wss"),
+                "pid": os.getpid(), "node_id": self.plan.config.node_id,
+                "workers": [w.info for w in workers]})
+        self.ready = True
+        if self.hup_pending:
+            self._pass_hup()
+        return True
+
+    async def _on_signals(self, signals: AsyncIterator[int]) -> None:
+        """SIGHUP: passed on (once every worker is ready); SIGINT/SIGTERM: stop them all."""
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                if self.ready:
+                    self._pass_hup()
+                else:
+                    # A worker still importing would die of it (Python's default for
+                    # SIGHUP); one already running reloads after it has read the file.
+                    log.info("SIGHUP while the workers start: passing it on once they are "
+                             "ready")
+                    self.hup_pending = True
+                continue
+            log.info("signal %s: stopping %d workers%s", signal.Signals(signum).name,
+                     len(self._running()), "" if self.ready else " (starting)")
+            self._stop()
+            return
+
+    def _pass_hup(self) -> None:
+        running = self._running()
+        log.info("SIGHUP: passing it on to %d workers", len(running))
+        for process in running:
+            process.send_signal(signal.SIGHUP)
+
+    def _stop(self) -> None:
+        self.stopping = True
+        assert self._scope is not None
+        self._scope.cancel()
 
     async def _watch(self, worker: Worker) -> None:
-        """Start a worker again when it dies on its own (bounded per minute)."""
+        """Start a worker again when it dies on its own (bounded per minute).
+
+        Past the bound the supervisor stops every worker and fails (exit 1): the others
+        alone may lack a Raft majority and refuse every client while the supervisor looks
+        healthy, so it is better left to the process manager to restart the whole set.
+        """
         while True:
             process = worker.process
             assert process is not None
@@ -264,17 +369,27 @@ class Supervisor:
             now = time.monotonic()
             worker.restarts = [t for t in worker.restarts if now - t < 60] + [now]
             if len(worker.restarts) > MAX_RESTARTS:
-                log.error("worker %s exited with %s; %d restarts within a minute, giving up "
-                          "on it", worker.node_id, code, MAX_RESTARTS)
+                log.error("worker %s exited with %s; %d restarts within a minute, giving up: "
+                          "stopping every worker", worker.node_id, code, MAX_RESTARTS)
+                self.error = (f"workers stopped: worker {worker.node_id} exited "
+                              f"{MAX_RESTARTS + 1} times within a minute (last with {code})")
+                self.exit_code = ExitCode.FAILED
+                self._stop()
                 return
             log.error("worker %s exited with %s; starting it again", worker.node_id, code)
             await trio.sleep(1.0)
             worker.join = self.plan.workers[0].cluster if worker.index else worker.join
-            await self._start(worker)
+            try:
+                await self._start(worker)
+            except StartError as exc:
+                log.error("%s: stopping every worker", exc)
+                self.error = f"workers stopped: {exc}"
+                self.exit_code = ExitCode.FAILED
+                self._stop()
+                return
 
     async def _stop_all(self) -> None:
-        running = [w.process for w in self.plan.workers
-                   if w.process is not None and w.process.returncode is None]
+        running = self._running()
         for process in running:
             process.send_signal(signal.SIGTERM)
         with trio.move_on_after(self.plan.config.leave_timeout + STOP_SLACK):
@@ -295,15 +410,54 @@ def _write_json(path: Path, info: dict[str, Any], private: bool = False) -> None
 
 
 def run_workers(config: BrokerConfig, count: int, args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="mqttring-workers-") as run_dir:
+    # Held from here (not only once trio runs): a signal while the plan is made is kept
+    # for the supervisor, instead of killing this process or raising KeyboardInterrupt.
+    early: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: early.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="mqttring-workers-") as run_dir:
+            try:
+                the_plan = plan(config, count, args, Path(run_dir))
+            except ConfigError as exc:
+                print(f"mqttring: configuration error: {exc}", file=sys.stderr)
+                return ExitCode.CONFIG
+            supervisor = Supervisor(the_plan, args.ready_file)
+            code = trio.run(supervisor.run, early)
+            if supervisor.error is not None:
+                print(f"mqttring: {supervisor.error}", file=sys.stderr)
+            return int(code)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def worker_main(argv: list[str]) -> int:
+    """A worker process (``WORKER_BOOT``): ``argv`` is the lifeline fd, then node flags.
+
+    A thread waits for EOF on the lifeline, which comes when the supervisor has ended; the
+    worker then stops as on SIGTERM (without leaving, ``--stay-on-stop``), so a supervisor
+    killed with SIGKILL leaves no worker holding the port.  Not ``PR_SET_PDEATHSIG``: trio
+    creates processes from a worker thread, and the kernel sends that signal when the
+    *thread* that forked ends (trio's idle threads do, after a few seconds).
+    """
+    lifeline = int(argv[0])
+
+    def wait_for_the_supervisor() -> None:
         try:
-            the_plan = plan(config, count, args, Path(run_dir))
-        except ConfigError as exc:
-            print(f"mqttring: configuration error: {exc}", file=sys.stderr)
-            return 2
-        try:
-            trio.run(Supervisor(the_plan, args.ready_file).run)
-        except RuntimeError as exc:
-            print(f"mqttring: workers did not start: {exc}", file=sys.stderr)
-            return 1
-    return 0
+            while os.read(lifeline, 1):  # nothing is ever written: this returns at EOF
+                pass
+        except OSError as exc:  # not a pipe from a supervisor: nothing to watch
+            log.warning("cannot watch the workers' supervisor: %s", exc)
+            return
+        log.warning("the workers' supervisor is gone: stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+        # The node bounds its own stop; this only covers a process that ignored SIGTERM.
+        time.sleep(ORPHAN_KILL_AFTER)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_the_supervisor, name="mqttring-lifeline",
+                     daemon=True).start()
+    from mqttring.node import main  # here: mqttring.node imports this module
+
+    return main(argv[1:])

@@ -427,7 +427,15 @@ class BrokerNode:
                                                  parking).run)
 
     async def _accept_websocket(self, request: WebSocketRequest) -> WebSocketConnection | None:
-        subprotocol = "mqtt" if "mqtt" in request.proposed_subprotocols else None
+        """Accept a ``wss`` upgrade, echoing the MQTT subprotocol the client offered.
+
+        MQTT 3.1.1 names it "mqtt" [MQTT-6.0.0-3]; MQTT 3.1 clients (MQTT.js with protocolId
+        ``MQIsdp``, older paho) offer only "mqttv3.1", which mosquitto accepts too.  A
+        client offered back no subprotocol aborts the handshake, so both are echoed, and
+        "mqtt" wins when a client offers both.
+        """
+        offered = request.proposed_subprotocols
+        subprotocol = next((name for name in ("mqtt", "mqttv3.1") if name in offered), None)
         try:
             return await request.accept(subprotocol=subprotocol)
         except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
@@ -571,41 +579,86 @@ class BrokerNode:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        """Stop the node.  The body's own exception comes out as itself: trio's nursery
+        wraps it in an ``ExceptionGroup`` on its way through, and ``except KeyError``
+        around the block would not catch a ``KeyError`` raised inside it.  A node that
+        failed on its own during a clean body is raised as its one exception too; a body's
+        exception together with a failure of the node stays a group (both are real)."""
         assert self._nursery is not None and self._exit_stack is not None
         if exc is None:  # a clean exit; on an error (or cancellation) stop at once
             await self.leave_cluster()
         self._nursery.cancel_scope.cancel()
-        return await self._exit_stack.__aexit__(exc_type, exc, tb)
+
+        def leaves(error: BaseException) -> list[BaseException]:
+            if isinstance(error, BaseExceptionGroup):
+                return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+            return [error]
+
+        try:
+            return await self._exit_stack.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            failures = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+            own = [] if exc is None else [id(e) for e in leaves(exc)]  # a group of its own too
+            if own and failures and all(id(e) in own for e in failures):
+                return False  # not suppressed: the interpreter raises ``exc`` as it was
+            if exc is not None or len(failures) != 1:
+                raise
+            failure = failures[0]
+        raise failure  # outside the ``except``: the group is not its context
 
     # -- plain Python API -------------------------------------------------------------------
+
+    #: Seconds a cancelled background broker gets to end (close its store) before
+    #: ``start``/``stop`` give up waiting for its thread.
+    halt_grace: float = 10.0
 
     def start(self, timeout: float = 30.0) -> BoundPorts:
         """Run the broker in a background thread; returns once it listens.
 
         A failure to start is raised here as itself (a busy port: ``ListenError``, an
-        ``OSError`` naming the address), not as trio's exception group.
+        ``OSError`` naming the address), not as trio's exception group.  A broker that does
+        not listen within ``timeout`` seconds (a cluster ``join`` address nobody answers) is
+        cancelled and its thread waited for (``halt_grace``), then ``TimeoutError`` names
+        what it was still waiting for: the caller gave up on it, so it must not go on
+        holding its ports, its store and its threads behind the caller's back.
+        ``RuntimeError``: ``stop()`` was called (from another thread) before it listened.
         """
         if self._thread is not None:
             raise RuntimeError("broker already started")
-        result: queue.Queue[BoundPorts | BaseException] = queue.Queue()
+        config = self.config
+        #: The bound ports, the failure to start (raised here), or None: halted first.
+        result: queue.Queue[BoundPorts | BaseException | None] = queue.Queue()
         started = threading.Event()
+        # ``stop`` asks a listening broker to stop gracefully (``_stop_requested``, after
+        # which it leaves its cluster); that is only awaited once it listens, so a broker
+        # still starting, or one past ``stop``'s timeout, is cancelled instead, through
+        # ``everything``.  ``halt`` covers a halt that comes before the loop has a token.
+        halt = threading.Event()
+        everything = trio.CancelScope()
+        self._token = self._stop_requested = None
+        self.plane = self.router = None  # progress, for the timeout's message
 
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
             stop = self._stop_requested = trio.Event()
-            async with trio.open_nursery() as nursery:
-                result.put(await nursery.start(self.serve))
-                started.set()
-                async with trio.open_nursery() as first:  # stop(), or a remote leave
+            with everything:
+                if halt.is_set():
+                    everything.cancel()
+                async with trio.open_nursery() as nursery:
+                    result.put(await nursery.start(self.serve))
+                    started.set()
+                    async with trio.open_nursery() as first:  # stop(), or a remote leave
 
-                    async def until(event: trio.Event) -> None:
-                        await event.wait()
-                        first.cancel_scope.cancel()
+                        async def until(event: trio.Event) -> None:
+                            await event.wait()
+                            first.cancel_scope.cancel()
 
-                    first.start_soon(until, stop)
-                    first.start_soon(until, self._left_event)
-                await self.leave_cluster()  # nothing to do after a remote leave
-                nursery.cancel_scope.cancel()
+                        first.start_soon(until, stop)
+                        first.start_soon(until, self._left_event)
+                    await self.leave_cluster()  # nothing to do after a remote leave
+                    nursery.cancel_scope.cancel()
+            if not started.is_set():
+                result.put(None)
 
         def run() -> None:
             try:
@@ -616,26 +669,82 @@ class BrokerNode:
                 else:
                     result.put(sole_exception(exc))  # start() raises it
 
-        self._thread = threading.Thread(target=run, name="mqttring-broker", daemon=True)
-        self._thread.start()
-        outcome = result.get(timeout=timeout)
-        if isinstance(outcome, BaseException):
-            self._thread.join()
+        def end(at_once: bool) -> None:
+            """From any thread: stop gracefully, or (``at_once``, or not listening yet)
+            cancel everything."""
+            token, stop = self._token, self._stop_requested
+            if at_once or not started.is_set() or token is None or stop is None:
+                halt.set()  # before reading the token: ``main`` sets it, then reads this
+                token = self._token
+                action = everything.cancel
+            else:
+                action = stop.set
+            if token is not None:
+                with suppress(trio.RunFinishedError):
+                    token.run_sync_soon(action)
+
+        def waiting_for() -> str:
+            """What a broker that is not listening yet is still doing (for the error)."""
+            if config.data_dir is not None and self.store is None:
+                return f"opening its store in {config.data_dir}"
+            if self.plane is not None and self.router is None:
+                if config.join is not None:
+                    return (f"joining the cluster through {config.join} (is that member up "
+                            "and reachable, with the same cluster_secret?)")
+                return "waiting for its cluster's Raft majority to answer"
+            return "restoring its sessions or opening its listeners"
+
+        thread = self._thread = threading.Thread(target=run, name="mqttring-broker",
+                                                  daemon=True)
+        self._end_thread: Callable[[bool], None] = end  # for ``stop``
+        thread.start()
+        try:
+            outcome = result.get(timeout=timeout)
+        except queue.Empty:
+            doing = waiting_for()
+            end(True)
+            thread.join(self.halt_grace)
+            message = (f"node {config.node_id} did not start within {timeout:g} s: it was "
+                       f"still {doing}")
+            if thread.is_alive():
+                raise TimeoutError(f"{message}; it is still stopping (stop() waits for "
+                                   "it)") from None
             self._thread = None
+            late = None if result.empty() else result.get_nowait()
+            raise TimeoutError(message) from (late if isinstance(late, BaseException)
+                                              else None)
+        if not isinstance(outcome, BoundPorts):
+            thread.join()  # ending already: it has nothing left to do
+            self._thread = None
+            if outcome is None:
+                raise RuntimeError(f"node {config.node_id} was stopped (stop()) before it "
+                                   "started listening")
             raise outcome
         return outcome
 
     def stop(self, timeout: float | None = None) -> None:
         """Shut the background broker down cleanly (leaving its cluster first, if a member
         with ``leave_on_stop``) and wait for it, at most ``timeout`` seconds (default: the
-        leave's bound plus 30 s)."""
-        if self._thread is None:
+        leave's bound plus 30 s).
+
+        A broker still starting (``start`` waiting in another thread, or one that timed
+        out) is cancelled at once.  Past ``timeout`` the rest (a leave) is cancelled, and
+        the thread gets ``halt_grace`` more seconds; a thread still running then raises
+        ``TimeoutError`` (call ``stop`` again to wait longer) rather than returning as if
+        the node, its ports and its store were gone.
+        """
+        thread = self._thread
+        if thread is None:
             return
-        token, stop = self._token, self._stop_requested
-        if token is not None and stop is not None:
-            with suppress(trio.RunFinishedError):
-                token.run_sync_soon(stop.set)
         if timeout is None:
             timeout = self.config.leave_timeout + LEAVE_SLACK + 30.0
-        self._thread.join(timeout)
-        self._thread = None
+        self._end_thread(False)
+        thread.join(timeout)
+        if thread.is_alive():
+            self._end_thread(True)
+            thread.join(self.halt_grace)
+            if thread.is_alive():
+                raise TimeoutError(f"node {self.config.node_id}: its broker thread did not "
+                                   f"end within {timeout + self.halt_grace:g} s of stop()")
+        if self._thread is thread:
+            self._thread = None

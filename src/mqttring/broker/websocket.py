@@ -85,7 +85,9 @@ class PlainWebSocketTransport:
                         self.flush_now()
                     break
                 if request is not None:
-                    subprotocol = "mqtt" if "mqtt" in request.subprotocols else None
+                    # "mqttv3.1" too, as mosquitto: what MQTT.js offers for MQTT 3.1.
+                    subprotocol = next((name for name in ("mqtt", "mqttv3.1")
+                                        if name in request.subprotocols), None)
                     self.queue(ws.send(AcceptConnection(subprotocol=subprotocol)))
                     self.flush_now()
                     return True

@@ -13,16 +13,18 @@ import binascii
 import hmac
 import json
 import logging
+import mimetypes
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import TYPE_CHECKING, Any
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mqttring.config import is_loopback
@@ -202,12 +204,52 @@ def parse_publish(data: dict[str, Any], max_payload: int) -> Message:
     return Message(topic, raw, qos, retain)
 
 
+class DashboardFiles:
+    """The dashboard's page and static files (about 70 kB, shipped in the package), read
+    once in a worker thread and answered from memory, like any API response.
+
+    Not Starlette's ``FileResponse`` (nor ``StaticFiles``, built on it): under an ASGI 2.x
+    server such as Hypercorn it sends the file in one task while a second one waits for
+    ``http.disconnect`` and cancels the first when it comes.  Hypercorn delivers that
+    message as the response ends, while the first task is still closing a
+    ``Connection: close`` connection, so the close was cancelled and the socket stayed
+    open until ``http_read_timeout`` (10 s), where every API route closed at once.
+    """
+
+    def __init__(self, root: Traversable) -> None:
+        self._root = root
+        self._files: dict[str, bytes] | None = None
+
+    def _load(self) -> dict[str, bytes]:
+        files: dict[str, bytes] = {}
+        pending = [(self._root, "")] if self._root.is_dir() else []
+        while pending:  # bounded by the package's few directories
+            directory, prefix = pending.pop()
+            for entry in directory.iterdir():
+                if entry.is_dir():
+                    pending.append((entry, f"{prefix}{entry.name}/"))
+                elif entry.is_file():
+                    files[f"{prefix}{entry.name}"] = entry.read_bytes()
+        return files
+
+    async def response(self, name: str) -> Response:
+        """``name`` (a path under ``static/``) as a response; 404 for anything else, so no
+        path (``..`` included) reaches beyond the shipped files."""
+        if self._files is None:
+            self._files = await trio.to_thread.run_sync(self._load)
+        body = self._files.get(name)
+        if body is None:
+            return error(404, f"no dashboard file {name!r}")
+        media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return Response(body, media_type=media_type)
+
+
 def build_app(broker: MqttRingBroker) -> ASGIApp:
     queries = ClusterQueries(broker)
     registry = node_registry(broker, queries)
     max_payload = broker.config.limits.max_packet_size
     max_body = max_payload * 4 // 3 + _BODY_SLACK
-    static = resources.files("mqttring.http") / "static"
+    dashboard = DashboardFiles(resources.files("mqttring.http") / "static")
 
     async def cluster(request: Request) -> Response:
         return JSONResponse(queries.cluster())
@@ -267,7 +309,10 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def index(request: Request) -> Response:
-        return FileResponse(str(static / "index.html"))
+        return await dashboard.response("index.html")
+
+    async def static_file(request: Request) -> Response:
+        return await dashboard.response(request.path_params["name"])
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -282,6 +327,13 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
     async def on_unavailable(request: Request, exc: Exception) -> Response:
         return error(503, str(exc))
 
+    async def on_client_gone(request: Request, exc: Exception) -> None:
+        # The client closed before its body ended (or sent a chunked body Hypercorn
+        # refused, answering 400 itself): nobody is left to answer, and nothing happened.
+        # Unhandled, it was an ERROR "Error in ASGI Framework" with a traceback.
+        log.debug("HTTP %s %s: the client went away before its request ended",
+                  request.method, request.url.path)
+
     routes = [
         Route("/", index),
         Route("/dashboard", lambda r: RedirectResponse("/")),
@@ -294,11 +346,10 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
         Route("/api/v1/retained", retained),
         Route("/api/v1/retained/{topic:path}", delete_retained, methods=["DELETE"]),
         Route("/api/v1/publish", publish, methods=["POST"]),
+        Route("/static/{name:path}", static_file),
     ]
-    if static.is_dir():
-        routes.append(Mount("/static", StaticFiles(directory=str(static)), name="static"))
     app = Starlette(routes=routes, exception_handlers={
         HTTPException: on_http_error, BadRequest: on_bad_request, NotFound: on_not_found,
-        Unavailable: on_unavailable,
+        Unavailable: on_unavailable, ClientDisconnect: on_client_gone,  # type: ignore[dict-item]
     })
     return TokenAuth(app, broker.config.http_token)
