@@ -34,7 +34,7 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python -m benchmarks compare --quick
 
 # The fault suite (root: network namespaces + nftables; docs/faults.md): 3 and 5 nodes, every
-# scenario (power loss, join and leaves included), ~16 minutes.  Exit status non-zero when a
+# scenario (power loss, join and leaves included), ~13 minutes.  Exit status non-zero when a
 # contract check fails; the report is written either way.
 faults: $(VENV)/.test-installed
 	PYTHONPATH=src:. $(BIN)/python -m tests.faults.run --nodes 3,5 --scenario all \

@@ -100,6 +100,10 @@ class Subscriptions:
         codes = early.codes
         await self.registered(session, event.topics, early.registered)
         handler.conn.send_suback(event.packet_id, codes)
+        # The SUBACK leaves now: gathering the retained messages may wait for a failover
+        # (a dead owner's shards, until the view names their replicas), and a client must
+        # not wait that long for its SUBACK.
+        handler.wake()
         await self.deliver_retained(session, event.topics, codes, early.replay)
 
     async def registered(self, session: Session, topics: tuple[tuple[str, int], ...],

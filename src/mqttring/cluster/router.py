@@ -75,6 +75,7 @@ from mqttring.cluster.messages import (
     SharedDone,
 )
 from mqttring.cluster.registry import PendingRoute, RouteRegistry
+from mqttring.cluster.routes import route_shard
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
@@ -576,7 +577,14 @@ class ClusterRouter:
             messages.  Wait (bounded by ``patience``, as a publish waits for an owner) for
             a view in which others own them, and ask those; returning without them gave a
             subscriber a silent two thirds of the matches (a probe: 688 of 1000)."""
-            lost = [s for s in range(asked_in.num_shards) if asked_in.owner(s) == node]
+            # Only the shards it owned that may hold matches: a replica asked for an exact
+            # filter answers for none of them (waiting on it held a SUBACK through a
+            # failover for nothing).
+            one = route_shard(topic_filter, asked_in)
+            lost = [s for s in (range(asked_in.num_shards) if one is None else (one,))
+                    if asked_in.owner(s) == node]
+            if not lost:
+                return
             while (remaining := deadline - trio.current_time()) > 0:
                 now = self.view()
                 owners = {now.owner(s) for s in lost} - {None}

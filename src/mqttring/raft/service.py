@@ -531,6 +531,15 @@ class MetadataService:
                         return answer
                 await trio.sleep(0.1)
 
+    async def _peer_leader_call(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``_leader_call`` for a peer's request: a step the cluster could not commit now
+        (the leader changed or died mid-way: a worker killed again and again) is the
+        peer's refusal to retry, not a handler failure with a traceback."""
+        try:
+            return await self._leader_call(kind, body)
+        except (CommitError, trio.TooSlowError) as exc:
+            raise RpcError(f"{kind} not committed: {describe_error(exc)}") from None
+
     async def _rpc_info(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         if not self._raft.running:
             raise RpcError("raft not started")
@@ -548,7 +557,7 @@ class MetadataService:
                 raise BadRequest(f"join: member.{key}: {exc}") from None
         if member.get("weight", 1) < 1:
             raise BadRequest("join: member.weight must be >= 1")
-        return await self._leader_call("join", {"member": member})
+        return await self._peer_leader_call("join", {"member": member})
 
     async def _leader_join(self, body: dict[str, Any]) -> dict[str, Any]:
         info = body["member"]
@@ -568,7 +577,7 @@ class MetadataService:
         return {"incarnation": result["incarnation"], "epoch": result["epoch"]}
 
     async def _rpc_remove(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        return await self._leader_call("remove", {"node_id": body["node_id"]})
+        return await self._peer_leader_call("remove", {"node_id": body["node_id"]})
 
     async def _leader_remove(self, body: dict[str, Any]) -> dict[str, Any]:
         member = self._view.members.get(body["node_id"])
