@@ -300,6 +300,28 @@ async def test_a_delayed_will_outlives_its_home(autojump_clock: trio.abc.Clock) 
     assert published[0].topic == DELAYED_WILL.topic and published[0].delay == 0
 
 
+async def _promoted_while_n1_leaves() -> tuple[Metadata, list[ClusterView], ClusterSessions,
+                                               RecordingLinks, ClusterSessions, list[Any],
+                                               str, str]:
+    """n1, home and edge of a client, is marked leaving; the replica ``keeper`` holds the
+    copy of its registration and is promoted by the view, before n1 (acting on its own,
+    older view) tells it anything more."""
+    meta = Metadata("n1", "n2", "n3")
+    views = [meta.view()]
+    _, home, links, _ = make_node("n1", list(views))  # its own, older view
+    client_id = client_homed_at(views[-1], "n1")
+    await home.register(client_id, "n1", "n1:a:1", WILL, True)  # n1 is its edge too
+    keeper_id = views[-1].replicas(views[-1].shard_for_client(client_id))[1]
+    (copy,) = [m for node, m in links.take(WillRegister) if node == keeper_id]
+    _, keeper, _, spawned = make_node(keeper_id, views)
+    keeper.on_wreg(copy)
+    meta.leaving("n1")
+    views.append(meta.view())
+    assert views[-1].owner(views[-1].shard_for_client(client_id)) == keeper_id
+    await keeper.on_view(views[-2], views[-1])  # promoted, not yet told of the close
+    return meta, views, home, links, keeper, spawned, client_id, keeper_id
+
+
 async def test_a_leaving_home_s_late_word_on_a_will_reaches_the_replica_it_promoted(
         autojump_clock: trio.abc.Clock) -> None:
     """A leaving node sends its clients away first; as a home, it delays each one's will
@@ -308,20 +330,7 @@ async def test_a_leaving_home_s_late_word_on_a_will_reaches_the_replica_it_promo
     before 2026-11-29 it was filed as a replica's copy, and the will went out at once when
     the leaver left the view (a fault run: every will of the leaving node's clients 0.1 s
     after the SIGTERM, though each client connected again elsewhere)."""
-    meta = Metadata("n1", "n2", "n3")
-    views = [meta.view()]
-    _, home, links, _ = make_node("n1", list(views))  # its own, older view
-    client_id = client_homed_at(views[-1], "n1")
-    await home.register(client_id, "n1", "n1:a:1", WILL, True)  # n1 is its edge too
-    (copy,) = [m for node, m in links.take(WillRegister)
-               if node == views[-1].replicas(views[-1].shard_for_client(client_id))[1]]
-    keeper_id = views[-1].replicas(views[-1].shard_for_client(client_id))[1]
-    _, keeper, _, spawned = make_node(keeper_id, views)
-    keeper.on_wreg(copy)
-    meta.leaving("n1")
-    views.append(meta.view())
-    assert views[-1].owner(views[-1].shard_for_client(client_id)) == keeper_id
-    await keeper.on_view(views[-2], views[-1])  # promoted, not yet told of the close
+    meta, views, home, links, keeper, spawned, client_id, _ = await _promoted_while_n1_leaves()
     assert _spawned_named(spawned, "_publish_now") == []  # the leaver is no dead edge
     # n1 sent its client away: its will waits the moved grace (told with its old view).
     assert await home.unregister(client_id, "n1:a:1", True, "node leaving the cluster",
@@ -345,18 +354,8 @@ async def test_a_leaving_home_s_late_word_of_a_disconnect_ends_the_promoted_regi
         ) -> None:
     """The same race for a clean DISCONNECT: the promoted registration must end, or the
     will would go out when the leaver is removed [MQTT-3.14.4-3]."""
-    meta = Metadata("n1", "n2", "n3")
-    views = [meta.view()]
-    _, home, links, _ = make_node("n1", list(views))  # its own, older view
-    client_id = client_homed_at(views[-1], "n1")
-    await home.register(client_id, "n1", "n1:a:1", WILL, True)
-    keeper_id = views[-1].replicas(views[-1].shard_for_client(client_id))[1]
-    (copy,) = [m for node, m in links.take(WillRegister) if node == keeper_id]
-    _, keeper, _, spawned = make_node(keeper_id, views)
-    keeper.on_wreg(copy)
-    meta.leaving("n1")
-    views.append(meta.view())
-    await keeper.on_view(views[-2], views[-1])
+    meta, views, home, links, keeper, spawned, client_id, keeper_id = \
+        await _promoted_while_n1_leaves()
     assert await home.unregister(client_id, "n1:a:1", False, "DISCONNECT")
     (ended,) = [m for node, m in links.take(WillDelete) if node == keeper_id]
     keeper.on_wdel(ended)
