@@ -108,6 +108,10 @@ def test_without_a_token_only_loopback_hosts_are_served(tmp_path: Path) -> None:
                 response = client.get(path, headers={"host": f"rebind.example:{node.http_port}"})
                 assert response.status_code == 403, path
                 assert "loopback" in response.json()["error"]
+            # Hosts that only start like a loopback one are not one.
+            for host in ("[::1", "[::1]x", "127.0.0.1:http", "localhost:1:2"):
+                response = client.get("/api/v1/cluster", headers={"host": host})
+                assert response.status_code == 403, host
     finally:
         node.stop()
 

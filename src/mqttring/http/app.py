@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 import mimetypes
+import re
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import TYPE_CHECKING, Any
@@ -122,10 +123,17 @@ def _loopback_host(scope: Scope) -> bool:
             break
     text = host.decode("latin-1")
     if text.startswith("["):
-        name = text[1:].partition("]")[0]
+        name, closed, port = text[1:].partition("]")
+        if not closed or (port and not _PORT.fullmatch(port)):
+            return False  # "[::1" or "[::1]x" is no host at all
     else:
-        name = text.rpartition(":")[0] if ":" in text else text
+        name, colon, port = text.rpartition(":") if ":" in text else (text, "", "")
+        if colon and not _PORT.fullmatch(colon + port):
+            return False
     return is_loopback(name)
+
+
+_PORT = re.compile(r":[0-9]{1,5}")
 
 
 def _limit(request: Request) -> int:
