@@ -122,6 +122,7 @@ class ServerConnection:
         "_decoder",
         "_freed",
         "_out",
+        "_qos2_unanswered",
         "_v5",
         "client_id",
         "connect",
@@ -151,6 +152,9 @@ class ServerConnection:
         #: An acknowledgement in the current read freed a window slot (``_drain`` refills).
         self._freed = False
         self._out = bytearray()
+        #: Packet ids of the QoS 2 PUBLISHes handed to the core and not yet answered
+        #: (PUBREC), in the order read, each with the answers held behind it (``hold``).
+        self._qos2_unanswered: dict[int, list[tuple[int, bool]] | None] | None = None
         self.state = ConnState.AWAIT_CONNECT
         self.connect: Connect | Connect5 | None = None
         self.client_id: str | None = None
@@ -191,6 +195,44 @@ class ServerConnection:
     def freed(self) -> None:
         """An acknowledgement freed an inflight slot (refilled once per read)."""
         self._freed = True
+
+    def qos2_read(self, packet_id: int) -> None:
+        """A QoS 2 PUBLISH goes to the core, which answers it (``ack_publish``) once it is
+        accepted: until then, answers that must follow its PUBREC wait (``hold``)."""
+        if self._qos2_unanswered is None:
+            self._qos2_unanswered = {}
+        self._qos2_unanswered[packet_id] = None
+
+    def hold(self, packet_id: int, release: bool) -> bool:
+        """Hold back the PUBCOMP of a PUBREL (``release``) whose PUBLISH the core is still
+        accepting, or the PUBREC of a resent QoS 2 PUBLISH while earlier ones wait for
+        theirs, until the PUBRECs of the QoS 2 PUBLISHes read before it are out: the order
+        of a broker that handles one packet at a time.  Without it a client that sent
+        PUBLISH and PUBREL at once got PUBCOMP before PUBREC, and PUBRECs could leave out
+        of their PUBLISHes' order [MQTT-4.6.0-3].  False: nothing to wait for, answer now."""
+        pending = self._qos2_unanswered
+        if not pending or (release and packet_id not in pending):
+            return False
+        last = next(reversed(pending))
+        held = pending[last]
+        if held is None:
+            held = pending[last] = []
+        held.append((packet_id, release))
+        return True
+
+    def _answer_held(self, held: list[tuple[int, bool]]) -> None:
+        """The answers ``hold`` kept behind a PUBREC that just went out, in order."""
+        session = self.session
+        assert session is not None
+        for packet_id, release in held:
+            if release:
+                if packet_id in session.inbound_qos2:
+                    if self._v5 is not None:
+                        self._v5.inbound = max(0, self._v5.inbound - 1)
+                    session.release_inbound_qos2(packet_id)
+                self._out += bytes((0x70, 2, packet_id >> 8, packet_id & 0xFF))  # PUBCOMP
+            else:
+                self._out += bytes((0x50, 2, packet_id >> 8, packet_id & 0xFF))  # PUBREC
 
     def count_publish(self, event: PublishReceived | None) -> PublishReceived | None:
         self.publishes_received += 1
@@ -281,8 +323,10 @@ class ServerConnection:
             mid = self.session.begin_inbound_qos2(packet_id)
             if not mid:
                 # Redelivery of a message we already own: acknowledge, do not route again.
-                self._out += encode_packet(PubRec(packet_id))
+                if not self.hold(packet_id, False):
+                    self._out += encode_packet(PubRec(packet_id))
                 return _ANSWERED
+            self.qos2_read(packet_id)
             return PublishReceived(Message(topic, payload, 2, retain, None, mid), packet_id)
         return PublishReceived(Message(topic, payload, qos, retain), packet_id)
 
@@ -312,8 +356,9 @@ class ServerConnection:
             if session.on_pubcomp(packet.packet_id, pump=False):
                 self._freed = True
         elif isinstance(packet, PubRel):
-            session.release_inbound_qos2(packet.packet_id)
-            self._out += encode_packet(PubComp(packet.packet_id))
+            if not self.hold(packet.packet_id, True):
+                session.release_inbound_qos2(packet.packet_id)
+                self._out += encode_packet(PubComp(packet.packet_id))
         elif isinstance(packet, PingReq):
             return PingRequested()
         elif isinstance(packet, Subscribe):
@@ -460,6 +505,15 @@ class ServerConnection:
         failure code ends the QoS 2 exchange, so its packet id is released at once."""
         if self.state is ConnState.CLOSED or packet_id is None or not qos:
             return
+        if qos == 2 and self._qos2_unanswered:
+            held = self._qos2_unanswered.pop(packet_id, None)
+            self._ack_publish(packet_id, qos, reason_code)
+            if held:
+                self._answer_held(held)
+            return
+        self._ack_publish(packet_id, qos, reason_code)
+
+    def _ack_publish(self, packet_id: int, qos: int, reason_code: int) -> None:
         if qos == 2 and reason_code < 0x80 and self.session is not None:
             self.session.inbound_qos2_acknowledged(packet_id)  # a resend is not routed again
         link = self._v5

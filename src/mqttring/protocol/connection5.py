@@ -145,14 +145,17 @@ class V5Link:
             if qos == 2:
                 mid = session.begin_inbound_qos2(packet.packet_id)  # type: ignore[arg-type]
                 if not mid:  # its PUBREC was sent: answer again, route nothing
-                    conn.output.extend(bytes((0x50, 2, packet.packet_id >> 8,  # type: ignore[operator]
-                                              packet.packet_id & 0xFF)))  # type: ignore[operator]
+                    if not conn.hold(packet.packet_id, False):  # type: ignore[arg-type]
+                        conn.output.extend(bytes((0x50, 2, packet.packet_id >> 8,  # type: ignore[operator]
+                                                  packet.packet_id & 0xFF)))  # type: ignore[operator]
                     return None
             self.inbound += 1
             if self.inbound > self.limits.receive_maximum:
                 raise ProtocolViolation(
                     "MQTT-3.3.4-9", f"more than {self.limits.receive_maximum} QoS 1/2 "
                     "publishes unacknowledged", 0x93)
+            if qos == 2:
+                conn.qos2_read(packet.packet_id)  # type: ignore[arg-type]
         message_props = PublishProps.from_properties(props, conn.client_id or "", self.clock())
         return PublishReceived(
             Message(topic, packet.payload, qos, packet.retain, message_props, mid),
@@ -177,6 +180,8 @@ class V5Link:
                 conn.freed()
         elif kind is PubRel5:
             pid = packet.packet_id  # type: ignore[attr-defined]
+            if conn.hold(pid, True):
+                return None  # its PUBLISH is still being accepted: PUBCOMP after its PUBREC
             if pid in session.inbound_qos2:
                 self.inbound = max(0, self.inbound - 1)
                 session.release_inbound_qos2(pid)
