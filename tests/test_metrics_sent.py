@@ -10,10 +10,13 @@ against what the client's output buffer really holds.
 
 from __future__ import annotations
 
+import trio
+
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import LocalRouter
 from mqttring.broker.session_store import SessionStore
+from mqttring.broker.subscribing import Subscriptions
 from mqttring.protocol.message import Message
 from mqttring.protocol.session import Session, SessionLimits
 
@@ -80,3 +83,21 @@ def test_a_qos1_message_queued_in_place_of_an_older_one_still_counts_as_sent() -
         router.deliver_local(Message(f"t/{i}", b"", 1))
     assert [e.message.topic for e in session.queue] == ["t/2", "t/3", "t/4", "t/5"]
     assert (metrics.messages_sent, metrics.messages_dropped) == (limits.max_queued + 2, 2)
+
+
+def test_retained_qos0_dropped_on_subscribe_is_not_counted_as_sent() -> None:
+    """The retained messages that follow a SUBACK count as the router's deliveries do."""
+    router, session, metrics = setup("t/#")
+    retained = router._retained
+
+    async def store_then_subscribe() -> None:
+        for i in range(10):
+            await retained.update(Message(f"r/{i}", PAYLOAD, 0, True), persist=False)
+        await subscriptions.deliver_retained(session, (("r/#", 0),), [0])
+
+    subscriptions = Subscriptions(router, None, None, metrics,  # type: ignore[arg-type]
+                                  lambda: 100, lambda client_id: None)
+    trio.run(store_then_subscribe)
+    written = publishes_in(session, Message("r/0", PAYLOAD, 0, True))
+    assert written == 3
+    assert (metrics.messages_sent, metrics.messages_dropped) == (written, 10 - written)

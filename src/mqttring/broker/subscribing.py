@@ -186,9 +186,16 @@ class Subscriptions:
                 seen = best.get(message.topic)
                 if seen is None or seen[1] < q:
                     best[message.topic] = (message, q)
+        sent = 0
         for message, q in best.values():
+            dropped = session.dropped
             session.deliver(message, q, True, now)
-        self.metrics.messages_sent += len(best)
+            if session.dropped != dropped:
+                self.metrics.messages_dropped += session.dropped - dropped
+                if not q:
+                    continue  # this QoS 0 copy was dropped over the output limit: not sent
+            sent += 1
+        self.metrics.messages_sent += sent
         if best:
             self.wake(session.client_id)
 
