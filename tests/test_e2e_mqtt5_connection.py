@@ -245,6 +245,9 @@ def test_reason_strings_on_failures_when_asked(
     assert told.recv() == PubAck5(2, 0x87, Properties([(P.REASON_STRING, "not authorized")]))
     told.send(encode5(Publish5("closed/x", b"no", 2, packet_id=3)))
     assert told.recv() == PubRec5(3, 0x87, Properties([(P.REASON_STRING, "not authorized")]))
+    # $SYS is no exception: the ACL denies it, so the client is told (it was PUBACK 0).
+    told.send(encode5(Publish5("$SYS/broker/fake", b"no", 1, packet_id=4)))
+    assert told.recv() == PubAck5(4, 0x87, Properties([(P.REASON_STRING, "not authorized")]))
     quiet = raw5(node)
     quiet.connect(unique("rs"), request_problem_information=0)
     quiet.send(encode5(Subscribe5(1, (("open/a", SubOptions(1)), ("open/b", SubOptions(1))))))

@@ -419,18 +419,21 @@ class BrokerCore:
         by_qos = self.metrics.received_by_qos
         for event in events:
             by_qos[event.message.qos] += 1
-        # Clients may not write the broker's own $SYS tree; such a message is acknowledged
-        # (refusing it would only make the client resend) and not routed.
-        messages = [e.message for e in events if not e.message.topic.startswith("$SYS")]
+        messages = [e.message for e in events]
         session = handler.session
         access = session.access if session is not None else None
         denied: set[int] = set()
-        if access is not None and messages:
+        if access is not None:
             allowed = self._writable(handler, access, messages)
             if len(allowed) != len(messages):
                 kept = {id(m) for m in allowed}
                 denied = {id(m) for m in messages if id(m) not in kept}
             messages = allowed
+        # Clients may not write the broker's own $SYS tree; such a message is acknowledged
+        # (refusing it would only make the client resend) and not routed.  After the ACL:
+        # one that denies it is told so (MQTT 5: 0x87), as for any other topic.
+        if any(m.topic.startswith("$SYS") for m in messages):
+            messages = [m for m in messages if not m.topic.startswith("$SYS")]
         if session is not None and session.kept_options and messages:
             messages = with_origin(messages, session.client_id, session.kept_options)
         try:
