@@ -287,3 +287,38 @@ def test_sighup_reloads_the_acl_on_every_node(cluster, clients, acl_files):
     again = connect(clients, port("a"), away_id, "alice", clean=False)
     got = again.until(lambda d: len(d) >= 2, quiet=QUIET)
     assert sorted(d.payload for d in got) == [b"closed-after", b"other-before"], got
+
+
+def test_a_will_whose_topic_the_reload_revoked_is_not_published(cluster, clients, acl_files):
+    """A will goes out only if its client may still write its topic (as mosquitto decides
+    when it publishes one): CONNECT checked it against the old rules, a reload took the
+    right away, and the will's keeper, wherever the view puts it, asks the ACL as it is
+    now.  Each will is homed on another node than its client's edge; the control before
+    the reload is published."""
+    view = cluster.settle(NODES)
+    port = cluster.port
+    alice = connect(clients, port("b"), unique("alice"), "alice")
+    assert alice.subscribe([("feed/#", 1)]) == [1]
+
+    def bob_with_will(edge: str, home: str, tag: str) -> Client:
+        c = clients.make(port(edge), view.client_homed_at(home, f"bob-{tag}"), True)
+        c.paho.username_pw_set("bob", "b-pw")
+        c.connect(will=(f"feed/other/{tag}", f"will-{tag}".encode(), 1, False))
+        return c
+
+    control = bob_with_will("a", "c", "control")
+    control.close()
+    got = alice.until(lambda d: any(x.payload == b"will-control" for x in d), quiet=QUIET)
+    assert [d.payload for d in got] == [b"will-control"]
+
+    revoked = [bob_with_will("a", "c", "remote-home"), bob_with_will("c", "c", "local-home")]
+    reload_acl(cluster, acl_files, ACL_AFTER)  # bob may write feed/closed/# only now
+    for c in revoked:
+        c.close()
+    deadline = time.monotonic() + 20
+    for tag in ("remote-home", "local-home"):
+        needle = f"on 'feed/other/{tag}' not published: the ACL no longer lets it write"
+        while not cluster.grep("c", needle):
+            assert time.monotonic() < deadline, (tag, cluster.tail("c"))
+            time.sleep(0.05)
+    assert alice.drain(QUIET) == []

@@ -5,7 +5,9 @@ queued), ``%c``/``%u`` patterns, and a reload that reaches connected clients."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import time
 
 import pytest
 
@@ -162,5 +164,50 @@ def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
         pub(bob, "shared/a", b"live-a", pid=3)
         pub(bob, "shared/b/end", b"marker", pid=4)
         assert received(back, "shared/b/end") == [("shared/b", b"queued-b", False)]
+    finally:
+        broker.stop()
+
+
+def test_a_will_whose_topic_a_reload_revoked_is_not_published(tmp_path, caplog):
+    """One node: the will goes out only if the ACL as it is then lets its client write its
+    topic (mosquitto's rule too); the control, published before the reload, does."""
+    from mqttring import BrokerConfig, MqttRingBroker
+    from mqttring.security.passwords import format_entries, hash_password
+
+    pw, acl = tmp_path / "passwords", tmp_path / "acl"
+    pw.write_text(format_entries([("alice", hash_password(b"a-pw")),
+                                  ("bob", hash_password(b"b-pw"))]))
+    acl.write_text(ACL)
+    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path / "d",
+                                         sys_interval=0, password_file=pw, acl_file=acl))
+    caplog.set_level(logging.INFO, logger="mqttring")
+    ports = broker.start()
+    try:
+        alice = client(ports.mqtt, "alice-w", "alice")
+        assert alice.subscribe([("shared/#", 1)]) == [1]
+
+        def bob_with_will(tag: str) -> RawClient:
+            c = RawClient("127.0.0.1", ports.mqtt, timeout=10)
+            ack = c.connect(f"bob-{tag}", username="bob", password=b"b-pw",
+                            will=(f"shared/{tag}", tag.encode(), 1, False))
+            assert ack.return_code == 0
+            return c
+
+        bob_with_will("control").close()
+        assert alice.expect(PUBLISH, 10).payload == b"control"
+        revoked = bob_with_will("revoked")
+        acl.write_text(ACL.replace("topic write shared/#", "topic write shared/marker"))
+        assert broker.core is not None
+        broker.core.reload_security()
+        revoked.close()
+        bob = client(ports.mqtt, "bob-marker", "bob")
+        # The will's turn comes when the server sees the close; the marker is published
+        # after the log says so, and must be the next thing alice reads.
+        deadline = time.monotonic() + 10
+        while not any("not published: the ACL no longer" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no log of the will being withheld"
+            time.sleep(0.02)
+        pub(bob, "shared/marker", b"marker")
+        assert received(alice, "shared/marker") == []
     finally:
         broker.stop()

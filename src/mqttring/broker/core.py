@@ -73,8 +73,8 @@ from mqttring.protocol.connection import (
 )
 from mqttring.protocol.connection5 import ServerLimits5
 from mqttring.protocol.message import Message
-from mqttring.protocol.packets import Connect, ConnectReturnCode
-from mqttring.protocol.packets5 import Connect5
+from mqttring.protocol.packets import Connect, ConnectReturnCode, Will
+from mqttring.protocol.packets5 import Connect5, Will5
 from mqttring.protocol.session import Session, SessionLimits
 from mqttring.protocol.session5 import (
     NO_LOCAL,
@@ -469,6 +469,21 @@ class BrokerCore:
     def access_for(self, username: str | None, client_id: str) -> ClientAccess | None:
         """The ACL's view of one client (None: no ACL file, anything goes)."""
         return None if self.acl is None else self.acl.for_client(username, client_id)
+
+    def will_allowed(self, username: str | None, client_id: str, will: Will | Will5) -> bool:
+        """Whether a will that falls due may go out: its client may still write its topic.
+        The CONNECT checked that too; an ACL reload since may have revoked it, and then
+        the will is not published (as mosquitto decides at that moment too)."""
+        access = self.access_for(username, client_id)
+        return access is None or self.will_allowed_by(access, client_id, will.topic)
+
+    @staticmethod
+    def will_allowed_by(access: ClientAccess, client_id: str, topic: str) -> bool:
+        if access.may_write(topic):
+            return True
+        log.info("will of %r on %r not published: the ACL no longer lets it write there",
+                 client_id, topic, extra={"client_id": client_id, "event": "will-denied"})
+        return False
 
     def _writable(self, handler: ClientHandler, access: ClientAccess,
                   messages: list[Message]) -> list[Message]:

@@ -23,6 +23,9 @@ import trio
 from mqttring.broker.refusals import PublishRefused
 from mqttring.protocol.message import Message
 
+#: Whether a will may still go out when it falls due (its client's ACL as it is then).
+Allowed = Callable[[Message], bool]
+
 log = logging.getLogger("mqttring.broker")
 
 
@@ -34,15 +37,18 @@ class DelayedWills:
         #: dropped (it reconnected; the cancel may have come before the old connection's
         #: cleanup scheduled the will).
         self._connected = connected
-        #: client id -> (trio deadline, will message).
-        self._pending: dict[str, tuple[float, Message]] = {}
+        #: client id -> (trio deadline, will message, its ACL check).
+        self._pending: dict[str, tuple[float, Message, Allowed | None]] = {}
         self._changed = trio.Event()
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def schedule(self, client_id: str, message: Message, delay: float) -> None:
-        self._pending[client_id] = (trio.current_time() + delay, message)
+    def schedule(self, client_id: str, message: Message, delay: float,
+                 allowed: Allowed | None = None) -> None:
+        """``allowed``: asked when the will falls due (an ACL reload may have revoked its
+        topic meanwhile); None: no ACL."""
+        self._pending[client_id] = (trio.current_time() + delay, message, allowed)
         self._changed.set()
 
     def cancel(self, client_id: str) -> bool:
@@ -54,12 +60,14 @@ class DelayedWills:
         while True:
             self._changed = trio.Event()
             now = trio.current_time()
-            due = [cid for cid, (deadline, _) in self._pending.items() if deadline <= now]
+            due = [cid for cid, (deadline, _, _) in self._pending.items() if deadline <= now]
             for cid in due:
-                _, message = self._pending.pop(cid)
+                _, message, allowed = self._pending.pop(cid)
                 if self._connected(cid):
                     log.info("delayed will of %r not published: it reconnected", cid)
                     continue
+                if allowed is not None and not allowed(message):
+                    continue  # (``allowed`` said why)
                 log.info("publishing the delayed will of %r on %r", cid, message.topic)
                 try:
                     await self._publish(message)
@@ -69,6 +77,6 @@ class DelayedWills:
                 except Exception:
                     log.exception("delayed will of %r on %r not published", cid,
                                   message.topic)
-            nearest = min((d for d, _ in self._pending.values()), default=math.inf)
+            nearest = min((d for d, _, _ in self._pending.values()), default=math.inf)
             with trio.move_on_at(nearest):
                 await self._changed.wait()

@@ -318,6 +318,11 @@ class LocalSessions:
         will = handler.will
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
+            access = handler.session.access if handler.session is not None else None
+            client_id = handler.client_id or ""
+            if access is not None and not self.core.will_allowed_by(access, client_id,
+                                                                    will.topic):
+                return
             message = will_message(will, handler.client_id or "")
             delay = will_delay(will)
             current = self.core.clients.get(handler.client_id or "")
@@ -328,7 +333,9 @@ class LocalSessions:
             if delay > 0:
                 log.info("will of %r on %r delayed %d s: %s", handler.client_id, will.topic,
                          delay, handler.close_reason or "closed without DISCONNECT")
-                self.core.delayed_wills.schedule(handler.client_id or "", message, delay)
+                self.core.delayed_wills.schedule(
+                    client_id, message, delay, None if access is None else (
+                        lambda m: self.core.will_allowed_by(access, client_id, m.topic)))
                 return
             log.info("publishing the will of %r on %r: %s", handler.client_id, will.topic,
                      handler.close_reason or "closed without DISCONNECT",

@@ -120,7 +120,9 @@ class WillRegister(FrozenMessage, tag="wreg"):
     """Home -> the other replicas of a client's shard, on every registration (and to a new
     replica): keep this copy, so the will outlives the home.  ``due`` (wall-clock seconds):
     the connection closed and its MQTT 5 will waits for its Will Delay Interval until then;
-    a replica promoted to home publishes it then unless the client id reconnects."""
+    a replica promoted to home publishes it then unless the client id reconnects.
+    ``username``: the CONNECT's, so that whoever publishes the will checks its topic
+    against the ACL as it is then."""
 
     client_id: str
     node: str
@@ -128,6 +130,7 @@ class WillRegister(FrozenMessage, tag="wreg"):
     will: WillSpec | None
     clean: bool
     due: float | None = None
+    username: str | None = None
 
 
 class WillDelete(FrozenMessage, tag="wdel"):

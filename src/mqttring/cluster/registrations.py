@@ -47,6 +47,8 @@ class Registration:
     #: the wall-clock time it falls due.  The registration stays (here and at the replicas)
     #: until then, so the will outlives its home, and a reconnect before then cancels it.
     will_due: float | None = None
+    #: The CONNECT's username: the will is checked against the ACL when it goes out.
+    username: str | None = None
 
 
 
@@ -98,7 +100,7 @@ class HomeRegistry:
             await self.wait_for_view_change(0.2)
 
     async def register(self, client_id: str, node: str, token: str, will: Will | None,
-                       clean: bool, fresh: bool = False) -> None:
+                       clean: bool, fresh: bool = False, username: str | None = None) -> None:
         """Make connection ``token`` (on ``node``) the one of ``client_id``, closing the
         previous one (takeover).  ``clean``/``fresh``: as ``bind``'s ``clean_session`` and
         ``fresh``; with both false the new connection resumes the session."""
@@ -120,9 +122,10 @@ class HomeRegistry:
                 # lock and will nobody ends.
                 raise SessionUnavailable(f"{self.node_id} is no longer the home of "
                                          f"{client_id!r}")
-            self.registrations[client_id] = Registration(node, token, will, clean)
+            self.registrations[client_id] = Registration(node, token, will, clean,
+                                                         username=username)
             self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
-                                                    clean))
+                                                    clean, username=username))
             if previous is not None and previous.token != token \
                     and previous.will_due is not None:
                 # Back within its will's delay: no will (section 3.1.3.2.2), no takeover
@@ -143,7 +146,8 @@ class HomeRegistry:
                 if previous.will is not None and not will_delay(previous.will):
                     if takeover_publishes_will(previous.will, self.core.sessions.get(
                             client_id), clean or fresh):
-                        self.wills.publish(client_id, previous.will, "taken over")
+                        self.wills.publish(client_id, previous.will, "taken over",
+                                           previous.username)
                     else:
                         log.info("will of %r not published: its session resumed at once",
                                  client_id)
@@ -199,12 +203,13 @@ class HomeRegistry:
             # Cut off: no will goes out from here now.  The registration stays, here and
             # at the replicas (not told it ended), so that the majority's will keepers
             # still hold the will if this node is declared down (``OwedWill``).
-            self.wills.owe(OwedWill(client_id, current.will, reason, token, current.node))
+            self.wills.owe(OwedWill(client_id, current.will, reason, current.username, token,
+                                    current.node))
             return True
         del self.registrations[client_id]
         self._replicate(client_id, WillDelete(client_id, token))
         if publish_will:
-            self.wills.publish(client_id, current.will, reason)
+            self.wills.publish(client_id, current.will, reason, current.username)
         return True
 
     def _delay_will(self, client_id: str, registration: Registration, reason: str,
@@ -219,7 +224,7 @@ class HomeRegistry:
         log.info("will of %r on %r delayed %g s: %s", client_id, will.topic, delay, reason)
         self._replicate(client_id, WillRegister(
             client_id, registration.node, registration.token, will_to_wire(will),
-            registration.clean, registration.will_due))
+            registration.clean, registration.will_due, registration.username))
         self.spawn(self._publish_will_when_due, client_id, registration.token,
                    registration.will_due)
 
@@ -261,7 +266,7 @@ class HomeRegistry:
             return
         self.replica_registrations[message.client_id] = Registration(
             message.node, message.token, will_from_wire(message.will), message.clean,
-            message.due)
+            message.due, message.username)
 
     def on_wdel(self, message: WillDelete) -> None:
         current = self.registrations.get(message.client_id)
@@ -304,7 +309,7 @@ class HomeRegistry:
             for node in fresh - {me}:  # a new replica gets the will keeper's copy too
                 self.links.send(node, WillRegister(client_id, reg.node, reg.token,
                                                    will_to_wire(reg.will), reg.clean,
-                                                   reg.will_due))
+                                                   reg.will_due, reg.username))
         # Not a leaving node: its clients are being sent away, each close ending its own
         # registration with the will's grace (``send_away``); what it still holds when it
         # is removed goes then.

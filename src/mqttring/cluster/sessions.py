@@ -187,7 +187,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
                 self.by_token.pop(token, None)
                 raise
             await self.register(client_id, self.node_id, token, will, clean,
-                                fresh_start(packet))
+                                fresh_start(packet), packet.username)
             return await self.bind(client_id, clean, fresh_start(packet), until_close)
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
@@ -350,7 +350,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             await self._await_loaded(client_id)
             v5 = message.v5
             await self.register(client_id, edge, token, will_from_wire(message.will), clean,
-                                v5 is not None and v5.clean_start)
+                                v5 is not None and v5.clean_start, message.username)
             session, present = await self.bind(client_id, clean,
                                                v5 is not None and v5.clean_start,
                                                v5 is not None and v5.until_close)
@@ -431,15 +431,18 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         still be loading its shard or not yet serving, and a will must not be lost to that.
         """
         deadline = trio.current_time() + self.patience
+        access = handler.session.access if handler.session is not None else None
+        username = access.username if access is not None else None
         while handler.client_id is not None and home is not None and not handler.finished:
             will = will_to_wire(handler.will)
             try:
                 if home == self.node_id:
                     await self.register(handler.client_id, self.node_id, handler.token,
-                                        handler.will, True)
+                                        handler.will, True, username=username)
                 else:
                     await self.links.request(home, SessionOpen(
-                        0, handler.client_id, self.node_id, handler.token, True, will))
+                        0, handler.client_id, self.node_id, handler.token, True, will,
+                        username))
                 if handler.finished:
                     # The connection closed while the home was registering it; its close
                     # may have reached the home first and been ignored (nothing was

@@ -76,6 +76,8 @@ class OwedWill:
     client_id: str
     will: Will | Will5
     reason: str
+    #: Its client's username: the ACL is asked again when it goes out.
+    username: str | None = None
     #: The registration still held: its connection's token, and the node it was on.
     token: str | None = None
     edge: str | None = None
@@ -99,14 +101,15 @@ class Wills:
         #: (``on_declared_down`` says which survive a declaration of this node's death).
         self.owed: list[OwedWill] = []
 
-    def publish(self, client_id: str, will: Will | Will5 | None, reason: str) -> None:
+    def publish(self, client_id: str, will: Will | Will5 | None, reason: str,
+                username: str | None = None) -> None:
         """Publish a will that is due (its delay, if any, has run), or owe it if fenced."""
         if will is None:
             return
         if self.fenced():
-            self.owe(OwedWill(client_id, will, reason))
+            self.owe(OwedWill(client_id, will, reason, username))
             return
-        if not self.core.shutting_down:
+        if not self.core.shutting_down and self.core.will_allowed(username, client_id, will):
             # Every will says why it went out: an operator asking "why did my device's will
             # fire?" finds the answer in the log of its home.
             log.info("publishing the will of %r on %r: %s", client_id, will.topic, reason,
@@ -138,7 +141,7 @@ class Wills:
         for owed in wills:
             reason = f"{owed.reason}; owed while this node was fenced"
             if owed.token is None:
-                self.publish(owed.client_id, owed.will, reason)
+                self.publish(owed.client_id, owed.will, reason, owed.username)
             else:
                 # Wherever the registration is now: here (then it ends and its replicas are
                 # told), or at the home the view moved it to.  A client that connected again

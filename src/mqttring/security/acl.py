@@ -277,6 +277,10 @@ class ClientAccess:
         self._rules = Compiled((), (), ())
         self._cache: dict[tuple[int, str], bool] = {}
 
+    @property
+    def username(self) -> str | None:
+        return self._username
+
     def _answer(self, kind: int, topic: str) -> bool:
         acl = self._holder.current
         if acl is not self._acl:
