@@ -204,3 +204,88 @@ def test_publishes_before_a_disconnect_in_one_write_are_all_routed(
     pub.send(publish(topic, b"one") + publish(topic, b"two") + DISCONNECT_BYTES)
     got = read_packets(sub, {PUBLISH: 2}, ack=False)
     assert [p.payload for p in got[PUBLISH]] == [b"one", b"two"]
+
+
+def _in_process(tmp_path, hold: float, max_queued: int):
+    from mqttring import BrokerConfig, Limits, MqttRingBroker
+
+    broker = MqttRingBroker(BrokerConfig(
+        mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path / "d", sys_interval=0,
+        limits=Limits(slow_subscriber_hold=hold, max_inflight=2, max_queued=max_queued)))
+    return broker, broker.start().mqtt
+
+
+def test_a_subscriber_that_reads_steadily_is_not_shed_however_many_feed_it(
+        tmp_path, uid) -> None:
+    """Ten publishers send 20 each at once: 200 messages for a subscriber that makes room
+    the whole time, one message per 10 ms.  A publish then waits about 2 s, longer than
+    the 1 s hold: it goes on when the hold ends (its message is queued already), and the
+    subscriber, making progress, is not cut off (it was, losing what it had been sent).
+    (``max_queued`` 20: the queue may reach 200, below 16 times that.)"""
+    broker, port = _in_process(tmp_path, hold=1.0, max_queued=20)
+    clients: list[RawClient] = []
+    try:
+        topic = uid("steady")
+        sub = RawClient("127.0.0.1", port, timeout=10)
+        clients.append(sub)
+        assert sub.connect(uid("sub")).return_code == 0
+        assert sub.subscribe([(topic, 1)]) == [1]
+        for n in range(10):
+            pub = RawClient("127.0.0.1", port, timeout=10)
+            clients.append(pub)
+            assert pub.connect(uid("pub")).return_code == 0
+            pub.send(b"".join(publish(topic, f"{n}-{i}".encode(), qos=1, packet_id=i)
+                              for i in range(1, 21)))
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 200:
+            packet = sub.recv_packet(max(deadline - time.monotonic(), 0.01))
+            assert packet.type == PUBLISH, packet
+            got.append(packet.payload)
+            time.sleep(0.01)  # a slow but steady reader
+            sub.send(puback(packet.packet_id))
+        assert sorted(got) == sorted(f"{n}-{i}".encode() for n in range(10)
+                                     for i in range(1, 21))
+        for pub in clients[1:]:  # every publish acknowledged, in order
+            acks = read_packets(pub, {PUBACK: 20}, ack=False)
+            assert [p.packet_id for p in acks[PUBACK]] == list(range(1, 21))
+        assert broker.core is not None
+        assert broker.core.metrics.slow_subscribers_disconnected == 0
+        assert broker.core.metrics.messages_dropped == 0
+    finally:
+        for c in clients:
+            c.close()
+        broker.stop()
+
+
+def test_a_stuck_subscriber_is_shed_once_and_its_losses_counted(tmp_path, uid) -> None:
+    """A subscriber that never acknowledges, fed by ten publishers: one disconnect, one
+    warning, however many publishes waited for it; its clean session's messages count as
+    dropped."""
+    broker, port = _in_process(tmp_path, hold=1.0, max_queued=5)
+    clients: list[RawClient] = []
+    try:
+        topic = uid("stuck")
+        sub = RawClient("127.0.0.1", port, timeout=10)
+        clients.append(sub)
+        assert sub.connect(uid("sub")).return_code == 0
+        assert sub.subscribe([(topic, 1)]) == [1]
+        for n in range(10):
+            pub = RawClient("127.0.0.1", port, timeout=10)
+            clients.append(pub)
+            assert pub.connect(uid("pub")).return_code == 0
+            pub.send(b"".join(publish(topic, f"{n}-{i}".encode(), qos=1, packet_id=i)
+                              for i in range(1, 21)))
+        for pub in clients[1:]:
+            read_packets(pub, {PUBACK: 20}, ack=False)
+        assert sub.wait_closed(5), "the stuck subscriber was not disconnected"
+        assert broker.core is not None
+        metrics = broker.core.metrics
+        assert metrics.slow_subscribers_disconnected == 1
+        # What it held when it was shed (2 in flight, the queue) was lost with it; the
+        # publishes held meanwhile found no subscriber when they went on.
+        assert 2 + 5 <= metrics.messages_dropped <= 200
+    finally:
+        for c in clients:
+            c.close()
+        broker.stop()
