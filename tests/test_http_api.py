@@ -3,13 +3,16 @@
 What it proves: each endpoint answers what the broker holds (clients, subscriptions,
 retained messages), its actions act (a kick closes the real client's connection, a publish
 reaches a real subscriber, a retained delete is seen by the next subscriber), bad requests
-and bad tokens are refused with a JSON 4xx and change nothing, and the Prometheus metrics
-parse and move when messages flow.
+and bad tokens are refused with a JSON 4xx and change nothing, topics and client ids that
+an HTTP client would rewrite in a URL path (``junk/../victim/cfg``, ``..``, ``a//b``) are
+read, deleted and kicked exactly through ``?topic=`` / ``?client=`` (and refused in the path),
+and the Prometheus metrics parse and move when messages flow.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import socket
@@ -18,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -223,6 +227,14 @@ def test_bad_requests_change_nothing(node: HttpNode, paho_any) -> None:
             ("GET", "/api/v1/retained?filter=a/%23/b", 400),
             ("GET", "/api/v1/subscriptions?after=%%%", 400),
             ("DELETE", "/api/v1/retained/a/%2B", 400),
+            ("DELETE", "/api/v1/retained?topic=a/%2B", 400),
+            ("GET", "/api/v1/retained?topic=a/%23", 400),
+            ("DELETE", "/api/v1/retained?topic=", 400),
+            ("DELETE", "/api/v1/retained?topic=%24SYS/x", 400),
+            ("DELETE", "/api/v1/retained", 400),  # no topic: never "all of them"
+            ("GET", "/api/v1/retained?topic=no/such", 404),
+            ("DELETE", "/api/v1/clients", 400), ("DELETE", "/api/v1/clients?client=", 400),
+            ("GET", "/api/v1/clients?client=nobody", 404),
             ("GET", "/api/v1/nodes/elsewhere/stats", 404),
             ("GET", "/api/v1/nope", 404), ("PUT", "/api/v1/publish", 405),
         ]:
@@ -404,3 +416,151 @@ def test_only_the_shipped_dashboard_files_are_served(embedded_http_port: int) ->
                          "Connection: close\r\n\r\n".encode())
             answer = _until_closed(sock)
         assert answer.startswith(b"HTTP/1.1 404"), (path, answer[:200])
+
+
+#: Topics an HTTP client cannot carry in a URL path: "." and ".." levels (removed before
+#: sending: "junk/../victim/cfg" goes out as "victim/cfg"), empty levels, and text that
+#: looks like escapes, query or fragment, spaces, unicode.  All legal MQTT topic names.
+ODD_TOPICS = [
+    "junk/../victim/cfg", "a/./b", "..", ".", "../up", "a//b", "/lead", "trail/", "/",
+    "pct/%2F/%2e%2e/%/x", "q?x=1&y=2;z", "frag%23not", "sp ace/plus",
+    "ünï/€/日本語", "a/b/..", "$odd/dollar",
+]
+
+
+def _raw(node: HttpNode, method: str, target: str) -> tuple[int, dict]:
+    """One request sent byte for byte as written (no client rewrites its path), its JSON."""
+    with socket.create_connection((HOST, node.http_port), timeout=10) as sock:
+        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: {HOST}\r\n"
+                     f"Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n".encode())
+        answer = _until_closed(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def _retained_topics(client) -> set[str]:
+    page = client.get("/api/v1/retained", params={"filter": "#", "limit": 1000}).json()
+    dollar = client.get("/api/v1/retained", params={"filter": "$odd/#"}).json()
+    return {r["topic"] for r in page["retained"] + dollar["retained"]}
+
+
+def test_odd_retained_topics_are_read_and_deleted_exactly(node: HttpNode, paho_any) -> None:
+    """``?topic=`` names any topic exactly: each odd one is read back and deleted alone,
+    and deleting ``junk/../victim/cfg`` leaves ``victim/cfg`` (what the dashboard's delete
+    button of the first did through the path form) for the next subscriber."""
+    topics = ["victim/cfg", "a/b", "up", "b", *ODD_TOPICS]
+    pub = paho_any(node, "odd-pub")
+    pub.connect()
+    with node.http() as client:
+        for topic in topics:
+            if topic.isascii():  # one way in through MQTT, the others through the API
+                pub.publish(topic, f"payload of {topic}".encode(), qos=1, retain=True)
+            else:
+                client.post("/api/v1/publish", json={
+                    "topic": topic, "payload": f"payload of {topic}", "qos": 1,
+                    "retain": True}).raise_for_status()
+        wait_for(lambda: _retained_topics(client) == set(topics), 10, "every retained topic")
+
+        for topic in topics:
+            # httpx encodes the parameter itself; the second form is encodeURIComponent's.
+            for answer in (client.get("/api/v1/retained", params={"topic": topic}),
+                           client.get(f"/api/v1/retained?topic={quote(topic, safe='')}")):
+                assert answer.status_code == 200, (topic, answer.text)
+                row = answer.json()
+                assert (row["topic"], row["payload"], row["encoding"]) == (
+                    topic, f"payload of {topic}", "utf8"), topic
+                assert row["size"] == len(f"payload of {topic}".encode())
+
+        answer = client.delete(f"/api/v1/retained?topic={quote('junk/../victim/cfg', safe='')}")
+        assert answer.json() == {"deleted": "junk/../victim/cfg"}
+        assert client.get("/api/v1/retained", params={"topic": "junk/../victim/cfg"}
+                          ).status_code == 404
+        kept = client.get("/api/v1/retained", params={"topic": "victim/cfg"})
+        assert kept.status_code == 200 and kept.json()["payload"] == "payload of victim/cfg"
+        late = paho_any(node, "odd-late")
+        late.connect()
+        late.subscribe("victim/cfg", 1)
+        message = late.get()
+        assert (message.topic, message.payload) == ("victim/cfg", b"payload of victim/cfg")
+
+        left = set(topics) - {"junk/../victim/cfg"}
+        for topic in ODD_TOPICS[1:]:
+            answer = client.delete("/api/v1/retained", params={"topic": topic})
+            assert answer.json() == {"deleted": topic}, (topic, answer.text)
+            left.discard(topic)
+            assert _retained_topics(client) == left, topic  # that one, no other
+        assert left == {"victim/cfg", "a/b", "up", "b"}
+
+
+def test_the_path_form_refuses_what_a_client_may_have_rewritten(node: HttpNode,
+                                                                paho_any) -> None:
+    """The old form (name in the path) still works for a plain name, and is refused with a
+    400 naming ``?topic=`` / ``?client=`` when the name has ".", ".." or empty levels
+    (sent here byte for byte, as a client that does not rewrite paths would)."""
+    victim = paho_any(node, "victim")
+    victim.connect()
+    with node.http() as client:
+        for topic in ("victim/cfg", "junk/../victim/cfg", "a/./b", "a//b", "trail/",
+                      "plain/topic"):
+            client.post("/api/v1/publish", json={"topic": topic, "payload": "x",
+                                                 "retain": True}).raise_for_status()
+        for target in ("/api/v1/retained/junk/../victim/cfg", "/api/v1/retained/a/./b",
+                       "/api/v1/retained/a//b", "/api/v1/retained/trail/",
+                       "/api/v1/retained/junk/%2e%2e/victim/cfg",
+                       "/api/v1/retained/junk%2F..%2Fvictim%2Fcfg"):
+            status, body = _raw(node, "DELETE", target)
+            assert status == 400, (target, body)
+            assert "?topic=" in body["error"], body
+        for target in ("/api/v1/clients/junk/../victim", "/api/v1/clients/junk%2F..%2Fvictim",
+                       "/api/v1/clients/..", "/api/v1/clients/."):
+            for method in ("GET", "DELETE"):
+                status, body = _raw(node, method, target)
+                assert status == 400, (method, target, body)
+                assert "?client=" in body["error"], body
+        assert _retained_topics(client) == {"victim/cfg", "junk/../victim/cfg", "a/./b",
+                                            "a//b", "trail/", "plain/topic"}
+        assert not victim.disconnected.is_set()
+        # A plain name still works in the path.
+        assert client.delete("/api/v1/retained/plain/topic").json() == {
+            "deleted": "plain/topic"}
+        assert "plain/topic" not in _retained_topics(client)
+        assert client.get("/api/v1/clients/victim").json()["client_id"] == "victim"
+
+
+def test_the_query_parameter_is_taken_exactly(node: HttpNode) -> None:
+    """Percent-decoded bytes that are not UTF-8 are refused, not turned into U+FFFD (another
+    topic); a parameter given twice, or next to a listing's parameters, is refused."""
+    with node.http() as client:
+        client.post("/api/v1/publish", json={"topic": "x/\ufffd", "payload": "x",
+                                             "retain": True}).raise_for_status()
+        assert client.get("/api/v1/retained?topic=x/%EF%BF%BD").status_code == 200
+        for target in ("/api/v1/retained?topic=x/%FF", "/api/v1/retained?topic=a&topic=b",
+                       "/api/v1/retained?topic=a&filter=%23", "/api/v1/retained?topic=a&limit=5",
+                       "/api/v1/clients?client=%FF", "/api/v1/clients?client=a&after=b"):
+            for method in ("GET", "DELETE"):
+                response = client.request(method, target)
+                assert response.status_code == 400, (method, target, response.text)
+                assert set(response.json()) == {"error"}
+        assert _retained_topics(client) == {"x/\ufffd"}
+
+
+def test_odd_client_ids_are_shown_and_kicked_exactly(node: HttpNode, paho_any) -> None:
+    """``?client=`` names any client id exactly; a kick of ``junk/../victim`` (or ``..``)
+    closes that connection and no other."""
+    ids = ["victim", "junk/../victim", "..", ".", "a//b", "sp ace/ü", "100%2F"]
+    clients = {cid: paho_any(node, cid) for cid in ids}
+    for paho in clients.values():
+        paho.connect()
+    with node.http() as http:
+        for cid in ids:
+            for answer in (http.get("/api/v1/clients", params={"client": cid}),
+                           http.get(f"/api/v1/clients?client={quote(cid, safe='')}")):
+                assert answer.status_code == 200, (cid, answer.text)
+                assert answer.json()["client_id"] == cid
+        for cid in ("junk/../victim", "..", ".", "a//b", "sp ace/ü", "100%2F"):
+            answer = http.delete(f"/api/v1/clients?client={quote(cid, safe='')}")
+            assert answer.json() == {"kicked": cid, "nodes": [node.node_id]}, answer.text
+            assert clients[cid].disconnected.wait(10), cid
+        wait_for(lambda: [c["client_id"] for c in http.get("/api/v1/clients").json()["clients"]]
+                 == ["victim"], 10, "only the victim to stay connected")
+        assert not clients["victim"].disconnected.is_set()

@@ -103,13 +103,28 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
     assert stats["node_id"] == "b" and stats["metrics"]["clients_connected"] == 1
     assert set(stats["links"]) == {"a", "c"}
 
-    # Retained: stored on its shard's owner, seen and deleted through any node.
-    http["b"].post("/api/v1/publish", json={"topic": "plant/state", "payload": "on",
-                                            "retain": True}).raise_for_status()
-    assert sub.get(timeout=10).payload == b"on"
-    wait_for(lambda: http["c"].get("/api/v1/retained").json()["retained"], 10,
-             "the retained message through c")
-    http["c"].delete("/api/v1/retained/plant/state").raise_for_status()
+    # Retained: stored on its shard's owner, read and deleted exactly through any node,
+    # "plant/../plant/state" included (a browser sends its path form as "plant/state").
+    topics = {"plant/state": "on", "plant/../plant/state": "odd"}
+    for topic, payload in topics.items():
+        http["b"].post("/api/v1/publish", json={"topic": topic, "payload": payload,
+                                                "retain": True}).raise_for_status()
+        assert sub.get(timeout=10).payload == payload.encode()
+
+    def retained_through(node: str) -> set[str]:
+        return {r["topic"] for r in http[node].get("/api/v1/retained").json()["retained"]}
+
+    wait_for(lambda: retained_through("c") == set(topics), 10,
+             "the retained messages through c")
+    for node in "abc":
+        for topic, payload in topics.items():
+            one = http[node].get("/api/v1/retained", params={"topic": topic}).json()
+            assert (one["topic"], one["payload"]) == (topic, payload), (node, one)
+    assert http["c"].delete("/api/v1/retained", params={"topic": "plant/../plant/state"}
+                            ).json() == {"deleted": "plant/../plant/state"}
+    wait_for(lambda: retained_through("a") == {"plant/state"}, 10,
+             "only the odd topic to be gone through a")
+    http["c"].delete("/api/v1/retained", params={"topic": "plant/state"}).raise_for_status()
     wait_for(lambda: http["a"].get("/api/v1/retained").json()["retained"] == [], 10,
              "the retained message to be gone through a")
 
@@ -133,12 +148,14 @@ def _check(cluster: NodeCluster, http: dict[str, httpx.Client], paho_any) -> Non
     assert charted and charted <= exposed, f"not exposed: {sorted(charted - exposed)}"
 
     # Kick from c: the connection held by b closes.
-    assert http["c"].delete("/api/v1/clients/sub-on-b").json() == {
+    assert http["c"].delete("/api/v1/clients", params={"client": "sub-on-b"}).json() == {
         "kicked": "sub-on-b", "nodes": ["b"]}
     assert sub.disconnected.wait(10), "the kicked client is still connected"
     wait_for(lambda: http["a"].get("/api/v1/clients").json()["clients"] == [], 10,
              "the kicked client to leave the listing")
-    assert http["a"].delete("/api/v1/clients/sub-on-b").status_code == 404
+    assert http["a"].delete("/api/v1/clients/sub-on-b").status_code == 404  # the old form
+    assert http["a"].delete("/api/v1/clients", params={"client": "sub-on-b"}
+                            ).status_code == 404
 
     # Quorum lost: with b and c dead, a cannot prove it is in the majority's view any more;
     # the API and the metrics say so, and listings still answer, naming who did not.

@@ -4,7 +4,9 @@ driven by Selenium) against a real node process with real paho clients.
 What it proves: the page loads from the node (token from the URL fragment), shows the
 member, the quorum and live figures that change when messages flow, lists a connected
 client whose kick button closes that client's real connection, and browses retained
-messages.  ``MQTTRING_DASHBOARD_SCREENSHOT=path`` also saves the screenshot there (how
+messages; its delete and kick buttons act on exactly the topic or client of their row,
+even one whose name a browser would rewrite in a URL path (``junk/../victim/cfg``, ``..``).
+``MQTTRING_DASHBOARD_SCREENSHOT=path`` also saves the screenshot there (how
 ``docs/dashboard.png`` is made).
 """
 
@@ -23,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from http_support import HOST, TOKEN, HttpNode
+from http_support import HOST, TOKEN, HttpNode, wait_for
 
 WAIT = 20.0  # the page polls every 2 s; a loaded runner may need a few rounds
 
@@ -133,4 +135,47 @@ def test_dashboard_live_figures_and_kick(node: HttpNode, browser: WebDriver, pah
     assert sub.disconnected.wait(WAIT), "the kicked client is still connected"
     _until(browser, lambda b: not b.find_elements(
         By.CSS_SELECTOR, "#clients tr[data-client='dash-sub']"), "the kicked client gone")
+    assert _text(browser, "error") == ""
+
+
+def _retained_rows(browser: WebDriver) -> set[str]:
+    return {row.get_attribute("data-topic")
+            for row in browser.find_elements(By.CSS_SELECTOR, "#retained tbody tr")}
+
+
+def test_dashboard_deletes_and_kicks_exactly_the_odd_ones(node: HttpNode, browser: WebDriver,
+                                                          paho_any) -> None:
+    """The delete button of ``junk/../victim/cfg`` deletes that topic, not ``victim/cfg``
+    (the browser turned the old path form into the second); the same for ``a/./b`` (not
+    ``a/b``), empty levels, spaces and unicode; the kick button of client ``..`` closes that
+    client, not another."""
+    pub = paho_any(node, "victim")
+    pub.connect()
+    odd = paho_any(node, "..")
+    odd.connect()
+    topics = {"victim/cfg", "junk/../victim/cfg", "a/b", "a/./b", "x//y", "sp ace/ü?&%2F"}
+    for topic in sorted(topics):
+        pub.publish(topic, topic.encode(), qos=1, retain=True)
+    with node.http() as http:
+        def stored() -> set[str]:
+            return {r["topic"] for r in http.get("/api/v1/retained").json()["retained"]}
+
+        wait_for(lambda: stored() == topics, WAIT, "every retained topic stored")
+        browser.get(f"http://{HOST}:{node.http_port}/#token={TOKEN}")
+        _until(browser, lambda b: _retained_rows(b) == topics, "every retained topic")
+        for topic in ("junk/../victim/cfg", "a/./b", "x//y", "sp ace/ü?&%2F"):
+            _until(browser, lambda b, t=topic: _click(b, f'button.delete[data-topic="{t}"]'),
+                   f"the delete button of {topic!r}")
+            topics.discard(topic)
+            _until(browser, lambda b: _retained_rows(b) == topics, f"{topic!r} gone alone")
+            assert stored() == topics, topic
+        assert topics == {"victim/cfg", "a/b"}
+
+        _until(browser, lambda b: _click(b, 'button.kick[data-client=".."]'),
+               "the kick button of client '..'")
+        assert odd.disconnected.wait(WAIT), "client '..' is still connected"
+        _until(browser, lambda b: not b.find_elements(
+            By.CSS_SELECTOR, '#clients tr[data-client=".."]'), "client '..' gone")
+        assert not pub.disconnected.is_set()
+        assert http.get("/api/v1/clients", params={"client": "victim"}).status_code == 200
     assert _text(browser, "error") == ""

@@ -18,6 +18,7 @@ import re
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -147,6 +148,57 @@ def _limit(request: Request) -> int:
     return value
 
 
+def _exact_param(request: Request, name: str) -> str | None:
+    """The query parameter ``name`` exactly as the client percent-encoded it, None when
+    absent: read from the raw query string, so a value that is not UTF-8 once decoded is
+    refused (Starlette's own parsing would turn it into U+FFFD, another name) and a
+    parameter given twice is refused rather than one of the two picked.  ``+`` stands for
+    a space, as in any form-encoded query: a topic name holds no ``+`` (a wildcard), and a
+    client id's own ``+`` is sent as ``%2B`` (``encodeURIComponent`` and curl's
+    ``--data-urlencode`` do so)."""
+    wanted = name.encode()
+    found: list[bytes] = []
+    for part in request.scope.get("query_string", b"").split(b"&"):
+        key, _, value = part.partition(b"=")
+        if unquote_to_bytes(key.replace(b"+", b" ")) == wanted:
+            found.append(unquote_to_bytes(value.replace(b"+", b" ")))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise BadRequest(f"{name} given more than once")
+    try:
+        return found[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{name} is not UTF-8 once percent-decoded") from None
+
+
+def _only(request: Request, name: str, *others: str) -> None:
+    """Refuse ``others`` next to ``name`` (a request for one thing, not a listing)."""
+    given = sorted(set(others) & set(request.query_params))
+    if given:
+        raise BadRequest(f"{name} names one item and does not go with {', '.join(given)}")
+
+
+#: Why a name cannot come in the URL's path: a browser, fetch(), curl and most HTTP
+#: clients remove the path's "." and ".." segments before sending (a/../b arrives as b),
+#: and proxies may merge "//" or drop a trailing "/".  So a name whose "/"-separated parts
+#: include ".", ".." or an empty one may not be the one the client was given; the query
+#: parameter carries any name exactly.
+_UNSAFE_PATH_LEVELS = frozenset({"", ".", ".."})
+
+
+def _from_path(request: Request, key: str, base: str, param: str, what: str) -> str:
+    """A topic or client id in the URL path (the old form), refused when the path could
+    have been rewritten on the way: see ``_UNSAFE_PATH_LEVELS``."""
+    value: str = request.path_params[key]
+    if _UNSAFE_PATH_LEVELS.intersection(value.split("/")):
+        raise BadRequest(
+            f"a {what} with '.', '..' or empty levels cannot travel in the URL path (HTTP "
+            f"clients rewrite such paths, so {value!r} may not be the {what} you meant): "
+            f"use {request.method} {base}?{param}=<percent-encoded {what}>")
+    return value
+
+
 async def _json_body(request: Request, max_bytes: int) -> dict[str, Any]:
     """The request's JSON object, read up to ``max_bytes`` (413 beyond, before parsing).
 
@@ -265,15 +317,28 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
     async def node_stats(request: Request) -> Response:
         return JSONResponse(await queries.node_stats(request.path_params["node"]))
 
+    async def one_client(request: Request, client_id: str) -> Response:
+        if not client_id:
+            raise BadRequest("the client id is empty")
+        if request.method == "DELETE":
+            return JSONResponse(await queries.kick(client_id))
+        return JSONResponse(await queries.client(client_id))
+
     async def clients(request: Request) -> Response:
+        client_id = _exact_param(request, "client")
+        if client_id is not None:  # one client, named exactly: GET (show) or DELETE (kick)
+            _only(request, "client", "limit", "after")
+            return await one_client(request, client_id)
+        if request.method == "DELETE":
+            raise BadRequest("name the client to kick: DELETE /api/v1/clients?client="
+                             "<percent-encoded client id>")
         after = request.query_params.get("after", "")
         return JSONResponse(await queries.clients(after, _limit(request)))
 
     async def client(request: Request) -> Response:
-        client_id = request.path_params["client_id"]
-        if request.method == "DELETE":
-            return JSONResponse(await queries.kick(client_id))
-        return JSONResponse(await queries.client(client_id))
+        """The old form, the client id in the path; see ``_from_path``."""
+        return await one_client(
+            request, _from_path(request, "client_id", "/api/v1/clients", "client", "client id"))
 
     async def subscriptions(request: Request) -> Response:
         cursor = request.query_params.get("after")
@@ -284,7 +349,29 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
         return JSONResponse(await queries.subscriptions(
             request.query_params.get("client"), after, _limit(request)))
 
+    async def one_retained(request: Request, topic: str) -> Response:
+        try:
+            validate_topic_name(topic)
+        except InvalidTopic as exc:
+            raise BadRequest(str(exc)) from None
+        if request.method != "DELETE":
+            return JSONResponse(await queries.retained_message(topic))
+        if topic.startswith("$SYS"):
+            raise BadRequest("$SYS topics are the broker's own")
+        # An empty retained message deletes the topic's retained message [MQTT-3.3.1-10],
+        # on every replica of its shard: the router does what it does for a client.
+        await queries.publish(Message(topic, b"", 0, True))
+        log.info("retained message of %r deleted through the HTTP API", topic)
+        return JSONResponse({"deleted": topic})
+
     async def retained(request: Request) -> Response:
+        topic = _exact_param(request, "topic")
+        if topic is not None:  # one topic, named exactly: GET (read) or DELETE
+            _only(request, "topic", "filter", "limit", "after")
+            return await one_retained(request, topic)
+        if request.method == "DELETE":
+            raise BadRequest("name the topic to delete: DELETE /api/v1/retained?topic="
+                             "<percent-encoded topic>")
         topic_filter = request.query_params.get("filter", "#")
         try:
             validate_topic_filter(topic_filter)
@@ -294,18 +381,9 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
             topic_filter, request.query_params.get("after", ""), _limit(request)))
 
     async def delete_retained(request: Request) -> Response:
-        topic = request.path_params["topic"]
-        try:
-            validate_topic_name(topic)
-        except InvalidTopic as exc:
-            raise BadRequest(str(exc)) from None
-        if topic.startswith("$SYS"):
-            raise BadRequest("$SYS topics are the broker's own")
-        # An empty retained message deletes the topic's retained message [MQTT-3.3.1-10],
-        # on every replica of its shard: the router does what it does for a client.
-        await queries.publish(Message(topic, b"", 0, True))
-        log.info("retained message of %r deleted through the HTTP API", topic)
-        return JSONResponse({"deleted": topic})
+        """The old form, the topic in the path; see ``_from_path``."""
+        return await one_retained(
+            request, _from_path(request, "topic", "/api/v1/retained", "topic", "topic"))
 
     async def publish(request: Request) -> Response:
         message = parse_publish(await _json_body(request, max_body), max_payload)
@@ -348,10 +426,10 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
         Route("/metrics", metrics),
         Route("/api/v1/cluster", cluster),
         Route("/api/v1/nodes/{node}/stats", node_stats),
-        Route("/api/v1/clients", clients),
+        Route("/api/v1/clients", clients, methods=["GET", "DELETE"]),
         Route("/api/v1/clients/{client_id:path}", client, methods=["GET", "DELETE"]),
         Route("/api/v1/subscriptions", subscriptions),
-        Route("/api/v1/retained", retained),
+        Route("/api/v1/retained", retained, methods=["GET", "DELETE"]),
         Route("/api/v1/retained/{topic:path}", delete_retained, methods=["DELETE"]),
         Route("/api/v1/publish", publish, methods=["POST"]),
         Route("/static/{name:path}", static_file),

@@ -273,6 +273,18 @@ class ClusterQueries:
         return {"retained": [retained_row(m) for m in page],
                 "next": page[-1].topic if len(found) > limit else None}
 
+    async def retained_message(self, topic: str) -> dict[str, Any]:
+        """The retained message of exactly ``topic`` (a topic name, no wildcards), with its
+        whole payload; ``NotFound`` when the topic holds none.  A topic name is a filter
+        that matches only itself, so the router asks just the owner of its shard."""
+        router = self.broker.router
+        if router is None:
+            raise Unavailable("the node is not serving yet")
+        for message in await router.retained(topic):
+            if message.topic == topic:
+                return retained_row(message, whole=True)
+        raise NotFound(f"no retained message on topic {topic!r}")
+
     async def publish(self, message: Message) -> None:
         """Through the node's router, like a client's PUBLISH (cluster delivery included)."""
         router = self.broker.router
@@ -284,16 +296,26 @@ class ClusterQueries:
             raise Unavailable(f"the cluster did not accept the publish: {exc}") from None
 
 
-def retained_row(message: Message) -> dict[str, Any]:
+def retained_row(message: Message, whole: bool = False) -> dict[str, Any]:
+    """A listing's row; ``whole``: with the whole payload too (``payload``, in the same
+    ``encoding`` as the preview)."""
     payload = bytes(message.payload)
     try:
-        preview, encoding = payload.decode("utf-8")[:PREVIEW_BYTES], "utf8"
+        text = payload.decode("utf-8")
     except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        preview, encoding = text[:PREVIEW_BYTES], "utf8"
+    else:
         preview, encoding = base64.b64encode(payload[:PREVIEW_BYTES]).decode(), "base64"
-    return {"topic": message.topic, "qos": message.qos, "size": len(payload),
-            "preview": preview, "encoding": encoding,
-            "truncated": len(preview) < len(payload) if encoding == "utf8"
-            else len(payload) > PREVIEW_BYTES}
+    row: dict[str, Any] = {
+        "topic": message.topic, "qos": message.qos, "size": len(payload),
+        "preview": preview, "encoding": encoding,
+        "truncated": len(preview) < len(text) if text is not None
+        else len(payload) > PREVIEW_BYTES}
+    if whole:
+        row["payload"] = text if text is not None else base64.b64encode(payload).decode()
+    return row
 
 
 def encode_cursor(client_id: str, topic_filter: str) -> str:

@@ -156,7 +156,9 @@ async function refreshClients() {
 
 async function kick(clientId) {
   try {
-    await api(`api/v1/clients/${encodeURIComponent(clientId)}`, { method: "DELETE" });
+    // The id goes in the query, never the path: a browser rewrites a path's "." and ".."
+    // segments, so an id such as ".." would name another resource there.
+    await api("api/v1/clients?client=" + encodeURIComponent(clientId), { method: "DELETE" });
     showError("");
   } catch (err) {
     showError(`kick ${clientId}: ${err.message}`);
@@ -175,9 +177,10 @@ async function refreshRetained() {
     el("td", {}, el("button", {
       class: "delete", "data-topic": r.topic, title: "delete this retained message",
       onclick: async () => {
-        // encodeURIComponent keeps '/' escaped; the API takes the topic's levels as a path.
-        const path = r.topic.split("/").map(encodeURIComponent).join("/");
-        await api("api/v1/retained/" + path, { method: "DELETE" }).catch((e) => showError(e.message));
+        // The topic goes in the query, never the path: a browser rewrites a path's "." and
+        // ".." segments, so "junk/../victim/cfg" would arrive as "victim/cfg" (another topic).
+        await api("api/v1/retained?topic=" + encodeURIComponent(r.topic), { method: "DELETE" })
+          .catch((e) => showError(e.message));
         await refreshRetained().catch((e) => showError(e.message));
       },
     }, "delete")))));
