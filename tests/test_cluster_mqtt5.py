@@ -458,3 +458,60 @@ def test_outbound_aliases_and_reason_strings_from_a_remote_home(
             again.close()
     finally:
         cluster.close()
+
+
+def test_a_pubrec_refusal_ends_the_delivery_at_a_remote_home(
+        cluster: NodeCluster, view: ViewInfo, clients: Clients) -> None:
+    """A persistent v5 session homed at B, its client on A, Receive Maximum 1: the client
+    refuses the first QoS 2 message with PUBREC 0x80, which ends that delivery (section
+    4.3.3): the second comes at once, and on a resume through C the refused one is not
+    sent again.  The edge did not tell the home of the refusal: the slot stayed taken."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import (
+        ConnAck5,
+        Connect5,
+        Disconnect5,
+        PubRec5,
+        PubRel5,
+        Publish5,
+        SubAck5,
+        SubOptions,
+        Subscribe5,
+    )
+    from mqttring.protocol.properties import Properties, PropertyId
+
+    topic, cid = unique("refuse"), view.client_homed_at("b", unique("refuse"))
+    sub = Raw5(HOST, cluster.port("a"))
+    try:
+        connack = sub.connect(cid, receive_maximum=1, session_expiry_interval=300)
+        assert isinstance(connack, ConnAck5) and connack.reason_code == 0
+        sub.send(encode5(Subscribe5(1, ((topic, SubOptions(2)),))))
+        assert sub.recv(timeout=15) == SubAck5(1, (2,))
+        pub = clients.connected(cluster.port("c"), unique("pub"))
+        pub.publish(topic, "refused", 2)
+        pub.publish(topic, "wanted", 2)
+        first = sub.recv(timeout=15)
+        assert isinstance(first, Publish5) and first.payload == b"refused", first
+        sub.send(encode5(PubRec5(first.packet_id, 0x80)))  # type: ignore[arg-type]
+        second = sub.recv(timeout=15)
+        assert isinstance(second, Publish5) and second.payload == b"wanted", second
+        sub.send(encode5(PubRec5(second.packet_id)))  # type: ignore[arg-type]
+        assert sub.recv(timeout=15) == PubRel5(second.packet_id)  # type: ignore[arg-type]
+        sub.send(encode5(Disconnect5(0)))
+    finally:
+        sub.close()
+    again = Raw5(HOST, cluster.port("c"))
+    try:
+        again.send(encode5(Connect5(cid, False, properties=Properties(
+            [(PropertyId.RECEIVE_MAXIMUM, 1), (PropertyId.SESSION_EXPIRY_INTERVAL, 300)]))))
+        connack = again.recv(timeout=15)
+        assert isinstance(connack, ConnAck5) and connack.session_present, connack
+        # Only the PUBREL of the message it accepted is owed: never "refused" again.
+        rest = []
+        with contextlib.suppress(TimeoutError, OSError):
+            while True:
+                rest.append(again.recv(timeout=1.5))
+        assert rest == [PubRel5(second.packet_id)], rest  # type: ignore[arg-type]
+    finally:
+        again.close()

@@ -151,12 +151,15 @@ class SessionBytes(FrozenMessage, tag="sbytes"):
 
 class SessionAck(FrozenMessage, tag="sack"):
     """Edge -> home: the client acknowledged an outbound message; the home applies it to the
-    session machine (``packet_type``: 4 PUBACK, 5 PUBREC, 7 PUBCOMP)."""
+    session machine (``packet_type``: 4 PUBACK, 5 PUBREC, 7 PUBCOMP).  ``failed``: an MQTT
+    5 PUBREC with a failure reason code (>= 0x80), which ends that QoS 2 delivery
+    (section 4.3.3: no PUBREL, the packet id and the window slot are free)."""
 
     client_id: str
     token: str
     packet_type: Literal[4, 5, 7]
     packet_id: int
+    failed: bool = False
 
 
 class InboundQos2(FrozenMessage, tag="q2"):

@@ -84,7 +84,8 @@ class RemoteSession(Session):
         self.inbound_qos2 = dict(inbound_qos2)
         #: Inbound QoS 2 ids changed, as ``Session._dirty_qos2`` (None: released).
         self.q2_changes: dict[int, int | None] = {}
-        #: Called with (this session, packet type, packet id) for each acknowledgement.
+        #: Called with (this session, packet type, packet id) for each acknowledgement
+        #: (-5: a PUBREC with a failure reason code).
         self.on_ack = on_ack
         #: Bytes from the home that arrived before the connection was accepted.
         self.pending = bytearray()
@@ -112,6 +113,12 @@ class RemoteSession(Session):
 
     def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
         self.on_ack(self, 7, packet_id)
+        return True
+
+    def on_pubrec_failed(self, packet_id: int) -> bool:
+        # The home holds the delivery; left here, it waited for a PUBREL that never comes
+        # (its window slot taken for good, the refused message sent again on resume).
+        self.on_ack(self, -5, packet_id)
         return True
 
     def pump(self) -> None:
@@ -263,8 +270,11 @@ class SessionRelay:
     def _forward_ack(self, session: RemoteSession, kind: int, packet_id: int) -> None:
         """The client acknowledged a message its home sent: tell the home (it frees the
         window and forgets the message there)."""
-        self.links.send(session.home, SessionAck(session.client_id, session.token, kind,
-                                                 packet_id))
+        if kind == -5:  # a PUBREC with a failure reason code
+            message = SessionAck(session.client_id, session.token, 5, packet_id, True)
+        else:
+            message = SessionAck(session.client_id, session.token, kind, packet_id)  # type: ignore[arg-type]
+        self.links.send(session.home, message)
 
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
@@ -352,8 +362,12 @@ class SessionRelay:
         if found is None:
             return
         session, proxy = found
-        acknowledge = {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}
-        acknowledge[message.packet_type](message.packet_id)
+        if message.failed:
+            if session.on_pubrec_failed(message.packet_id):
+                session.pump()
+        else:
+            acknowledge = {4: session.on_puback, 5: session.on_pubrec, 7: session.on_pubcomp}
+            acknowledge[message.packet_type](message.packet_id)
         proxy.wake()
         self.core.flow.room_made(message.client_id)
         if session.held_releases:
