@@ -57,7 +57,6 @@ from mqttring.broker.sessions import (
     LocalSessions,
     SessionManager,
     SessionUnavailable,
-    effective_will,
 )
 from mqttring.broker.subscribing import Subscriptions
 from mqttring.config import BrokerConfig, ConfigError
@@ -360,7 +359,9 @@ class BrokerCore:
         handler.session = session
         session.access = access  # before accept: what it sends from its queue is checked
         self._bind_protocol(handler, session)
-        handler.will = effective_will(packet.will, conn.v5)
+        # As sent: bounded by the session expiry in force when the connection ends
+        # (``effective_will``), which its DISCONNECT may change.
+        handler.will = packet.will
         handler.connected_at = time.time()
         self.clients[client_id] = handler
         self.wakers[client_id] = handler

@@ -315,7 +315,8 @@ class LocalSessions:
         return ended
 
     async def publish_will(self, handler: ClientHandler) -> None:
-        will = handler.will
+        # Bounded by the session expiry in force now (a DISCONNECT may have changed it).
+        will = effective_will(handler.will, handler.conn.v5)
         handler.will = None
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
             access = handler.session.access if handler.session is not None else None

@@ -99,6 +99,10 @@ class SessionClose(FrozenMessage, tag="sclose"):
     #: The will waits at least this many seconds (the edge closed the connection because
     #: the session moved: ``ClusterSessions.kick_moved``).
     will_delay_at_least: float = 0.0
+    #: MQTT 5: the will's delay as the connection ended: its Will Delay Interval bounded by
+    #: ``session_expiry`` (a DISCONNECT may have changed that since the registration, which
+    #: holds the delay bounded by CONNECT's).  None: the registered will's own.
+    will_delay: int | None = None
 
 
 class SessionKick(FrozenMessage, tag="skick"):

@@ -179,11 +179,14 @@ class HomeRegistry:
 
     async def unregister(self, client_id: str, token: str, publish_will: bool,
                          reason: str, closed_at: float | None = None,
-                         will_delay_at_least: float = 0.0) -> bool:
+                         will_delay_at_least: float = 0.0,
+                         delay_in_force: int | None = None) -> bool:
         """End connection ``token``'s registration; False if it was no longer current.
         ``closed_at``: when the connection ended (wall clock), if before now: a will delay
         runs from then.  ``will_delay_at_least``: the will waits at least this long (its
-        client was disconnected because its session moved: ``kick_moved``)."""
+        client was disconnected because its session moved: ``kick_moved``).
+        ``delay_in_force``: the will's delay as the connection ended (``SessionClose``);
+        None: the registered will's own."""
         current = self.registrations.get(client_id)
         if current is None or current.token != token:
             return False  # a connection that was already replaced
@@ -195,9 +198,10 @@ class HomeRegistry:
             assert will is not None
             publish_will, current.will = True, undelayed(will)
         elif publish_will and current.will is not None and not self.core.shutting_down and (
-                will_delay(current.will) or will_delay_at_least):
+                (delay := will_delay(current.will) if delay_in_force is None
+                 else delay_in_force) or will_delay_at_least):
             self._delay_will(client_id, current, reason, closed_at,
-                             max(float(will_delay(current.will)), will_delay_at_least))
+                             max(float(delay), will_delay_at_least))
             return True
         if publish_will and current.will is not None and self.fenced():
             # Cut off: no will goes out from here now.  The registration stays, here and

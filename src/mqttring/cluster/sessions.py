@@ -53,6 +53,7 @@ from mqttring.broker.sessions import (
     expiry_at_close,
     fresh_start,
     resume_until_close,
+    will_delay,
 )
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
@@ -235,24 +236,29 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             self.relay.drop(session.client_id, session.token)
         else:
             await self.unbind(handler, session)
-        handler.will = None  # the home holds the will and publishes it if owed
+        # The home holds the will and publishes it if owed, after the delay in force now
+        # (a DISCONNECT may have changed the session expiry that bounds it).
+        in_force = effective_will(handler.will, handler.conn.v5)
+        delay = None if in_force is None else will_delay(in_force)
+        handler.will = None
         expiry = expiry_at_close(handler.conn.v5, self.core.limits.persistent_session_expiry)
         if self.home(session.client_id) in (self.node_id, None):
             await self.unregister(session.client_id, handler.token, owed_will,
-                                  "connection closed", None, will_delay_at_least)
+                                  "connection closed", None, will_delay_at_least, delay)
         else:
             # Not awaited: a home that is slow or dying must not hold the close up.  A new
             # connection of the id on this node waits for it (``open``).
             done = self._closing[session.client_id] = trio.Event()
             self.spawn(self._end_then_signal, done, session.client_id, handler.token,
-                       owed_will, expiry, time.time(), will_delay_at_least)
+                       owed_will, expiry, time.time(), will_delay_at_least, delay)
 
     async def _end_then_signal(self, done: trio.Event, client_id: str, token: str,
                                publish_will: bool, session_expiry: int | None,
-                               closed_at: float, will_delay_at_least: float) -> None:
+                               closed_at: float, will_delay_at_least: float,
+                               delay: int | None) -> None:
         try:
             await self._end_registration(client_id, token, publish_will, session_expiry,
-                                         closed_at, will_delay_at_least)
+                                         closed_at, will_delay_at_least, delay)
         finally:
             done.set()
             if self._closing.get(client_id) is done:
@@ -261,7 +267,8 @@ class ClusterSessions(HomeRegistry, LocalSessions):
     async def _end_registration(self, client_id: str, token: str, publish_will: bool,
                                 session_expiry: int | None = None,
                                 closed_at: float | None = None,
-                                will_delay_at_least: float = 0.0) -> None:
+                                will_delay_at_least: float = 0.0,
+                                delay: int | None = None) -> None:
         """End connection ``token``'s registration wherever the view puts its home, and
         know it ended: asked again by each newer view while the home does not answer (it
         may die with the close in flight; the replica taking over holds the registration
@@ -276,7 +283,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             if home is None or home == self.node_id:
                 if not self._promotion_pending(client_id, token):
                     await self.unregister(client_id, token, publish_will, "connection closed",
-                                          closed_at, will_delay_at_least)
+                                          closed_at, will_delay_at_least, delay)
                     return
                 if trio.current_time() >= deadline:
                     log.warning("close of %r: the registration was never promoted here",
@@ -287,7 +294,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             try:
                 await self.links.request(home, SessionClose(0, client_id, token, publish_will,
                                                             session_expiry, closed_at,
-                                                            will_delay_at_least))
+                                                            will_delay_at_least, delay))
                 return
             except (PeerUnavailable, RemoteError) as exc:
                 if trio.current_time() >= deadline:
@@ -377,7 +384,8 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         current = await self.unregister(message.client_id, message.token,
                                         message.publish_will,
                                         "connection closed without DISCONNECT at its edge",
-                                        message.closed_at, message.will_delay_at_least)
+                                        message.closed_at, message.will_delay_at_least,
+                                        message.will_delay)
         self.links.reply(node, message.req, True)
         session = self.core.sessions.get(message.client_id)
         if current and message.session_expiry is not None and session is not None:
@@ -434,11 +442,12 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         access = handler.session.access if handler.session is not None else None
         username = access.username if access is not None else None
         while handler.client_id is not None and home is not None and not handler.finished:
-            will = will_to_wire(handler.will)
+            in_force = effective_will(handler.will, handler.conn.v5)
+            will = will_to_wire(in_force)
             try:
                 if home == self.node_id:
                     await self.register(handler.client_id, self.node_id, handler.token,
-                                        handler.will, True, username=username)
+                                        in_force, True, username=username)
                 else:
                     await self.links.request(home, SessionOpen(
                         0, handler.client_id, self.node_id, handler.token, True, will,
