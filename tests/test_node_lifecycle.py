@@ -130,6 +130,28 @@ def test_a_busy_port_is_one_line_and_exit_1(tmp_path, listener):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("case", ["busy", "not-local"])
+def test_a_raft_address_that_cannot_be_bound_is_one_line_and_exit_1(tmp_path, case):
+    """pysyncobj retries such a bind for ever, silently: the node sat there with its
+    other ports open, no log line and no ready file (a security probe, 2 of 2)."""
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        raft = f"{HOST}:{port}" if case == "busy" else "192.0.2.1:7001"  # TEST-NET-1
+        result = subprocess.run(
+            [sys.executable, "-m", "mqttring.node", "--mqtt", f"{HOST}:0",
+             "--cluster", f"{HOST}:{free_port()}", "--raft", raft,
+             "--cluster-secret", "raft-bind-test", "--data-dir", str(tmp_path / "d"),
+             "--sys-interval", "0"],
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "mqttring:" in line]
+    reason = "address already in use" if case == "busy" else "cannot assign requested address"
+    assert lines == [f"mqttring: cannot start node: raft {raft}: {reason}"], result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_second_node_on_a_data_dir_in_use_is_refused_in_one_line(tmp_path, nodes):
     """LMDB lets two processes open one store, and a probe had two nodes serving one data
     directory.  The second is refused (exit 5, a store error), naming the directory and

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from typing import Any
 import trio
 from pysyncobj import FAIL_REASON, SyncObj
 
+from mqttring.config import parse_hostport
+from mqttring.errors import ListenError
 from mqttring.raft import state as sm
 from mqttring.raft.replicated import RaftHost, RaftTimeouts, ReplicatedMetadata, make_syncobj
 
@@ -55,6 +58,7 @@ class RaftBridge:
                     on_applied: Callable[[sm.MetadataState], None]) -> None:
         """Start pysyncobj with these Raft peers; ``on_applied`` runs on the Raft thread."""
         self._token = trio.lowlevel.current_trio_token()
+        await trio.to_thread.run_sync(check_bindable, self.address)
         self._consumer = consumer = ReplicatedMetadata(on_applied)
         host = RaftHost(lambda: make_syncobj(self.address, peers, consumer, self._password,
                                              self._data_dir, self._timeouts))
@@ -163,3 +167,26 @@ class RaftBridge:
             while syncobj._isLeader():
                 await self._call(lambda cb: syncobj.transferLeadership(callback=cb), 2.0)
                 await trio.sleep(0.5)
+
+
+def check_bindable(address: str) -> None:
+    """Raise ``ListenError`` unless this node can bind its Raft ``address`` now.
+
+    pysyncobj retries a bind it cannot make every second, for ever and silently: a node
+    whose Raft port was taken (or whose address is not one of this machine's) sat there
+    with its other ports open, no log line and no ready file.  Checked first, it is the
+    one line and exit code of any listener that cannot bind.  (A port taken in the moment
+    between this check and pysyncobj's bind still goes unnoticed.)
+    """
+    host, port = parse_hostport(address)
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"raft {address}: {exc.strerror}") from None
+    for family, kind, proto, _, sockaddr in found[:1]:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as pysyncobj does
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:
+                raise ListenError(f"raft {address}", exc) from None
