@@ -108,3 +108,82 @@ def test_sighup_reloads_the_password_file(secured):
         assert time.monotonic() < deadline, secured.log_tail()
         time.sleep(0.05)
     assert login(secured, "carol", b"singer") == 0
+
+
+def passwd_and_reload(node, *args: str, users: int) -> None:
+    """``mosquitto_passwd ARGS`` on the node's password file, then SIGHUP; returns once the
+    node logged the file with ``users`` entries."""
+    import signal
+
+    pw = node.data_dir.parent / "passwords"
+    done = subprocess.run(["mosquitto_passwd", *args[:-1], str(pw), *args[-1:]]
+                          if args[0] == "-D" else ["mosquitto_passwd", "-b", str(pw), *args],
+                          capture_output=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    loaded = f"password file {pw} loaded: {users} users"
+    seen = node.log_path.read_text().count(loaded)
+    node.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while node.log_path.read_text().count(loaded) <= seen:
+        assert time.monotonic() < deadline, node.log_tail()
+        time.sleep(0.05)
+
+
+def test_a_username_without_a_password_is_refused(secured):
+    """No password field is not an empty password: a user of the file whose password is
+    "" must send it (CONNACK 4; MQTT 5: 0x86), as mosquitto refuses it too."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import ConnAck5, Connect5
+
+    passwd_and_reload(secured, "svc", "", users=3)
+    assert login(secured, "svc", b"") == 0
+    # From another address: three failures from one would use its budget up (limited).
+    assert login(secured, "svc", None, GUESSER) == 4
+    assert login(secured, "alice", None, GUESSER) == 4
+    for password, code in ((None, 0x86), (b"", 0)):
+        raw = Raw5(secured.handle.host, secured.port)
+        try:
+            raw.send(encode5(Connect5(f"v5-{code}", username="svc", password=password)))
+            ack = raw.recv()
+            assert isinstance(ack, ConnAck5) and ack.reason_code == code, ack
+        finally:
+            raw.close()
+
+
+def test_sighup_disconnects_the_users_whose_password_went(secured):
+    """A removed user and one whose password changed lose their connections at the reload
+    (as mosquitto 2): an MQTT 5 client is told DISCONNECT 0x87 (not authorized) first.  A
+    user whose entry is unchanged stays connected; the new password logs in."""
+    from mqtt5_support import Raw5
+    from mqttring.protocol.codec5 import encode5
+    from mqttring.protocol.packets5 import ConnAck5, Connect5, Disconnect5
+
+    passwd_and_reload(secured, "carol", "singer", users=3)
+    alice = RawClient(secured.handle.host, secured.port, timeout=10)
+    carol = RawClient(secured.handle.host, secured.port, timeout=10)
+    bob = Raw5(secured.handle.host, secured.port)
+    try:
+        assert alice.connect("alice-1", username="alice", password=b"wonderland").return_code == 0
+        assert carol.connect("carol-1", username="carol", password=b"singer").return_code == 0
+        bob.send(encode5(Connect5("bob-1", username="bob", password=b"builder")))
+        ack = bob.recv()
+        assert isinstance(ack, ConnAck5) and ack.reason_code == 0, ack
+        passwd_and_reload(secured, "alice", "looking-glass", users=3)
+        assert alice.wait_closed(10), "alice's old password no longer holds a connection"
+        passwd_and_reload(secured, "-D", "bob", users=2)
+        goodbye = bob.recv()
+        assert isinstance(goodbye, Disconnect5) and goodbye.reason_code == 0x87, goodbye
+        assert bob.closed(10)
+        carol.send(b"\xc0\x00")  # PINGREQ: carol's entry did not change
+        assert carol.expect(13, 10).type == 13
+    finally:
+        for client in (alice, carol, bob):
+            client.close()
+    log = secured.log_path.read_text()
+    for who, client_id in (("alice", "alice-1"), ("bob", "bob-1")):
+        assert (f"client {client_id!r} disconnected (the password-file entry of user {who!r} "
+                "was removed or changed)") in log, secured.log_tail()
+    assert "client 'carol-1' disconnected (the password" not in log
+    assert login(secured, "alice", b"looking-glass") == 0
+    assert login(secured, "bob", b"builder") == 4

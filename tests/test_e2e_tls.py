@@ -294,6 +294,97 @@ def test_a_revoked_client_certificate_is_refused_until_the_list_changes(
         "mqttring: configuration error: cannot load crlfile"), done.stderr
 
 
+def test_a_certificate_in_crlfile_is_refused_never_trusted(tmp_path: Path, pki: Pki,
+                                                          uid) -> None:
+    """OpenSSL loads certificates from a CRL file too, which would make a CA certificate
+    put there (by mistake or by someone who may write the list but not cafile) a trusted
+    signer of client certificates.  A crlfile with anything but PEM CRLs stops the node
+    at start-up with one line (exit 2); on SIGHUP the previous list stays in force and the
+    rogue CA's client is still refused."""
+    crl = pki.root / "client-ca.crl"
+    write_crl(pki, crl, revoked=())
+    good_crl = crl.read_bytes()
+    rogue_ca = pki.rogue_ca.read_bytes()
+    ready, log = tmp_path / "ready.json", tmp_path / "node.log"
+    cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "crl2", "--mqtt", f"{HOST}:0",
+           "--mqtts", f"{HOST}:0", "--certfile", str(pki.cert), "--keyfile", str(pki.key),
+           "--cafile", str(pki.client_ca), "--require-certificate", "--crlfile", str(crl),
+           "--data-dir", str(tmp_path / "data"), "--ready-file", str(ready)]
+    after = good_crl.count(b"\n") + 1  # the first line after the CRL
+    for content, why in ((good_crl + rogue_ca, f"line {after}: a PEM CERTIFICATE block"),
+                         (rogue_ca, "line 1: a PEM CERTIFICATE block"),
+                         (b"", "no X509 CRL in it"),
+                         (good_crl + b"garbage\n", f"line {after}: not a PEM block"),
+                         (good_crl.replace(b"\nM", b"\n!", 1), "does not parse")):
+        crl.write_bytes(content)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"mqttring: configuration error: cannot load crlfile {crl}: ")
+        assert why in lines[0], lines[0]
+        assert not ready.exists()
+    crl.write_bytes(good_crl)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "ready file")
+        assert proc.poll() is None, log.read_text()
+        port, topic = json.loads(ready.read_text())["mqtts"], uid("crl")
+
+        def publish(cert: Path, key: Path) -> subprocess.CompletedProcess[str]:
+            return mosquitto("mosquitto_pub", port, topic, "--cafile", str(pki.ca), "--cert",
+                             str(cert), "--key", str(key), "-q", "1", "-m", "x")
+
+        assert publish(pki.alice_cert, pki.alice_key).returncode == 0
+        assert publish(pki.rogue_cert, pki.rogue_key).returncode != 0
+        crl.write_bytes(good_crl + rogue_ca)
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "not reloaded" in log.read_text(), 15, "refused reload logged")
+        assert "a PEM CERTIFICATE block, not an X509 CRL" in log.read_text()
+        assert publish(pki.rogue_cert, pki.rogue_key).returncode != 0
+        assert publish(pki.alice_cert, pki.alice_key).returncode == 0
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert proc.returncode == 0
+    assert "Traceback" not in log.read_text()
+
+
+def test_a_crl_that_does_not_verify_with_its_ca_is_refused(pki: Pki, tmp_path: Path,
+                                                          caplog) -> None:
+    """A CRL naming a CA of cafile as its issuer but signed by another key would refuse
+    every client of that CA at the handshake: refused at load instead.  One issued by a CA
+    that is not in cafile (another cluster's list) loads, with a warning."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    from mqttring import BrokerConfig, ConfigError
+    from mqttring.broker.tls import build_server_context
+
+    crl = tmp_path / "forged.crl"
+    client_ca = x509.load_pem_x509_certificate(pki.cas["client"].cert_pem.bytes())
+    rogue_key = serialization.load_pem_private_key(
+        pki.cas["rogue"].private_key_pem.bytes(), None)
+    now = datetime.datetime.now(datetime.UTC)
+    forged = (x509.CertificateRevocationListBuilder().issuer_name(client_ca.subject)
+              .last_update(now).next_update(now + datetime.timedelta(days=1))
+              .sign(rogue_key, hashes.SHA256()))  # type: ignore[arg-type]
+    crl.write_bytes(forged.public_bytes(serialization.Encoding.PEM))
+    config = BrokerConfig(mqtts=f"{HOST}:0", certfile=pki.cert, keyfile=pki.key,
+                          cafile=pki.client_ca, require_certificate=True, crlfile=crl)
+    with pytest.raises(ConfigError, match="signature does not verify"):
+        build_server_context(config)
+    other = pki.cas["rogue"]
+    rogue_ca = x509.load_pem_x509_certificate(other.cert_pem.bytes())
+    theirs = (x509.CertificateRevocationListBuilder().issuer_name(rogue_ca.subject)
+              .last_update(now).next_update(now + datetime.timedelta(days=1))
+              .sign(rogue_key, hashes.SHA256()))  # type: ignore[arg-type]
+    crl.write_bytes(theirs.public_bytes(serialization.Encoding.PEM))
+    with caplog.at_level(logging.WARNING, logger="mqttring.broker.tls"):
+        build_server_context(config)
+    assert "which is not a CA of cafile" in caplog.text
+
+
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
 def test_a_refused_client_certificate_gets_the_tls_alert_that_says_why(
         tls_broker, pki: Pki, version: ssl.TLSVersion) -> None:

@@ -57,11 +57,27 @@ def test_our_hash_is_mosquittos_derivation():
     ("alice:$7$x$AAAA$AAAA\n", "malformed hash"),
     ("alice:$7$101$!!!$AAAA\n", "malformed hash"),
     ("# c\nalice:$6$AAAA$AAAA\n", ":2: user 'alice': malformed hash"),
+    # The same user twice: which password was meant?  Refused, not "the last one wins".
+    (f"{GOLDEN_7}\n# c\n{GOLDEN_7.replace('101', '102', 1)}\n",
+     ":3: user 'alice' again (first on line 1)"),
+    # An absurd iteration count would crash every login (OverflowError) if it loaded.
+    ("big:$7$99999999999999999999$mZreJ/mvSbx7ktpR$AAAA\n",
+     ":1: user 'big': malformed hash: iterations must be 1 to 10,000,000"),
+    ("big:$7$10000001$mZreJ/mvSbx7ktpR$AAAA\n", "iterations must be 1 to 10,000,000"),
+    ("zero:$7$0$mZreJ/mvSbx7ktpR$AAAA\n", "iterations must be 1 to 10,000,000"),
+    ("neg:$7$-5$mZreJ/mvSbx7ktpR$AAAA\n", "iterations '-5' is not a number"),
 ])
 def test_a_bad_line_is_a_typed_error_naming_it(text, where):
     with pytest.raises(PasswordFileError) as err:
         PasswordFile.parse(text, "pw")
     assert where in str(err.value) and isinstance(err.value, ConfigError)
+
+
+def test_the_iteration_bound_itself_loads():
+    from mqttring.security.passwords import MAX_ITERATIONS
+
+    entry = PasswordFile.parse(f"u:$7${MAX_ITERATIONS}$mZreJ/mvSbx7ktpR$AAAA\n").get("u")
+    assert entry is not None and entry.iterations == MAX_ITERATIONS == 10_000_000
 
 
 def test_missing_file_is_a_config_error(tmp_path):
@@ -134,6 +150,38 @@ def test_passwd_errors_are_one_line(tmp_path, capsys):
     assert f.read_text() == "alice:plain\n", "a file we cannot read is left alone"
 
 
+@pytest.mark.parametrize("user", ["#c\nadmin", "x\ny", "a\rb", "tab\tbed", "del\x7f",
+                                  "nul\x00", "esc\x1b[1m", "sep\u2028x", "c1\x85x"])
+def test_passwd_refuses_control_characters_in_the_username(tmp_path, capsys, user):
+    """A newline in the username would write a line of the caller's choosing into the
+    file (an entry, or a comment hiding the next one): refused as mosquitto_passwd does,
+    and the file is left as it was."""
+    f = tmp_path / "pw"
+    assert passwd("-c", "-b", str(f), "alice", "one") == 0
+    before = f.read_bytes()
+    for args in (["-b", str(f), user, "pwned"], ["-c", "-b", str(f), user, "pwned"],
+                 ["-D", str(f), user]):
+        assert passwd(*args) == 1
+        err = capsys.readouterr().err
+        assert err == ("mqttring passwd: error: username must not contain control "
+                       "characters\n"), err
+        assert f.read_bytes() == before
+    assert list(PasswordFile.load(f).entries) == ["alice"]
+
+
+def test_passwd_iterations_are_bounded(tmp_path, capsys):
+    f = tmp_path / "pw"
+    for bad in ("0", "10000001", "many"):
+        with pytest.raises(SystemExit) as done:
+            passwd("-c", "-b", "-I", bad, str(f), "alice", "one")
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert "iterations must be" in err and "Traceback" not in err
+    assert not f.exists()
+    assert passwd("-c", "-b", "-I", "1000", str(f), "alice", "one") == 0
+    assert PasswordFile.load(f).get("alice").iterations == 1000
+
+
 def test_passwd_prompts_twice(tmp_path, monkeypatch, capsys):
     f = tmp_path / "pw"
     answers = iter(["s3cret", "s3cret", "a", "b"])
@@ -194,6 +242,14 @@ def test_node_refuses_to_start_on_a_bad_password_file(tmp_path: Path):
     assert done.returncode == 2
     err = done.stderr.decode()
     assert "configuration error" in err and f"{bad}:1" in err and "Traceback" not in err
+    bad.write_text("big:$7$99999999999999999999$mZreJ/mvSbx7ktpR$088+pIFz1z4taiNRuYtdL0PcD"
+                   "ondD0eZcBNREs5Z02XiXFeQLlUx4riwfuaH3gcHyzGTiz9toXQ6Cxl2kAW5jA==\n")
+    done = subprocess.run([sys.executable, "-m", "mqttring.node", "--mqtt", "127.0.0.1:0",
+                           "--data-dir", str(tmp_path / "d"), "--password-file", str(bad)],
+                          capture_output=True, timeout=30)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{bad}:1: user 'big'" in err and "iterations must be 1 to 10,000,000" in err
 
 
 # --------------------------------------------------------------------------- Authenticator
@@ -234,5 +290,18 @@ def test_authenticator_outcomes_cache_reload_and_limit(tmp_path):
         assert await check("alice", b"two", "1.1.1.1:7") is AuthOutcome.ACCEPTED
 
     trio.run(main)
+    # No password field is not an empty password (mosquitto refuses it too).
+    f.write_text(format_entries([("svc", hash_password(b"")), ("alice", hash_password(b"x"))]))
+    assert auth.reload() == {"alice"}, "whose entry changed (the broker closes their logins)"
+    f.write_text("".join(f"{line}\n" for line in reversed(f.read_text().splitlines())))
+    assert auth.reload() == set(), "the same entries, in another order"
+    now[0] = 1000.0
+
+    async def empty() -> None:
+        assert await auth.check("svc", b"", "3.3.3.3:1") is AuthOutcome.ACCEPTED
+        assert await auth.check("svc", None, "3.3.3.3:2") is AuthOutcome.BAD_CREDENTIALS
+        assert await auth.check("alice", None, "3.3.3.3:3") is AuthOutcome.BAD_CREDENTIALS
+
+    trio.run(empty)
     anon = Authenticator(allow_anonymous=True)
     assert trio.run(anon.check, "anyone", b"x", "h:1") is AuthOutcome.ACCEPTED

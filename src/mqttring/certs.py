@@ -10,7 +10,10 @@ are identified by the CA that signed them, not by a host name (``mqttring.cluste
 
 For production, a real PKI can issue the same: any certificate with both the serverAuth and
 clientAuth extended key usages, signed by a CA used only for the cluster.  Keys are ECDSA
-P-256, unencrypted (a node starts unattended); validity is ``--days`` (default 825).
+P-256, unencrypted (a node starts unattended); validity is ``--days`` (default 825, 1 to
+36500).  Each CA gets a subject of its own (``CN=mqttring cluster CA <random id>``): two
+clusters' CAs never share a name, so a certificate or a revocation list of one is never
+looked up under the other's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +32,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 DEFAULT_DAYS = 825
+#: ``--days`` bounds: under one day is no certificate to run with (and 0 made one valid for
+#: the five minutes of clock skew allowed); past 100 years the date overflows.
+MIN_DAYS, MAX_DAYS = 1, 36500
 
 
 class CertError(Exception):
     """The CA is missing or a file would be overwritten (the operator's call to fix)."""
+
+
+def _check_days(days: int) -> None:
+    if not MIN_DAYS <= days <= MAX_DAYS:
+        raise CertError(f"--days must be {MIN_DAYS} to {MAX_DAYS} (not {days})")
 
 
 def _name(common_name: str) -> x509.Name:
@@ -53,9 +65,14 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def make_ca(directory: Path, name: str = "mqttring cluster CA",
-            days: int = DEFAULT_DAYS) -> Path:
-    """``ca.pem`` and ``ca.key`` in ``directory`` (created if needed); returns ``ca.pem``."""
+def make_ca(directory: Path, name: str | None = None, days: int = DEFAULT_DAYS) -> Path:
+    """``ca.pem`` and ``ca.key`` in ``directory`` (created if needed); returns ``ca.pem``.
+
+    ``name``: the CA's common name; None: ``mqttring cluster CA`` and a random id, unique
+    to this CA (see the module docstring)."""
+    _check_days(days)
+    if name is None:
+        name = f"mqttring cluster CA {secrets.token_hex(8)}"
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
@@ -80,6 +97,7 @@ def make_ca(directory: Path, name: str = "mqttring cluster CA",
 
 def make_node_cert(directory: Path, name: str, days: int = DEFAULT_DAYS) -> tuple[Path, Path]:
     """``NAME.pem``/``NAME.key`` signed by ``directory``'s CA; returns (cert, key) paths."""
+    _check_days(days)
     if not name or "/" in name or name.startswith("."):
         raise CertError(f"not a usable certificate name: {name!r}")
     try:
@@ -135,5 +153,7 @@ def register(subparsers: Any) -> None:
     node.add_argument("dir", type=Path)
     node.add_argument("names", nargs="+", metavar="NAME")
     for sub in (ca, node):
-        sub.add_argument("--days", type=int, default=DEFAULT_DAYS, help="validity in days")
+        sub.add_argument("--days", type=int, default=DEFAULT_DAYS,
+                         help=f"validity in days ({MIN_DAYS} to {MAX_DAYS}; "
+                              f"default {DEFAULT_DAYS})")
         sub.set_defaults(func=run)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from mqttring import __version__
+from mqttring.config import ConfigError
 
 #: Modules that provide ``register(subparsers)``.
 SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin", "mqttring.certs",
@@ -32,8 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; its exit code.  A ``ConfigError`` a subcommand did not turn into
+    its own message (a bad ``--node`` address, say) is one ``error:`` line and exit 2, not
+    a traceback: it is the operator's input, never a bug to report."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

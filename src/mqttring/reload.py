@@ -26,7 +26,8 @@ from mqttring.config import BrokerConfig
 #: Setting -> when a reloaded value takes effect.  Everything else needs a restart.
 LIVE_SETTINGS: dict[str, str] = {
     "log_level": "at once",
-    "password_file": "at the next CONNECT (connected clients stay connected)",
+    "password_file": "at the next CONNECT; this node's connections of users whose entry "
+                     "was removed or changed are closed at once (MQTT 5: DISCONNECT 0x87)",
     "allow_anonymous": "at the next CONNECT (connected clients stay connected)",
     "auth_failures_allowed": "at the next CONNECT (failure counts start afresh)",
     "auth_failure_window": "at the next CONNECT (failure counts start afresh)",

@@ -229,16 +229,51 @@ class BrokerCore:
         tried, then the first error (a ``ConfigError`` naming the file and line) is raised.
         It reads two small files: cheap, but a caller in the event loop may prefer
         ``trio.to_thread.run_sync(core.reload_security)`` (each swap is one assignment).
+
+        A user whose password-file entry was removed or changed is disconnected from this
+        node, as mosquitto 2 does (MQTT 5: DISCONNECT 0x87, not authorized; the close is
+        logged with that reason): its old password no longer logs in, so neither may a
+        connection it opened stay.  Only the entries are compared, no password is kept.
+        A client whose certificate CN is its username (``use_identity_as_username``) is
+        not affected.  The closes run on the event loop, from whichever thread this is.
         """
         errors: list[ConfigError] = []
-        for holder in (self.auth, self.acl):
+        auth, revoked = self.auth, frozenset[str]()
+        for holder in (auth, self.acl):
             if holder is None:
                 continue
             try:
-                holder.reload()
+                changed = holder.reload()
             except ConfigError as exc:
                 log.error("not reloaded, the previous rules stay in force: %s", exc)
                 errors.append(exc)
+            else:
+                if holder is auth and changed:
+                    revoked = changed
+
+        def disconnect() -> None:
+            by_certificate = self.config.use_identity_as_username
+            for handler in list(self.clients.values()):
+                connect = handler.conn.connect
+                if connect is None or connect.username not in revoked:
+                    continue
+                if by_certificate and handler.transport.secure:
+                    continue  # its certificate logged it in, not the password file
+                handler.kick(f"the password-file entry of user {connect.username!r} was "
+                             "removed or changed", 0x87)  # MQTT 5: not authorized
+
+        if revoked:
+            try:
+                trio.lowlevel.current_trio_token()
+            except RuntimeError:  # a worker thread (SIGHUP) or an embedder's own thread
+                token = auth.trio_token
+                try:
+                    if token is not None:  # None: no login checked yet, nobody to close
+                        trio.from_thread.run_sync(disconnect, trio_token=token)
+                except trio.RunFinishedError:
+                    pass  # the node stopped meanwhile: every connection is closed anyway
+            else:
+                disconnect()
         if errors:
             raise errors[0]
 

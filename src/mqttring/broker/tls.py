@@ -26,14 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.config import BrokerConfig, ConfigError
+
+if TYPE_CHECKING:
+    from cryptography.x509 import Certificate, CertificateRevocationList
 
 log = logging.getLogger("mqttring.broker.tls")
 
@@ -69,16 +75,106 @@ def build_server_context(config: BrokerConfig) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"cannot load cafile {config.cafile}: {_reason(exc)}") from None
     if config.crlfile is not None:
-        # The leaf only, as mosquitto's crlfile: a CRL per intermediate CA is not asked for.
-        try:
-            context.load_verify_locations(cafile=config.crlfile)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"cannot load crlfile {config.crlfile}: {_reason(exc)}") from None
-        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+        _load_crls(context, config.crlfile, config.cafile)
     # A client certificate is asked for only when it is required (as mosquitto does):
     # without ``require_certificate`` the CA file has nothing to verify.
     context.verify_mode = ssl.CERT_REQUIRED if config.require_certificate else ssl.CERT_NONE
     return context
+
+
+#: A PEM block: its label and its base64 body (``-----BEGIN X509 CRL----- ... -----END ...``).
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n.*?-----END \1-----", re.DOTALL)
+_CRL_LABEL = b"X509 CRL"
+
+
+def _load_crls(context: ssl.SSLContext, crlfile: Path, cafile: Path | None) -> None:
+    """Add ``crlfile``'s revocation lists to ``context`` and check client leaves against them.
+
+    OpenSSL's only way in is ``load_verify_locations``, which takes *certificates* from the
+    same file too: one in ``crlfile`` would become a CA trusted to sign client
+    certificates.  So the file must hold PEM ``X509 CRL`` blocks and nothing else, each
+    one a CRL that parses (``ConfigError`` otherwise, naming the line); the context's
+    certificates are counted before and after, in case the file changed between the check
+    and the load."""
+    from cryptography import x509
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"cannot load crlfile {crlfile}: {why}")
+
+    try:
+        data = crlfile.read_bytes()
+    except OSError as exc:
+        raise refuse(exc.strerror or str(exc)) from None
+    issuers: list[Certificate] = []
+    if cafile is not None:
+        try:
+            issuers = x509.load_pem_x509_certificates(cafile.read_bytes())
+        except (OSError, ValueError):
+            issuers = []  # cafile's own load reports it; here it only names issuers
+
+    def stray(start: int, end: int) -> None:
+        """Refuse text between (or around) the blocks: OpenSSL would skip it, but a file
+        that is not what it should be is better refused than half read."""
+        text = data[start:end]
+        if text.strip():
+            offset = start + len(text) - len(text.lstrip())
+            raise refuse(f"line {line_of(offset)}: not a PEM block (it must hold PEM "
+                         "X509 CRLs only)")
+
+    def line_of(offset: int) -> int:
+        return data.count(b"\n", 0, offset) + 1
+
+    crls, pos = 0, 0
+    for block in _PEM_BLOCK.finditer(data):
+        line = line_of(block.start())
+        stray(pos, block.start())
+        pos = block.end()
+        if block.group(1) != _CRL_LABEL:
+            label = block.group(1).decode("ascii")
+            raise refuse(f"line {line}: a PEM {label} block, not an X509 CRL (it must hold "
+                         "CRLs only: a certificate there would be trusted as a CA)")
+        try:
+            crl = x509.load_pem_x509_crl(block.group(0))
+        except ValueError:
+            raise refuse(f"line {line}: an X509 CRL block that does not parse") from None
+        if issuers:
+            _check_issuer(crl, issuers, refuse, line, cafile)
+        crls += 1
+    stray(pos, len(data))
+    if crls == 0:
+        raise refuse("no X509 CRL in it")
+    trusted = context.cert_store_stats()["x509"]
+    try:
+        context.load_verify_locations(cafile=crlfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise refuse(_reason(exc)) from None
+    if context.cert_store_stats()["x509"] != trusted:
+        raise refuse("it changed while being read and now holds a certificate")
+    # The leaf only, as mosquitto's crlfile: a CRL per intermediate CA is not asked for.
+    context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+
+
+def _check_issuer(crl: CertificateRevocationList, issuers: list[Certificate],
+                  refuse: Callable[[str], ConfigError], line: int, cafile: Path | None
+                  ) -> None:
+    """A CRL whose issuer is a CA of ``cafile`` but whose signature does not verify with it
+    would refuse every client of that CA (``CRL signature failure``): refused at load.  One
+    issued by a CA not in ``cafile`` is kept with a warning: it serves only clients that
+    send that CA as an intermediate, and is otherwise another cluster's list by mistake."""
+    named = [ca for ca in issuers if ca.subject == crl.issuer]
+    if not named:
+        log.warning("crlfile line %d: a CRL issued by %s, which is not a CA of cafile %s "
+                    "(it applies only to clients that send that CA as an intermediate)",
+                    line, crl.issuer.rfc4514_string(), cafile)
+        return
+    for ca in named:
+        try:
+            if crl.is_signature_valid(ca.public_key()):  # type: ignore[arg-type]
+                return
+        except TypeError:
+            continue  # a key type that cannot sign a CRL
+    raise refuse(f"line {line}: a CRL whose signature does not verify with "
+                 f"{crl.issuer.rfc4514_string()} of cafile {cafile}")
 
 
 def _reason(exc: BaseException) -> str:

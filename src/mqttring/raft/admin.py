@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from mqttring.cluster_tls import add_client_arguments, client_context_from_args
-from mqttring.config import ConfigError
+from mqttring.config import ConfigError, parse_hostport
 from mqttring.errors import describe_error
 from mqttring.rpc import RPC_KEY_PURPOSE, SECRET_ENV, AuthError, RpcError, call_once, derive_key
 
@@ -40,7 +40,21 @@ def _key(args: argparse.Namespace) -> bytes:
     return derive_key(secret, RPC_KEY_PURPOSE)
 
 
+def check_node(address: str) -> None:
+    """``SystemExit(2)`` after one ``error:`` line if ``--node`` is no address to connect to
+    (``nohost``, ``127.0.0.1:99999``, ``[::1]`` without a port, port 0): a usage error,
+    before any secret or certificate is read."""
+    try:
+        _, port = parse_hostport(address)
+        if port == 0:
+            raise ConfigError(f"port 0 is no address to connect to in {address!r}")
+    except ConfigError as exc:
+        print(f"error: --node: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _call(args: argparse.Namespace, kind: str, body: dict[str, Any], timeout: float) -> Any:
+    check_node(args.node)
     try:
         tls = client_context_from_args(args)
     except ConfigError as exc:

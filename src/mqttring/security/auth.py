@@ -16,8 +16,11 @@ call).  It never stalls the event loop for other clients:
   over its budget is refused without verifying anything.
 
 ``reload()`` reads the file into a new immutable ``PasswordFile`` and swaps it in one
-assignment: a check in flight finishes against the snapshot it started with.  A file that
-does not parse leaves the old one in force and raises ``PasswordFileError``.
+assignment: a check in flight finishes against the snapshot it started with (and fails if
+the new one removed or changed that user's entry meanwhile).  A file that
+does not parse leaves the old one in force and raises ``PasswordFileError``.  It returns the
+users whose entry was removed or changed, whose connections the broker core then closes
+(``BrokerCore.reload_security``, as mosquitto 2 does).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class Authenticator:
         self._key = secrets.token_bytes(32)  # cache keys: useless outside this process
         self._threads = trio.CapacityLimiter(HASH_THREADS)
         self._snapshot: _Snapshot | None = None
+        #: The event loop that checks logins (set at each ``check``): a reload from any
+        #: thread closes revoked users' connections there (``BrokerCore``).
+        self.trio_token: trio.lowlevel.TrioToken | None = None
         if password_file is not None:
             self._snapshot = _Snapshot(
                 PasswordFile.load(password_file) if passwords is None else passwords)
@@ -98,15 +104,29 @@ class Authenticator:
             passwords=passwords,
         )
 
-    def reload(self) -> None:
-        """Read the password file again and swap it in (see the module docstring)."""
-        if self.password_file is not None:
-            passwords = PasswordFile.load(self.password_file)
-            self._snapshot = _Snapshot(passwords)
-            log.info("password file %s loaded: %d users", self.password_file, len(passwords))
+    @property
+    def passwords(self) -> PasswordFile | None:
+        """The password file in force (None: no ``password_file``)."""
+        snapshot = self._snapshot
+        return None if snapshot is None else snapshot.passwords
+
+    def reload(self) -> frozenset[str]:
+        """Read the password file again and swap it in (see the module docstring); the
+        users whose entry was removed or changed (their old password no longer works)."""
+        if self.password_file is None:
+            return frozenset()
+        before = self.passwords
+        passwords = PasswordFile.load(self.password_file)
+        self._snapshot = _Snapshot(passwords)
+        log.info("password file %s loaded: %d users", self.password_file, len(passwords))
+        if before is None:
+            return frozenset()
+        return frozenset(user for user, entry in before.entries.items()
+                         if passwords.get(user) != entry)
 
     async def check(self, username: str | None, password: bytes | None,
                     peer: str) -> AuthOutcome:
+        self.trio_token = trio.lowlevel.current_trio_token()
         if username is None:
             return AuthOutcome.ACCEPTED if self.allow_anonymous else AuthOutcome.NOT_AUTHORIZED
         snapshot = self._snapshot
@@ -119,13 +139,21 @@ class Authenticator:
             log.debug("refusing a login for %r from %s unchecked: too many failures",
                       username, peer)
             return AuthOutcome.RATE_LIMITED
-        secret = password or b""
-        key = (username, hmac.new(self._key, secret, hashlib.sha256).digest())
-        if key in snapshot.ok:
-            return AuthOutcome.ACCEPTED
-        entry = snapshot.passwords.get(username)
-        good = entry is not None and await trio.to_thread.run_sync(
-            entry.verify, secret, limiter=self._threads)
+        if password is None:
+            # No password field is not an empty password: a user of the file whose
+            # password is "" must still send it (mosquitto refuses this CONNECT too).
+            good = False
+        else:
+            key = (username, hmac.new(self._key, password, hashlib.sha256).digest())
+            if key in snapshot.ok:
+                return AuthOutcome.ACCEPTED
+            entry = snapshot.passwords.get(username)
+            good = entry is not None and await trio.to_thread.run_sync(
+                entry.verify, password, limiter=self._threads)
+            current = self._snapshot
+            if good and current is not snapshot and (
+                    current is None or current.passwords.get(username) != entry):
+                good = False  # a reload removed or changed the entry while we hashed
         if good:
             if len(snapshot.ok) >= CACHE_SIZE:
                 snapshot.ok.clear()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+import unicodedata
 from pathlib import Path
 
 from mqttring.security.passwords import (
     DEFAULT_ITERATIONS,
+    MAX_ITERATIONS,
     PasswordFile,
     PasswordFileError,
     hash_password,
@@ -51,13 +53,23 @@ def _ask_password() -> str:
     return first
 
 
+def check_username(user: str) -> None:
+    """``PasswdError`` for a name the file cannot hold as one ``user:hash`` line: empty,
+    with ``:`` (the separator), or with a control or line-separator character (a newline
+    would write a second line: an entry of the caller's choosing, or a comment that hides
+    one), as ``mosquitto_passwd`` refuses."""
+    if not user:
+        raise PasswdError("username must not be empty")
+    if ":" in user:
+        raise PasswdError("username must not contain the ':' character")
+    if any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in user):
+        raise PasswdError("username must not contain control characters")
+
+
 def update(path: Path, user: str, password: str | None, *, create: bool = False,
            delete: bool = False, iterations: int = DEFAULT_ITERATIONS) -> bool:
     """Apply one change to the file; False when ``delete`` found no such user."""
-    if ":" in user:
-        raise PasswdError("username must not contain the ':' character")
-    if not user:
-        raise PasswdError("username must not be empty")
+    check_username(user)
     if create:
         lines: list[str] = []
     else:
@@ -108,9 +120,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _iterations(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("iterations must be >= 1")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"iterations must be a number, not {text!r}") from None
+    if not 1 <= value <= MAX_ITERATIONS:
+        raise argparse.ArgumentTypeError(f"iterations must be 1 to {MAX_ITERATIONS}")
     return value
 
 
@@ -126,7 +141,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="delete the user instead of adding or updating it")
     parser.add_argument("-I", dest="iterations", type=_iterations,
                         default=DEFAULT_ITERATIONS,
-                        help=f"PBKDF2 iterations (default {DEFAULT_ITERATIONS}, as mosquitto)")
+                        help=f"PBKDF2 iterations (default {DEFAULT_ITERATIONS}, as mosquitto; "
+                        f"at most {MAX_ITERATIONS})")
     parser.add_argument("file", type=Path, help="the password file")
     parser.add_argument("username")
     parser.add_argument("password", nargs="?", help="with -b only")

@@ -10,7 +10,9 @@ A file made by ``mosquitto_passwd`` works here unchanged, and one written by
 
 Blank lines and lines starting with ``#`` are skipped, as mosquitto does.  Anything else that
 is not a valid entry is a ``PasswordFileError`` naming the file and line: a password file
-that half loads would lock out the users after the bad line without a word.
+that half loads would lock out the users after the bad line without a word.  So is a second
+entry for a user (which one was meant? mosquitto silently takes one of them) and a ``$7$``
+count of iterations above ``MAX_ITERATIONS``.
 
 This module does no I/O but ``load``/``write`` and never runs inside the event loop's
 hot path: verification is CPU-heavy by design (``mqttring.security.auth`` runs it in a
@@ -35,6 +37,10 @@ from mqttring.config import ConfigError
 
 #: mosquitto's PW_DEFAULT_ITERATIONS and SALT_LEN (``mosquitto_passwd`` writes these).
 DEFAULT_ITERATIONS = 101
+#: The most PBKDF2 iterations a ``$7$`` entry may ask for (docs/security.md).  Every login
+#: of that user runs them: 10 million take seconds of CPU per CONNECT, and an absurd count
+#: (``$7$99999999999999999999$...``) would fail every login rather than the file's load.
+MAX_ITERATIONS = 10_000_000
 SALT_BYTES = 12
 _SHA512_BYTES = 64
 
@@ -81,9 +87,12 @@ class PasswordHash:
                              "mqttring passwd on the file)")
         try:
             if parts[1] == "7" and len(parts) == 5:
+                if not parts[2].isascii() or not parts[2].isdigit():
+                    raise ValueError(f"iterations {parts[2]!r} is not a number")
                 iterations = int(parts[2])
-                if iterations < 1:
-                    raise ValueError("iterations must be >= 1")
+                if not 1 <= iterations <= MAX_ITERATIONS:
+                    raise ValueError(f"iterations must be 1 to {MAX_ITERATIONS:,} "
+                                     f"(not {iterations:,})")
                 return cls(7, _b64(parts[3]), _b64(parts[4]), iterations)
             if parts[1] == "6" and len(parts) == 4:
                 digest = _b64(parts[3])
@@ -122,6 +131,7 @@ class PasswordFile:
     @classmethod
     def parse(cls, text: str, source: str = "<password file>") -> PasswordFile:
         entries: dict[str, PasswordHash] = {}
+        lines: dict[str, int] = {}
         for number, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
             if not line or line.startswith("#"):
@@ -129,6 +139,10 @@ class PasswordFile:
             user, sep, field = line.partition(":")
             if not sep or not user:
                 raise PasswordFileError(f"{source}:{number}: expected username:hash")
+            if user in lines:
+                raise PasswordFileError(f"{source}:{number}: user {user!r} again (first on "
+                                        f"line {lines[user]}): keep one entry per user")
+            lines[user] = number
             try:
                 entries[user] = PasswordHash.parse(field)
             except ValueError as exc:

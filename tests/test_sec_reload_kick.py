@@ -1,0 +1,38 @@
+"""``BrokerCore.reload_security`` called by an embedder from its own thread (not trio's):
+the connections of a user whose password-file entry changed are closed on the event loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqtt_client import RawClient
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_reload_from_a_foreign_thread_closes_revoked_logins(tmp_path):
+    from mqttring import BrokerConfig, MqttRingBroker
+    from mqttring.security.passwords import format_entries, hash_password
+
+    pw = tmp_path / "passwords"
+    carol = ("carol", hash_password(b"c-pw"))
+    pw.write_text(format_entries([("alice", hash_password(b"a-pw")), carol]))
+    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path / "d",
+                                         sys_interval=0, allow_anonymous=False,
+                                         password_file=pw))
+    ports = broker.start()
+    alice = RawClient("127.0.0.1", ports.mqtt, timeout=10)
+    stays = RawClient("127.0.0.1", ports.mqtt, timeout=10)
+    try:
+        assert alice.connect("a1", username="alice", password=b"a-pw").return_code == 0
+        assert stays.connect("c1", username="carol", password=b"c-pw").return_code == 0
+        pw.write_text(format_entries([carol]))  # alice removed, carol's entry as it was
+        assert broker.core is not None
+        broker.core.reload_security()  # this thread is not trio's
+        assert alice.wait_closed(10)
+        stays.send(b"\xc0\x00")  # PINGREQ
+        assert stays.expect(13, 10).type == 13
+    finally:
+        alice.close()
+        stays.close()
+        broker.stop()
