@@ -11,6 +11,7 @@ or a ready file, bounded.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -269,3 +270,23 @@ def test_bad_log_settings_are_one_line_and_exit_2(tmp_path, setting, flags, word
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("mqttring: ") and all(w in line for w in words), line
+
+
+def test_what_a_node_writes_is_for_its_user_only(tmp_path, nodes):
+    """Started with umask 022 (most shells'), the store, the Raft journal and the log
+    were readable by every local user (0644): sessions, messages, the membership."""
+    old = os.umask(0o022)
+    try:
+        node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--cluster", f"{HOST}:{free_port()}",
+                    "--raft", f"{HOST}:{free_port()}", "--cluster-secret", "umask-test",
+                    "--log-file", str(tmp_path / "node.log"))
+    finally:
+        os.umask(old)
+    nodes.append(node)
+    node.wait_ready()
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+    written = [tmp_path / "node.log", *(tmp_path / "data").rglob("*")]
+    assert any(p.is_file() for p in written[1:]), "the node wrote no data"
+    loose = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in written
+             if p.stat().st_mode & 0o077}
+    assert loose == {}, loose

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -162,6 +163,10 @@ def make_lifecycle(config: BrokerConfig, ready_file: Path | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
+    # What the node writes (its store of sessions and messages, the Raft journal with the
+    # cluster's membership, workers.json with the generated cluster secret, its log) is
+    # for its own user only, whatever umask it was started with (022 made them 0644).
+    os.umask(os.umask(0o077) | 0o077)
     try:
         config = config_from_args(args)
         # Loaded here, before logging is set up or anything is bound, so that a bad
