@@ -131,10 +131,9 @@ def test_patterns_and_anonymous_rules(acl_node):
     assert received(other, "devices/dev2/marker") == []
 
 
-def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
-    """``BrokerCore.reload_security`` (what the SIGHUP hook calls) on a running broker: messages
-    queued for an away persistent session before the change, and live ones after it, obey
-    the new rules.  In-process, so the test can call the hook itself."""
+def in_process_broker(tmp_path):
+    """A broker in this process (so that a test can call its reload hook) with alice's and
+    bob's passwords and ``ACL``; not started.  Returns it and its ACL file."""
     from mqttring import BrokerConfig, MqttRingBroker
     from mqttring.security.passwords import format_entries, hash_password
 
@@ -142,8 +141,15 @@ def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
     pw.write_text(format_entries([("alice", hash_password(b"a-pw")),
                                   ("bob", hash_password(b"b-pw"))]))
     acl.write_text(ACL)
-    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path / "d",
-                                         sys_interval=0, password_file=pw, acl_file=acl))
+    return MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path / "d",
+                                       sys_interval=0, password_file=pw, acl_file=acl)), acl
+
+
+def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
+    """``BrokerCore.reload_security`` (what the SIGHUP hook calls) on a running broker: messages
+    queued for an away persistent session before the change, and live ones after it, obey
+    the new rules.  In-process, so the test can call the hook itself."""
+    broker, acl = in_process_broker(tmp_path)
     ports = broker.start()
     try:
         away = RawClient("127.0.0.1", ports.mqtt, timeout=10)
@@ -171,15 +177,7 @@ def test_a_reload_reaches_connected_and_queued_clients(tmp_path):
 def test_a_will_whose_topic_a_reload_revoked_is_not_published(tmp_path, caplog):
     """One node: the will goes out only if the ACL as it is then lets its client write its
     topic (mosquitto's rule too); the control, published before the reload, does."""
-    from mqttring import BrokerConfig, MqttRingBroker
-    from mqttring.security.passwords import format_entries, hash_password
-
-    pw, acl = tmp_path / "passwords", tmp_path / "acl"
-    pw.write_text(format_entries([("alice", hash_password(b"a-pw")),
-                                  ("bob", hash_password(b"b-pw"))]))
-    acl.write_text(ACL)
-    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path / "d",
-                                         sys_interval=0, password_file=pw, acl_file=acl))
+    broker, acl = in_process_broker(tmp_path)
     caplog.set_level(logging.INFO, logger="mqttring")
     ports = broker.start()
     try:

@@ -215,6 +215,23 @@ def _in_process(tmp_path, hold: float, max_queued: int):
     return broker, broker.start().mqtt
 
 
+def _fed_by_ten(port: int, uid, clients: list[RawClient]) -> RawClient:
+    """A QoS 1 subscriber, then ten publishers that each send it 20 messages in one write
+    (``<n>-1`` .. ``<n>-20``); all of them appended to ``clients``, the subscriber first."""
+    topic = uid("fed")
+    sub = RawClient("127.0.0.1", port, timeout=10)
+    clients.append(sub)
+    assert sub.connect(uid("sub")).return_code == 0
+    assert sub.subscribe([(topic, 1)]) == [1]
+    for n in range(10):
+        pub = RawClient("127.0.0.1", port, timeout=10)
+        clients.append(pub)
+        assert pub.connect(uid("pub")).return_code == 0
+        pub.send(b"".join(publish(topic, f"{n}-{i}".encode(), qos=1, packet_id=i)
+                          for i in range(1, 21)))
+    return sub
+
+
 def test_a_subscriber_that_reads_steadily_is_not_shed_however_many_feed_it(
         tmp_path, uid) -> None:
     """Ten publishers send 20 each at once: 200 messages for a subscriber that makes room
@@ -225,17 +242,7 @@ def test_a_subscriber_that_reads_steadily_is_not_shed_however_many_feed_it(
     broker, port = _in_process(tmp_path, hold=1.0, max_queued=20)
     clients: list[RawClient] = []
     try:
-        topic = uid("steady")
-        sub = RawClient("127.0.0.1", port, timeout=10)
-        clients.append(sub)
-        assert sub.connect(uid("sub")).return_code == 0
-        assert sub.subscribe([(topic, 1)]) == [1]
-        for n in range(10):
-            pub = RawClient("127.0.0.1", port, timeout=10)
-            clients.append(pub)
-            assert pub.connect(uid("pub")).return_code == 0
-            pub.send(b"".join(publish(topic, f"{n}-{i}".encode(), qos=1, packet_id=i)
-                              for i in range(1, 21)))
+        sub = _fed_by_ten(port, uid, clients)
         got = []
         deadline = time.monotonic() + 30
         while len(got) < 200:
@@ -265,17 +272,7 @@ def test_a_stuck_subscriber_is_shed_once_and_its_losses_counted(tmp_path, uid) -
     broker, port = _in_process(tmp_path, hold=1.0, max_queued=5)
     clients: list[RawClient] = []
     try:
-        topic = uid("stuck")
-        sub = RawClient("127.0.0.1", port, timeout=10)
-        clients.append(sub)
-        assert sub.connect(uid("sub")).return_code == 0
-        assert sub.subscribe([(topic, 1)]) == [1]
-        for n in range(10):
-            pub = RawClient("127.0.0.1", port, timeout=10)
-            clients.append(pub)
-            assert pub.connect(uid("pub")).return_code == 0
-            pub.send(b"".join(publish(topic, f"{n}-{i}".encode(), qos=1, packet_id=i)
-                              for i in range(1, 21)))
+        sub = _fed_by_ten(port, uid, clients)
         for pub in clients[1:]:
             read_packets(pub, {PUBACK: 20}, ack=False)
         assert sub.wait_closed(5), "the stuck subscriber was not disconnected"
