@@ -12,7 +12,8 @@ and fans out to the nodes with subscribers) drops in without touching the protoc
 granted QoS`` per filter and delivers to ``Session`` objects:
 
 * Overlapping subscriptions of one client deliver once, at the highest granted QoS
-  (MQTT 3.3.5 allows either; one copy is what clients expect).
+  (MQTT 3.3.5 allows either; one copy is what clients expect).  For the client's own MQTT 5
+  message, a subscription whose No Local excludes it does not count (``own_grant``).
 * Delivered QoS is ``min(publish QoS, granted QoS)`` [MQTT-3.8.4-6].
 * Live deliveries carry RETAIN=0 [MQTT-3.3.1-9]; a retained PUBLISH also updates the
   retained store first [MQTT-3.3.1-5].
@@ -56,6 +57,7 @@ from mqttring.broker.shared import (
 from mqttring.lsm import Durability
 from mqttring.protocol.message import Message
 from mqttring.protocol.session import Session
+from mqttring.protocol.session5 import own_grant
 from mqttring.protocol.topics import TopicTrie
 
 #: Topics whose subscriber set is cached (cleared when full or when subscriptions change).
@@ -210,6 +212,10 @@ class LocalRouter:
         if not targets:
             return []
         pub_qos = message.qos
+        props = message.props
+        # The publisher's id when it may have said No Local (MQTT 5, or tagged: 3.1.1 with
+        # kept options); None for every other 3.1.1 message.
+        origin = props.origin if props is not None else None
         sessions = self._sessions
         wake = self._wake
         now = self._clock()
@@ -225,6 +231,12 @@ class LocalRouter:
                     continue
             elif shards is not None and self._session_store.shard(cid) not in shards:
                 continue
+            if cid == origin:
+                # Its own message: a No Local subscription does not bring it, nor its QoS.
+                granted = own_grant(session.subscription_options, session.subscriptions,
+                                    message.topic, granted)
+                if granted < 0:
+                    continue
             qos = granted if granted < pub_qos else pub_qos
             dropped = session.dropped
             session.deliver(message, qos, False, now)

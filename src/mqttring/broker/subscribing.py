@@ -57,6 +57,20 @@ class EarlySubscribe:
             self.forwarded = None
 
 
+class RetainedReplay(Message):
+    """A retained message sent because of a SUBSCRIBE, naming the filters of that
+    SUBSCRIBE it is sent for (``session5.V5Session._subscription_ids`` reads
+    ``replay_for``).  Stored, it is a plain message again (its identifiers are then those
+    of every matching subscription, as for a shared subscription's copy)."""
+
+    __slots__ = ("replay_for",)
+
+    def __init__(self, message: Message, replay_for: tuple[str, ...]) -> None:
+        super().__init__(message.topic, message.payload, message.qos, message.retain,
+                         message.props, message.mid)
+        self.replay_for = replay_for
+
+
 class Subscriptions:
     def __init__(self, router: Router, manager: SessionManager, session_store: SessionStore,
                  metrics: BrokerMetrics, max_subscriptions: Callable[[], int],
@@ -170,8 +184,12 @@ class Subscriptions:
     ) -> None:
         """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
         several new filters match it, at the best QoS any of them grants.  ``replay``
-        (MQTT 5 Retain Handling) says which filters get them; expired ones are not sent."""
-        best: dict[str, tuple[Message, int]] = {}
+        (MQTT 5 Retain Handling) says which filters get them; expired ones are not sent.
+        A session with subscription options gets each as a ``RetainedReplay`` naming the
+        filters of this SUBSCRIBE that matched it, so that it carries their Subscription
+        Identifiers only, not those of the client's older subscriptions [MQTT-3.3.4-3]
+        (before 2026-11-29 it carried every matching subscription's, as mosquitto does not)."""
+        best: dict[str, tuple[Message, int, tuple[str, ...]]] = {}
         if replay is None:
             replay = [True] * len(topics)
         # Never on a shared subscription [MQTT-4.8.2]: which member would it be for?
@@ -184,12 +202,18 @@ class Subscriptions:
                     continue  # MQTT 5 message expiry interval passed [MQTT-3.3.2-5]
                 q = min(message.qos, qos)
                 seen = best.get(message.topic)
-                if seen is None or seen[1] < q:
-                    best[message.topic] = (message, q)
+                if seen is None:
+                    best[message.topic] = (message, q, (topic_filter,))
+                else:
+                    best[message.topic] = (message if seen[1] < q else seen[0],
+                                           max(q, seen[1]), (*seen[2], topic_filter))
+        v5 = session.v5
+        named = v5 is not None and bool(v5.options)
         sent = 0
-        for message, q in best.values():
+        for message, q, filters in best.values():
             dropped = session.dropped
-            session.deliver(message, q, True, now)
+            session.deliver(RetainedReplay(message, filters) if named else message, q, True,
+                            now)
             if session.dropped != dropped:
                 self.metrics.messages_dropped += session.dropped - dropped
                 if not q:

@@ -11,7 +11,18 @@ optional ``props`` (None for every 3.1.1 message, which therefore pays nothing):
   [MQTT-3.3.2-7, MQTT-3.3.4-6]; the message expiry interval is rewritten per delivery.
 * ``expires_at``: the message expiry deadline as wall-clock UNIX seconds (0: none), so that
   any node, and a restarted one, forwards the *remaining* interval [MQTT-3.3.2-6] and drops
-  an expired copy instead of sending it.
+  an expired copy instead of sending it.  The interval counts whole seconds, as mosquitto
+  counts it (a message expires when now is past its deadline in seconds): a copy whose
+  onward delivery starts (``V5Session.send``) less than a second past the deadline goes out
+  with a remaining interval of 0, never a negative one; a later one is dropped.  So a
+  message published with a Message Expiry Interval of 0 (deadline: the moment it was
+  received) reaches the subscribers it is delivered to at once, with an interval of 0, on
+  one node or across a cluster, as it reaches 3.1.1 subscribers; it is not kept for later:
+  a stored copy is expired from its deadline on (``expired``), so it is never replayed as a
+  retained message, an offline session's queue drops it at reconnect (``Session.expire``),
+  and a v5 copy held behind a full inflight window is dropped once that second has passed.
+  (Before 2026-11-29 v5 subscribers never got such a message, live, retained or a will,
+  while 3.1.1 subscribers did; mosquitto 2.0.11 takes an interval of 0 for none.)
 * ``origin``: the publishing client's id, for No Local [MQTT-3.8.3-3].
 
 A 3.1.1 subscriber gets ``Message.encode*``, which ignores ``props`` (properties stripped);
@@ -37,7 +48,12 @@ holds besides the options belongs to the current network connection:
   the SUBACK/UNSUBACK a cluster home encodes (``encode_ack``).
 Options are checked against the session's filters at delivery, because the router hands a
 session one copy per message (``LocalRouter._targets``) without saying which filter matched;
-only sessions that have options pay for the loop, and only v5 sessions have any.
+only sessions that have options pay for the loop, and only v5 sessions have any.  A
+subscription whose No Local excludes the client's own message is not one it is delivered
+for: it adds no identifier, no Retain As Published, and not its granted QoS (``own_grant``,
+asked by the router only when the subscriber is the publisher) [MQTT-3.8.3-3, MQTT-3.3.4-3].
+A retained message sent because of a SUBSCRIBE names that SUBSCRIBE's filters
+(``replay_for``, set by ``Subscriptions.deliver_retained``): only their identifiers go with it.
 """
 
 from __future__ import annotations
@@ -92,6 +108,8 @@ class PublishProps:
         return cls(raw, deadline, origin)
 
     def expired(self, now: float) -> bool:
+        """For a stored copy (a retained message to replay): its deadline is reached, so an
+        interval of 0 has always expired here."""
         return 0 < self.expires_at <= now
 
     def to_wire(self) -> tuple[bytes, float, str]:
@@ -171,16 +189,30 @@ class V5Session:
         """The Subscription Identifiers of the subscriptions ``message`` is delivered for:
         the share's own for a shared subscription's copy (its filter never matches a topic:
         before 2026-11-28 such a copy carried the ids of the client's other subscriptions,
-        or none), else those of every ordinary subscription that matches [MQTT-3.3.4-3]."""
+        or none); for a retained message sent because of a SUBSCRIBE, those of that
+        SUBSCRIBE's filters (``replay_for``); else those of every ordinary subscription that
+        matches [MQTT-3.3.4-3], less those whose No Local excludes the client's own message
+        (before 2026-11-29 they were sent too)."""
         share = getattr(message, "share", None)
         if share is not None:
             sid = self.options.get(share, 0) >> 8
             return b"\x0b" + encode_vbi(sid) if sid else b""
         topic: str = message.topic  # type: ignore[attr-defined]
+        options = self.options
+        replay_for = getattr(message, "replay_for", None)
+        if replay_for is not None:
+            out = b""
+            for f in replay_for:
+                sid = options.get(f, 0) >> 8
+                if sid:
+                    out += b"\x0b" + encode_vbi(sid)
+            return out
+        props = message.props  # type: ignore[attr-defined]
+        skip = NO_LOCAL if props is not None and props.origin == self.client_id else 0
         out = b""
-        for f, bits in self.options.items():
+        for f, bits in options.items():
             sid = bits >> 8
-            if sid and topic_matches(f, topic):
+            if sid and not bits & skip and topic_matches(f, topic):
                 out += b"\x0b" + encode_vbi(sid)
         return out
 
@@ -189,9 +221,11 @@ class V5Session:
         """Append the v5 PUBLISH to ``out``; False if it was not sent (expired, or larger
         than the client accepts: dropped as if delivered [MQTT-3.1.2-25]).
 
-        ``resend``: the inflight copy goes again after a reconnect.  Its onward delivery
-        started before the deadline, so it is sent even when expired [MQTT-3.3.2-5], with a
-        remaining interval of 0 rather than a negative one.
+        Expiry counts whole seconds (module docstring): a copy less than a second past its
+        deadline goes with a remaining interval of 0 (an interval of 0 delivered at once),
+        an older one is dropped.  ``resend``: the inflight copy goes again after a
+        reconnect.  Its onward delivery started before the deadline, so it is sent even when
+        expired [MQTT-3.3.2-5], with a remaining interval of 0 rather than a negative one.
         """
         props: PublishProps | None = message.props  # type: ignore[attr-defined]
         body = b""
@@ -200,8 +234,8 @@ class V5Session:
             if props.expires_at:
                 remaining = math.ceil(props.expires_at - self.clock())
                 if remaining <= 0:
-                    if not resend:
-                        return False
+                    if remaining and not resend:
+                        return False  # a second or more past its deadline
                     remaining = 0
                 body += b"\x02" + _U32.pack(remaining)
         if self.options:
@@ -251,14 +285,35 @@ def retain_flag(client_id: str, options: dict[str, int], message: object, retain
         return retain
     props = message.props  # type: ignore[attr-defined]
     topic: str = message.topic  # type: ignore[attr-defined]
-    if props is not None and props.origin == client_id and all(
+    own = props is not None and props.origin == client_id
+    if own and all(
             options.get(f, 0) & NO_LOCAL for f in subscriptions if topic_matches(f, topic)):
         return None
     if not retain and message.retain:  # type: ignore[attr-defined]
+        # Only subscriptions the message is delivered for: not one whose No Local excludes
+        # the client's own message (before 2026-11-29 its Retain As Published applied).
+        skip = NO_LOCAL if own else 0
         for f, bits in options.items():
-            if bits & RETAIN_AS_PUBLISHED and topic_matches(f, topic):
+            if bits & RETAIN_AS_PUBLISHED and not bits & skip and topic_matches(f, topic):
                 return True
     return retain
+
+
+def own_grant(options: dict[str, int] | None, subscriptions: dict[str, int], topic: str,
+              granted: int) -> int:
+    """The QoS granted for the client's own message on ``topic``: the best of its matching
+    subscriptions that have no No Local (-1: none, it does not get it) [MQTT-3.8.3-3].
+    ``granted`` is the best of all of them, the answer when no option says No Local.  For
+    the router, only when the subscriber is the message's publisher (``origin``): before
+    2026-11-29 a No Local subscription's QoS still applied to the copy another,
+    overlapping subscription brought."""
+    if not options or not any(bits & NO_LOCAL for bits in options.values()):
+        return granted
+    best = -1
+    for f, qos in subscriptions.items():
+        if qos > best and not options.get(f, 0) & NO_LOCAL and topic_matches(f, topic):
+            best = qos
+    return best
 
 
 def props_to_wire(props: PublishProps | None) -> tuple[bytes, float, str] | None:
