@@ -153,6 +153,24 @@ def test_a_raft_address_that_cannot_be_bound_is_one_line_and_exit_1(tmp_path, ca
     assert "Traceback" not in result.stderr
 
 
+def test_a_raft_port_held_for_a_moment_is_waited_for(tmp_path, nodes):
+    """What holds the port may be a moment's (another program's outgoing connection with it
+    as its source port): the node tries again for a while before it gives up."""
+    busy = socket.socket()
+    busy.bind((HOST, 0))
+    busy.listen()
+    raft = f"{HOST}:{busy.getsockname()[1]}"
+    try:
+        node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--cluster", f"{HOST}:{free_port()}",
+                    "--raft", raft, "--cluster-secret", "raft-bind-test")
+        nodes.append(node)
+        node.wait_line(f"raft {raft}: address already in use; trying again")
+    finally:
+        busy.close()
+    node.wait_ready()
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+
+
 def test_a_second_node_on_a_data_dir_in_use_is_refused_in_one_line(tmp_path, nodes):
     """LMDB lets two processes open one store, and a probe had two nodes serving one data
     directory.  The second is refused (exit 5, a store error), naming the directory and

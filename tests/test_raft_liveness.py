@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mqttring.raft.liveness import FailureDetector, QuorumProof
+from mqttring.raft.liveness import Admission, FailureDetector, QuorumProof, admission
 from mqttring.raft.peers import PeersFile
-from mqttring.raft.view import EMPTY_VIEW, Member, MemberState
+from mqttring.raft.view import EMPTY_VIEW, ClusterView, Member, MemberState
 
 
 def member(node_id: str, state: MemberState = MemberState.UP, incarnation: int = 1) -> Member:
@@ -97,3 +97,24 @@ def test_only_silence_longer_than_the_grace_counts(grace: float) -> None:
     detector.heard("c", 0.0)
     assert detector.silent(grace, MEMBERS, me="a") == []
     assert names(detector.silent(grace * 1.01, MEMBERS, me="a")) == ["b", "c"]
+
+
+def view_with(members: list[Member], epoch: int) -> ClusterView:
+    return replace(EMPTY_VIEW, epoch=epoch, members={m.node_id: m for m in members})
+
+
+@pytest.mark.parametrize(("me", "epoch", "expected"), [
+    (member("d", MemberState.UP, 2), 7, Admission.MEMBER),
+    (member("d", MemberState.UP, 3), 9, Admission.MEMBER),  # a later life counts
+    (member("d", MemberState.JOINING, 2), 7, Admission.WAIT),
+    (member("d", MemberState.UP, 1), 7, Admission.WAIT),  # its previous life
+    (member("d", MemberState.UP, 2), 6, Admission.WAIT),  # before the admitting epoch
+    (member("d", MemberState.DOWN, 2), 8, Admission.REJOIN),  # down before it saw itself up
+    (member("d", MemberState.DOWN, 1), 8, Admission.WAIT),  # its previous life's death
+    (member("d", MemberState.LEAVING, 2), 8, Admission.WAIT),
+    (None, 8, Admission.WAIT),
+])
+def test_a_joined_node_serves_waits_or_joins_again(me, epoch, expected) -> None:
+    """Node d joined with incarnation 2 at epoch 7; its own replica shows ``me``."""
+    members = [member("a"), member("b")] + ([me] if me is not None else [])
+    assert admission(view_with(members, epoch), "d", 2, 7) is expected

@@ -16,6 +16,8 @@ or a membership change is still in flight, and turning pysyncobj's error codes i
 from __future__ import annotations
 
 import contextlib
+import errno
+import itertools
 import logging
 import socket
 from collections.abc import Callable
@@ -58,13 +60,29 @@ class RaftBridge:
                     on_applied: Callable[[sm.MetadataState], None]) -> None:
         """Start pysyncobj with these Raft peers; ``on_applied`` runs on the Raft thread."""
         self._token = trio.lowlevel.current_trio_token()
-        await trio.to_thread.run_sync(check_bindable, self.address)
+        await self._wait_bindable()
         self._consumer = consumer = ReplicatedMetadata(on_applied)
         host = RaftHost(lambda: make_syncobj(self.address, peers, consumer, self._password,
                                              self._data_dir, self._timeouts))
         self._host = host
         host.start()
         self._syncobj = await trio.to_thread.run_sync(host.wait_ready)
+
+    async def _wait_bindable(self) -> None:
+        """``check_bindable``, tried again for ``BIND_PATIENCE`` while the address is in
+        use: what holds it may be a moment's (another program's outgoing connection given
+        this port as its source port), and pysyncobj would have got it a second later."""
+        deadline = trio.current_time() + BIND_PATIENCE
+        for attempt in itertools.count():
+            try:
+                await trio.to_thread.run_sync(check_bindable, self.address)
+                return
+            except ListenError as exc:
+                if exc.errno != errno.EADDRINUSE or trio.current_time() >= deadline:
+                    raise
+                if not attempt:
+                    log.info("%s; trying again for up to %g s", exc, BIND_PATIENCE)
+                await trio.sleep(0.25)
 
     async def stop(self) -> None:
         host, self._host = self._host, None
@@ -167,6 +185,10 @@ class RaftBridge:
             while syncobj._isLeader():
                 await self._call(lambda cb: syncobj.transferLeadership(callback=cb), 2.0)
                 await trio.sleep(0.5)
+
+
+#: Seconds a Raft address in use is tried again before the node gives up (``_wait_bindable``).
+BIND_PATIENCE = 10.0
 
 
 def check_bindable(address: str) -> None:

@@ -11,13 +11,43 @@ so the rules below are unit-tested without processes or sockets.
 * ``QuorumProof``: the latest moment this node proved it is in the majority's view, dated
   ``leader_fallback`` back (a deposed leader on the minority side believes it leads for up
   to that long; ``service.py``'s module docstring has the whole argument).
+* ``admission``: whether a node that just joined may serve, must wait for its own replica
+  of the view, or was marked down meanwhile and must join again.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 
-from mqttring.raft.view import Member, MemberState
+from mqttring.raft.view import ClusterView, Member, MemberState
+
+
+class Admission(enum.Enum):
+    MEMBER = "member"  # this replica shows the node up in this life: it may serve
+    WAIT = "wait"  # not yet: wait for the next view
+    REJOIN = "rejoin"  # marked down before it ever saw itself up: join again
+
+
+def admission(view: ClusterView, node_id: str, incarnation: int, admitted: int) -> Admission:
+    """Where a node admitted with ``incarnation`` at epoch ``admitted`` stands in ``view``
+    (its own replica, which may lag the leader's).
+
+    It heartbeats only once it is a member, so one that takes longer than
+    ``failure_grace`` to see itself up (starved of CPU, stopped, a replica slow to catch up)
+    is marked down first.  Its replica may then never show it up at all (it catches up
+    straight to the view that has it down), and before 2026-11-29 it waited for that for
+    ever, serving nothing (a fault probe: 3 times, once after a rolling restart).  It joins
+    again instead, as a member marked down does (``_heartbeat_loop``).
+    """
+    me = view.members.get(node_id)
+    if me is None or view.epoch < admitted or me.incarnation < incarnation:
+        return Admission.WAIT
+    if me.state is MemberState.UP:
+        return Admission.MEMBER
+    if me.state is MemberState.DOWN:
+        return Admission.REJOIN
+    return Admission.WAIT
 
 
 class FailureDetector:

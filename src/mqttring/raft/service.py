@@ -59,7 +59,7 @@ from mqttring.logs import WaitLog
 from mqttring.raft import state as sm
 from mqttring.raft.bridge import CommitError, RaftBridge
 from mqttring.raft.heartbeats import Heartbeats
-from mqttring.raft.liveness import FailureDetector, QuorumProof
+from mqttring.raft.liveness import Admission, FailureDetector, QuorumProof, admission
 from mqttring.raft.peers import PeersFile
 from mqttring.raft.replicated import DEFAULT_TIMEOUTS, RAFT_PASSWORD_PURPOSE, RaftTimeouts
 from mqttring.raft.view import EMPTY_VIEW, ClusterView, MemberState, view_to_wire
@@ -364,12 +364,16 @@ class MetadataService:
         # showed it up in its previous life, and the plane started on that view, then
         # acted on the view in which it was leaving: it refused every client.)
         while True:
-            me = self._view.members.get(self.node_id)
-            if me is not None and me.state is MemberState.UP and me.incarnation >= incarnation \
-                    and self._view.epoch >= admitted:
+            standing = admission(self._view, self.node_id, incarnation, admitted)
+            if standing is Admission.MEMBER:
                 # Just admitted (or bootstrapped) by a leader: that is a proof of quorum.
                 self._quorum.proved(trio.current_time())
                 return self._view
+            if standing is Admission.REJOIN and self._join_via:
+                log.warning("%s was marked down before it saw itself up (incarnation %d); "
+                            "joining again", self.node_id, incarnation)
+                incarnation, admitted = await self._join()
+                continue
             await self._wait_view()
 
     async def _bootstrap(self) -> None:
