@@ -251,6 +251,40 @@ def test_sighup_reloads_live_settings_and_names_the_rest(tmp_path, nodes):
     assert "Traceback" not in node.text()
 
 
+def test_sighup_to_another_password_file_closes_the_users_it_changed(tmp_path, nodes):
+    """The config names another password file: the users whose entry it lacks or changed
+    lose their connections, as with a new file under the same name (the two files'
+    entries are compared, not the new one's with itself)."""
+    from mqttring.security.passwords import format_entries, hash_password
+
+    same = ("carol", hash_password(b"singer"))
+    old, new = tmp_path / "passwords-1", tmp_path / "passwords-2"
+    old.write_text(format_entries([("alice", hash_password(b"wonderland")), same]))
+    new.write_text(format_entries([("alice", hash_password(b"looking-glass")), same]))
+    config = tmp_path / "node.toml"
+    config.write_text(f'allow_anonymous = false\npassword_file = "{old}"\n')
+    node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--config", str(config))
+    nodes.append(node)
+    port = node.wait_ready()["mqtt"]
+    alice, carol = RawClient(HOST, port, timeout=10), RawClient(HOST, port, timeout=10)
+    try:
+        assert alice.connect("alice-1", username="alice", password=b"wonderland"
+                             ).return_code == 0
+        assert carol.connect("carol-1", username="carol", password=b"singer").return_code == 0
+        config.write_text(f'allow_anonymous = false\npassword_file = "{new}"\n')
+        node.proc.send_signal(signal.SIGHUP)
+        assert alice.wait_closed(10), "alice's old password still holds a connection"
+        carol.send(b"\xc0\x00")  # PINGREQ: carol's entry is the same in both files
+        assert carol.expect(13, 10).type == 13
+    finally:
+        alice.close()
+        carol.close()
+    node.wait_line("client 'alice-1' disconnected (the password-file entry of user 'alice' "
+                   "was removed or changed)")
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+    assert "Traceback" not in node.text()
+
+
 def test_log_file_in_json_lines(tmp_path, nodes):
     log = tmp_path / "node.log"
     node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--log-file", str(log),

@@ -175,11 +175,18 @@ class BrokerCore:
         """
         old = self.config
         auth, acl = self.auth, self.acl
+        revoked = frozenset[str]()
         if _auth_settings(old) != _auth_settings(config):
             auth = Authenticator.from_config(config)
+            revoked = _revoked_users(self.auth, auth)
         if old.acl_file != config.acl_file:
             acl = AccessControl(config.acl_file) if config.acl_file is not None else None
+        token = self.auth.trio_token
         self.config, self.auth, self.acl = config, auth, acl
+        if revoked:
+            # Another password file (its path changed): the entries to compare are the old
+            # file's and the new one's, not the new one's with itself (``reload_security``).
+            self._close_revoked(revoked, token)
         self.limits = config.limits
         self.limits5 = _limits5(config)
         self.session_limits = _session_limits(config)
@@ -251,6 +258,18 @@ class BrokerCore:
                 if holder is auth and changed:
                     revoked = changed
 
+        if revoked:
+            self._close_revoked(revoked, auth.trio_token)
+        if errors:
+            raise errors[0]
+
+    def _close_revoked(self, revoked: frozenset[str],
+                       token: trio.lowlevel.TrioToken | None) -> None:
+        """Close this node's connections of the users in ``revoked`` (their password-file
+        entry was removed or changed), on the event loop, from whichever thread this is;
+        ``token``: the loop's, when this is another thread (None: no login was ever
+        checked, so nobody to close)."""
+
         def disconnect() -> None:
             by_certificate = self.config.use_identity_as_username
             for handler in list(self.clients.values()):
@@ -262,20 +281,16 @@ class BrokerCore:
                 handler.kick(f"the password-file entry of user {connect.username!r} was "
                              "removed or changed", 0x87)  # MQTT 5: not authorized
 
-        if revoked:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:  # a worker thread (SIGHUP) or an embedder's own thread
             try:
-                trio.lowlevel.current_trio_token()
-            except RuntimeError:  # a worker thread (SIGHUP) or an embedder's own thread
-                token = auth.trio_token
-                try:
-                    if token is not None:  # None: no login checked yet, nobody to close
-                        trio.from_thread.run_sync(disconnect, trio_token=token)
-                except trio.RunFinishedError:
-                    pass  # the node stopped meanwhile: every connection is closed anyway
-            else:
-                disconnect()
-        if errors:
-            raise errors[0]
+                if token is not None:
+                    trio.from_thread.run_sync(disconnect, trio_token=token)
+            except trio.RunFinishedError:
+                pass  # the node stopped meanwhile: every connection is closed anyway
+        else:
+            disconnect()
 
     # -- events -----------------------------------------------------------------------------
 
@@ -584,3 +599,13 @@ def with_origin(messages: list[Message], client_id: str, options: dict[str, int]
     return [m if m.props is not None
             else Message(m.topic, m.payload, m.qos, m.retain, origin, m.mid)
             for m in messages]
+
+
+def _revoked_users(old: Authenticator, new: Authenticator) -> frozenset[str]:
+    """The users of ``old``'s password file whose entry ``new``'s lacks or has changed; none
+    when either has no password file (no file: usernames prove nothing either way)."""
+    before, after = old.passwords, new.passwords
+    if before is None or after is None:
+        return frozenset()
+    return frozenset(user for user, entry in before.entries.items()
+                     if after.get(user) != entry)
