@@ -254,22 +254,11 @@ def test_a_revoked_client_certificate_is_refused_until_the_list_changes(
                                         common_name="bob")
     crl = pki.root / "client-ca.crl"
     write_crl(pki, crl, revoked=(bob_cert,))
-    ready, log = tmp_path / "ready.json", tmp_path / "node.log"
-    cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "crl1", "--mqtt", f"{HOST}:0",
-           "--mqtts", f"{HOST}:0", "--certfile", str(pki.cert), "--keyfile", str(pki.key),
-           "--cafile", str(pki.client_ca), "--require-certificate", "--crlfile", str(crl),
-           "--data-dir", str(tmp_path / "data"), "--ready-file", str(ready)]
+    cmd, ready, log = crl_node_command(pki, tmp_path, crl, "crl1")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "ready file")
-        assert proc.poll() is None, log.read_text()
-        port, topic = json.loads(ready.read_text())["mqtts"], uid("crl")
-
-        def publish(cert: Path, key: Path) -> subprocess.CompletedProcess[str]:
-            return mosquitto("mosquitto_pub", port, topic, "--cafile", str(pki.ca), "--cert",
-                             str(cert), "--key", str(key), "-q", "1", "-m", "x")
-
+        publish = crl_node_publisher(pki, proc, ready, log, uid("crl"))
         assert publish(pki.alice_cert, pki.alice_key).returncode == 0
         refused = publish(bob_cert, bob_key)
         assert refused.returncode != 0
@@ -305,11 +294,7 @@ def test_a_certificate_in_crlfile_is_refused_never_trusted(tmp_path: Path, pki: 
     write_crl(pki, crl, revoked=())
     good_crl = crl.read_bytes()
     rogue_ca = pki.rogue_ca.read_bytes()
-    ready, log = tmp_path / "ready.json", tmp_path / "node.log"
-    cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "crl2", "--mqtt", f"{HOST}:0",
-           "--mqtts", f"{HOST}:0", "--certfile", str(pki.cert), "--keyfile", str(pki.key),
-           "--cafile", str(pki.client_ca), "--require-certificate", "--crlfile", str(crl),
-           "--data-dir", str(tmp_path / "data"), "--ready-file", str(ready)]
+    cmd, ready, log = crl_node_command(pki, tmp_path, crl, "crl2")
     after = good_crl.count(b"\n") + 1  # the first line after the CRL
     for content, why in ((good_crl + rogue_ca, f"line {after}: a PEM CERTIFICATE block"),
                          (rogue_ca, "line 1: a PEM CERTIFICATE block"),
@@ -327,14 +312,7 @@ def test_a_certificate_in_crlfile_is_refused_never_trusted(tmp_path: Path, pki: 
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "ready file")
-        assert proc.poll() is None, log.read_text()
-        port, topic = json.loads(ready.read_text())["mqtts"], uid("crl")
-
-        def publish(cert: Path, key: Path) -> subprocess.CompletedProcess[str]:
-            return mosquitto("mosquitto_pub", port, topic, "--cafile", str(pki.ca), "--cert",
-                             str(cert), "--key", str(key), "-q", "1", "-m", "x")
-
+        publish = crl_node_publisher(pki, proc, ready, log, uid("crl"))
         assert publish(pki.alice_cert, pki.alice_key).returncode == 0
         assert publish(pki.rogue_cert, pki.rogue_key).returncode != 0
         crl.write_bytes(good_crl + rogue_ca)
@@ -348,6 +326,31 @@ def test_a_certificate_in_crlfile_is_refused_never_trusted(tmp_path: Path, pki: 
         proc.wait(15)
     assert proc.returncode == 0
     assert "Traceback" not in log.read_text()
+
+
+def crl_node_command(pki: Pki, tmp_path: Path, crl: Path, node_id: str
+                     ) -> tuple[list[str], Path, Path]:
+    """A node requiring client certificates of ``pki.client_ca``, revoked by ``crl``: its
+    command line, ready file and log file."""
+    ready, log = tmp_path / "ready.json", tmp_path / "node.log"
+    return [sys.executable, "-m", "mqttring.node", "--node-id", node_id, "--mqtt", f"{HOST}:0",
+            "--mqtts", f"{HOST}:0", "--certfile", str(pki.cert), "--keyfile", str(pki.key),
+            "--cafile", str(pki.client_ca), "--require-certificate", "--crlfile", str(crl),
+            "--data-dir", str(tmp_path / "data"), "--ready-file", str(ready)], ready, log
+
+
+def crl_node_publisher(pki: Pki, proc: subprocess.Popen[bytes], ready: Path, log: Path,
+                       topic: str) -> Callable[[Path, Path], subprocess.CompletedProcess[str]]:
+    """Once the node is ready: a QoS 1 ``mosquitto_pub`` to it with a client certificate."""
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "ready file")
+    assert proc.poll() is None, log.read_text()
+    port = json.loads(ready.read_text())["mqtts"]
+
+    def publish(cert: Path, key: Path) -> subprocess.CompletedProcess[str]:
+        return mosquitto("mosquitto_pub", port, topic, "--cafile", str(pki.ca), "--cert",
+                         str(cert), "--key", str(key), "-q", "1", "-m", "x")
+
+    return publish
 
 
 def test_a_crl_that_does_not_verify_with_its_ca_is_refused(pki: Pki, tmp_path: Path,
