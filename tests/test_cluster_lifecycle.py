@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -148,23 +149,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("api", ["async-with", "start-stop"])
-async def test_an_embedded_member_leaves_when_it_stops(fresh_cluster, tmp_path, api):
+def _embedded_member(cluster: NodeCluster, data_dir: Path) -> Any:
+    """An embedded member ``emb`` that joins ``cluster`` through its node ``a``."""
     from mqttring import BrokerConfig, MqttRingBroker
 
-    cluster = await trio.to_thread.run_sync(fresh_cluster, ("a",))  # it runs trio itself
-    config = BrokerConfig(
-        node_id="emb", mqtt=f"{HOST}:0", data_dir=tmp_path / "emb", sys_interval=0,
+    return MqttRingBroker(BrokerConfig(
+        node_id="emb", mqtt=f"{HOST}:0", data_dir=data_dir, sys_interval=0,
         cluster=f"{HOST}:{_free_port()}", raft=f"{HOST}:{_free_port()}",
         join=cluster.procs["a"].cluster, cluster_secret=cluster.secret,
         heartbeat_interval=cluster.heartbeat, failure_grace=cluster.grace,
-        num_shards=cluster.num_shards, leave_timeout=15.0)
+        num_shards=cluster.num_shards, leave_timeout=15.0))
+
+
+async def _emb_up(cluster: NodeCluster) -> None:
+    await cluster.wait_for("a", lambda s: s["view"]["members"].get("emb", {})
+                           .get("state") == "up", timeout=20)
+
+
+@pytest.mark.parametrize("api", ["async-with", "start-stop"])
+async def test_an_embedded_member_leaves_when_it_stops(fresh_cluster, tmp_path, api):
+    cluster = await trio.to_thread.run_sync(fresh_cluster, ("a",))  # it runs trio itself
 
     async def member_up() -> None:
-        await cluster.wait_for("a", lambda s: s["view"]["members"].get("emb", {})
-                               .get("state") == "up", timeout=20)
+        await _emb_up(cluster)
 
-    broker = MqttRingBroker(config)
+    broker = _embedded_member(cluster, tmp_path / "emb")
     if api == "async-with":
         async with broker:
             await member_up()
@@ -249,3 +258,26 @@ async def test_status_errors_are_one_line(tmp_path):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {HOST}:{port}: "), lines
+
+
+async def test_an_embedded_member_started_again_after_leaving_serves_and_leaves_again(
+        fresh_cluster, tmp_path):
+    """``start()`` may follow ``stop()`` on the same object (docs/embedding.md): a member
+    that left joins again as a new incarnation, keeps serving, and leaves again at its
+    next stop.  (The ``left`` of the first run, kept, ended the second at once and made
+    its stop skip the leave: a dead member stayed ``up`` in the view.)"""
+    cluster = await trio.to_thread.run_sync(fresh_cluster, ("a",))
+    broker = _embedded_member(cluster, tmp_path / "emb")
+    for round_ in range(2):
+        ports = await trio.to_thread.run_sync(broker.start)
+        try:
+            await _emb_up(cluster)
+            assert not broker.left, f"round {round_}: the last run's leave was kept"
+            with socket.create_connection((HOST, ports.mqtt), timeout=5) as sock:
+                sock.sendall(bytes.fromhex("100c00044d5154540402003c0000"))  # CONNECT
+                assert sock.recv(4) == bytes.fromhex("20020000"), "it serves MQTT"
+        finally:
+            await trio.to_thread.run_sync(broker.stop)
+        assert broker.left, f"round {round_}: the stop left the cluster"
+        await cluster.wait_for("a", lambda s: "emb" not in s["view"]["members"],
+                               timeout=20)

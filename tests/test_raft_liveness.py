@@ -55,6 +55,27 @@ def test_leadership_lost_and_regained_starts_a_new_record() -> None:
     assert names(detector.silent(54.1, MEMBERS, me="a")) == ["b", "c"]
 
 
+def test_a_leader_that_was_stalled_gives_everyone_a_new_grace_period() -> None:
+    """Checks ``stall`` apart or more: the leader itself was stopped, the heartbeats of the
+    gap may be unread yet; silence it saw before the stall still counts once it is over."""
+    detector = FailureDetector(grace=4.0, stall=2.0)
+    detector.silent(0.0, MEMBERS, me="a")
+    detector.heard("b", 0.5)
+    detector.heard("c", 0.5)
+    detector.silent(1.0, MEMBERS, me="a")
+    assert detector.silent(11.0, MEMBERS, me="a") == []  # stopped from 1 to 11
+    detector.heard("b", 12.0)
+    assert detector.silent(13.0, MEMBERS, me="a") == []
+    assert detector.silent(14.5, MEMBERS, me="a") == []  # checks 1.5 s apart: no stall
+    assert names(detector.silent(15.5, MEMBERS, me="a")) == ["c"]  # 4.5 s quiet since 11
+    # Without the stall rule the same sequence marks both down at 11.
+    plain = FailureDetector(grace=4.0)
+    plain.silent(0.0, MEMBERS, me="a")
+    plain.heard("b", 0.5)
+    plain.heard("c", 0.5)
+    assert names(plain.silent(11.0, MEMBERS, me="a")) == ["b", "c"]
+
+
 def test_a_quorum_proof_is_dated_back_and_expires() -> None:
     proof = QuorumProof(leader_fallback=1.0)
     assert not proof.holds(0.0, within=3.0)  # never proved

@@ -150,6 +150,10 @@ class BrokerNode(BackgroundThread):
     ) -> None:
         config = self.config
         keep_arrival_order()  # packets of different clients handled in arrival order
+        # A broker started again after it left its cluster joins as a new member: a ``left``
+        # kept from the last run would end this one at once and skip its leave at stop.
+        self.left = False
+        self._left_event = trio.Event()
         # Files first: a bad certificate, password or ACL file stops the node before it
         # opens or binds anything.  Handed in (loaded once, by the node process) or loaded
         # here; a later ``serve`` (start again after a stop) reads them as they are then.

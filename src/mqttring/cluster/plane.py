@@ -232,9 +232,13 @@ class DataPlane:
         self.fenced = True
         self.fence_count += 1
         handlers = list(self.sessions.by_token.values())
-        log.warning("node %s: no proof of quorum for %.1fs; fencing: disconnecting %d clients "
-                    "and refusing CONNECT until it is back in the view", self.node_id,
-                    self.config.fence_seconds, len(handlers))
+        if self.leaving:  # out of the view on purpose: not a fault
+            log.info("node %s: out of the view while leaving; disconnecting %d clients and "
+                     "refusing CONNECT", self.node_id, len(handlers))
+        else:
+            log.warning("node %s: no proof of quorum for more than %.1fs; fencing: "
+                        "disconnecting %d clients and refusing CONNECT until it is back in "
+                        "the view", self.node_id, self.config.fence_seconds, len(handlers))
         for handler in handlers:
             # MQTT 5: 0x9C "use another server" (no Server Reference: any node of the
             # majority will do, and the client knows them better than a fenced node), or

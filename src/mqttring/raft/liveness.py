@@ -7,7 +7,11 @@ so the rules below are unit-tested without processes or sockets.
 * ``FailureDetector`` (leader only): a member whose last heartbeat is older than
   ``failure_grace`` is due to be marked down.  A node that has just become leader has no
   record of anyone, so every member gets a full grace period from that moment: a new
-  leader never marks a live member down for silence it did not witness.
+  leader never marks a live member down for silence it did not witness.  The same holds
+  after the leader's own pause (SIGSTOP, a VM or swap stall, a long collection): checks
+  further apart than ``stall`` mean the heartbeats of the gap may still be unread in its
+  sockets, so the record starts again there (a probe: a 2-node cluster's leader stopped
+  for 8-10 s marked its live follower down the moment it resumed).
 * ``QuorumProof``: the latest moment this node proved it is in the majority's view, dated
   ``leader_fallback`` back (a deposed leader on the minority side believes it leads for up
   to that long; ``service.py``'s module docstring has the whole argument).
@@ -53,10 +57,14 @@ def admission(view: ClusterView, node_id: str, incarnation: int, admitted: int) 
 class FailureDetector:
     """The leader's record of heartbeats (see the module docstring)."""
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, stall: float | None = None) -> None:
         self.grace = grace
+        #: Seconds between two checks past which this node counts itself as having been
+        #: stalled (None: never); the service checks several times a second.
+        self.stall = stall
         self._last_seen: dict[str, float] = {}
         self._leading_since: float | None = None
+        self._checked_at: float | None = None
 
     def heard(self, node_id: str, now: float) -> None:
         """A heartbeat (or a join) from ``node_id`` at ``now``."""
@@ -65,12 +73,16 @@ class FailureDetector:
     def not_leading(self) -> None:
         """This node is not the leader: when it leads again, it starts with no record."""
         self._leading_since = None
+        self._checked_at = None
 
     def silent(self, now: float, members: Iterable[Member], me: str
                ) -> list[tuple[Member, float]]:
         """The members (not ``me``, not down already) silent for longer than the grace, each
         with how long; called while leading."""
-        if self._leading_since is None:
+        stalled = (self.stall is not None and self._checked_at is not None
+                   and now - self._checked_at > self.stall)
+        self._checked_at = now
+        if self._leading_since is None or stalled:
             self._leading_since = now
             self._last_seen.clear()
         due = []

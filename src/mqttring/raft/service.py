@@ -161,7 +161,9 @@ class MetadataService:
         self._token: trio.lowlevel.TrioToken | None = None
         self._membership_lock = trio.Lock()
         #: The leader's record of heartbeats (``liveness.py``).
-        self._detector = FailureDetector(config.failure_grace)
+        # A gap of half the grace between two checks (made every half heartbeat) is this
+        # node's own stall, not the members' silence (``liveness.py``).
+        self._detector = FailureDetector(config.failure_grace, stall=config.failure_grace / 2)
         self._left = trio.Event()
         self._peers = PeersFile(config.data_dir, self.node_id)
         #: The latest proof that this node is in the majority's view (``liveness.py``).
