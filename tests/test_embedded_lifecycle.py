@@ -140,3 +140,29 @@ def test_an_unusable_data_dir_is_a_config_error_naming_it(tmp_path: Path, how: s
 def test_a_config_of_the_wrong_type_is_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"must be a mqttring\.BrokerConfig, not dict"):
         MqttRingBroker({"mqtt": f"{HOST}:0"})  # type: ignore[arg-type]
+
+
+def test_a_store_that_cannot_be_opened_is_a_store_error_naming_it(tmp_path: Path) -> None:
+    """In use by another broker of this process, or not an LMDB file: ``mqttring.StoreError``
+    (documented in docs/embedding.md), one line naming the path, nothing left running."""
+    from mqttring import StoreError
+
+    first = MqttRingBroker(BrokerConfig(node_id="one", mqtt=f"{HOST}:0",
+                                        data_dir=tmp_path / "shared", sys_interval=0))
+    first.start(timeout=30)
+    try:
+        second = MqttRingBroker(BrokerConfig(node_id="two", mqtt=f"{HOST}:0",
+                                             data_dir=tmp_path / "shared", sys_interval=0))
+        with pytest.raises(StoreError, match="in use by") as caught:
+            second.start(timeout=30)
+        assert str(tmp_path / "shared" / "store") in str(caught.value)
+    finally:
+        first.stop()
+    (tmp_path / "bad" / "store").mkdir(parents=True)
+    (tmp_path / "bad" / "store" / "data.mdb").write_bytes(b"\x5a" * 65536)
+    broken = MqttRingBroker(BrokerConfig(node_id="b", mqtt=f"{HOST}:0",
+                                         data_dir=tmp_path / "bad", sys_interval=0))
+    with pytest.raises(StoreError, match="not an LMDB file") as caught:
+        broken.start(timeout=30)
+    assert "\n" not in str(caught.value)
+    assert not node_threads()

@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 from mqttring.config import BrokerConfig, ConfigError, Limits, StoreSettings
 from mqttring.embedded import BoundPorts, MqttRingBroker
 from mqttring.errors import ListenError
+from mqttring.lsm.ops import StoreError
 
 __all__ = [
     "BoundPorts",
@@ -15,6 +16,7 @@ __all__ = [
     "Limits",
     "ListenError",
     "MqttRingBroker",
+    "StoreError",
     "StoreSettings",
     "__version__",
 ]
