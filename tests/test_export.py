@@ -12,6 +12,7 @@ The helpers at the top are shared with ``test_spark.py`` (plain functions, no fi
 from __future__ import annotations
 
 import json
+import socket
 import struct
 import subprocess
 import sys
@@ -363,10 +364,11 @@ def test_decoders_on_mqtt5_rows():
         "n", 1, "c1", [{"filter": "a/#", "qos": 1}], 1)
 
 
-def _fake(node_id: str, shards: tuple[int, ...], shard_rows: dict[int, int]) -> NodeSnapshot:
+def _fake(node_id: str, shards: tuple[int, ...], shard_rows: dict[int, int],
+          db: str = "retained") -> NodeSnapshot:
     empty = DbFile("x.rows", 0, 0, "", {})
-    dbs = {db: empty for db in ("retained", "sessions", "queues", "inflight", "meta")}
-    dbs["archive"] = DbFile("archive.rows", sum(shard_rows.values()), 0, "", shard_rows)
+    dbs = {d: empty for d in ("retained", "sessions", "queues", "inflight", "meta", "archive")}
+    dbs[db] = DbFile(f"{db}.rows", sum(shard_rows.values()), 0, "", shard_rows)
     manifest = Manifest(node_id, shards, 1, 0.0, 1, dbs)
     return NodeSnapshot(node_id, Snapshot(Path("/nonexistent"), manifest))
 
@@ -382,6 +384,11 @@ def test_one_copy_per_shard_owner_first_else_the_fullest_replica():
     assert choose_shard_sources([a, b, c], None) == {0: "a", 1: "b", 2: "a", 3: "c"}
     # An owner whose snapshot does not hold the shard is not trusted for it.
     assert choose_shard_sources([a, c], ["c", "c", "c", "c"])[0] == "a"
+    # Archive rows (merged from every node, never one copy) do not make a node the source:
+    # a former owner's archive says nothing about how fresh its copy of the shard is.
+    old_owner = _fake("a", (0,), {0: 1000}, db="archive")
+    fresh = _fake("b", (0,), {0: 3})
+    assert choose_shard_sources([old_owner, fresh], None) == {0: "b"}
 
 
 def _small_snapshot(tmp_path: Path) -> Path:
@@ -430,6 +437,51 @@ def test_snapshot_cli_errors_are_one_line(node, tmp_path):
     closed = "127.0.0.1:9"  # discard port: nothing listens in the test environment
     assert_one_line_error(run_cli("snapshot", "--node", closed, "--out", str(tmp_path / "s"),
                                   "--secret", SECRET, "--timeout", "5"), closed)
+
+
+class _Peer:
+    """A TCP listener that is not an mqttring admin port: it closes each connection at once
+    (``close=True``, like a port of something else) or holds it open and says nothing."""
+
+    def __init__(self, close: bool) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.close_each = close
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.close_each:
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_snapshot_cli_names_a_peer_that_closes_or_never_answers(tmp_path):
+    """--node at something that is not the admin port: one line that says what happened
+    (not an EOFError traceback, not an empty "TooSlowError:")."""
+    closing, silent = _Peer(close=True), _Peer(close=False)
+    try:
+        proc = run_cli("snapshot", "--node", closing.address, "--out", str(tmp_path / "s"),
+                       "--secret", SECRET, "--timeout", "5")
+        assert_one_line_error(proc, closing.address, "connection closed by peer",
+                              "cluster/admin address")
+        proc = run_cli("snapshot", "--node", silent.address, "--out", str(tmp_path / "s"),
+                       "--secret", SECRET, "--timeout", "0.5")
+        assert_one_line_error(proc, silent.address, "no answer within 0.5 s")
+    finally:
+        closing.close()
+        silent.close()
 
 
 def test_export_manifest_is_self_describing(tmp_path):

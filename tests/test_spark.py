@@ -166,3 +166,22 @@ def test_bad_input_is_one_line_and_exit_code_1(published, tmp_path):
     (export / "EXPORT.json").unlink()
     assert_one_line_error(run_cli(*args, "--input", str(export)), "no MANIFEST.json")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("--top", "-1", "argument --top: must be >= 0, got -1"),
+    ("--shuffle-partitions", "0", "argument --shuffle-partitions: must be >= 1, got 0"),
+    ("--depth", "0", "argument --depth: must be >= 1, got 0"),
+])
+def test_numeric_options_are_checked_before_spark_starts(published, tmp_path, option, value,
+                                                         words):
+    """On a valid export, a bad number is a usage error (exit 2, one ``error:`` line) before
+    Spark starts: nothing is written to --out, so the corrected command can run there."""
+    out = tmp_path / "o"
+    proc = run_cli("spark", "topic-stats", "--input", str(published.export), "--out", str(out),
+                   "--master", "local[1]", option, value)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and words in errors[0], proc.stderr
+    assert not out.exists(), "Spark ran (and wrote results) before the option was checked"

@@ -18,12 +18,27 @@ import trio
 from mqttring.analytics import ExportError
 from mqttring.cluster_tls import add_client_arguments, client_context_from_args
 from mqttring.config import ConfigError
-from mqttring.rpc import SECRET_ENV, AuthError, RpcError
+from mqttring.rpc import SECRET_ENV, AuthError, ProtocolError, RpcError
 
 
 def _error(message: str) -> int:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     return 1
+
+
+def _failure(exc: BaseException, timeout: float) -> str:
+    """What went wrong talking to a node, in the operator's terms.  The exceptions' own
+    words are not enough: ``TooSlowError`` has none, and a bare "connection closed by peer"
+    (what a port that is not an mqttring admin port does) does not say what to check."""
+    if isinstance(exc, trio.TooSlowError):
+        return (f"no answer within {timeout:g} s (is the node up and this its cluster/admin "
+                f"address? a large snapshot may need a longer --timeout)")
+    if isinstance(exc, EOFError | trio.BrokenResourceError):
+        said = str(exc) or "connection closed by peer"
+        return f"{said}: is this the node's cluster/admin address?"
+    if isinstance(exc, ProtocolError):
+        return f"not an mqttring admin port? ({exc})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -44,8 +59,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         return _error(f"{args.node}: authentication refused ({exc}); check the secret")
     except RpcError as exc:
         return _error(f"{args.node}: the node refused: {exc}")
-    except (OSError, trio.TooSlowError, KeyError, RuntimeError) as exc:
-        return _error(f"{args.node}: {type(exc).__name__}: {exc}")
+    except (OSError, EOFError, trio.TooSlowError, trio.BrokenResourceError, ProtocolError,
+            KeyError, RuntimeError) as exc:
+        return _error(f"{args.node}: {_failure(exc, args.timeout)}")
+    except Exception as exc:  # a reply of an unexpected shape, say: still one line
+        return _error(f"{args.node}: unexpected failure: {_failure(exc, args.timeout)}")
     if args.all and not (out / SNAPSHOT_SET).exists():
         print(f"note: {out} is not visible here, so {SNAPSHOT_SET} (the shard owners) was not "
               f"written; the export will keep the fullest copy of each shard instead",

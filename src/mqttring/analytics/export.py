@@ -10,11 +10,26 @@ before a single row is read, so a corrupt or half-copied snapshot is refused, ne
 exported.
 
 In a cluster each shard is held by R replicas, so R snapshots may contain it.  Exactly one
-copy is exported per shard (otherwise every count downstream would be multiplied by R): the
-copy of the node that *owned* the shard in the view recorded by SNAPSHOT-SET.json, or, when
-no view was recorded (snapshots gathered by hand), the node whose snapshot has the most
-rows of that shard (the least lagging replica), ties broken by node id.  All tables of one
-shard come from the same node, so a shard's sessions and queued messages agree.
+copy of a shard's *replicated* tables (retained, sessions, queued) is exported (otherwise every
+count downstream would be multiplied by R): the copy of the node that *owned* the shard in the
+view recorded by SNAPSHOT-SET.json, or, when no view was recorded (snapshots gathered by
+hand), the node whose snapshot has the most rows of that shard (the least lagging replica),
+ties broken by node id.  These tables of one shard come from the same node, so a shard's
+sessions and queued messages agree.
+
+The archive is different (``MERGED_TABLES``): a message is archived once, at the node that
+owned its shard *when it was published*, and archive rows are neither replicated nor handed
+over when the shard changes owner (``mqttring.broker.archive``).  After a node joined or
+left, or a paused node's shards moved away and came back, one shard's archive is spread
+over several nodes and the current owner's copy holds only its own part of it; taking that
+copy alone would silently drop acknowledged, archived messages that the snapshot set holds.
+So the archive rows of a shard are taken from *every* snapshot that has some, merged in key
+order (``shard | time_ns | seq``: each node's rows are already time-ordered, and the merge
+keeps them so), and no row is held twice, since no node ever stores another's rows.
+
+A snapshot set whose SNAPSHOT-SET.json names a node whose snapshot directory is not there
+is refused: that node's part of the archive (and any shard it alone owned) would be missing
+from the export without a word.
 
 Row files are in key order and keys start with the shard id, so a node's database is
 streamed once and cut into per-shard Parquet files as the shard changes; memory is bounded
@@ -28,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import itertools
 import json
 import os
@@ -61,6 +77,9 @@ EXPORT_FORMAT_VERSION = 1
 EXPORT_MANIFEST = "EXPORT.json"
 #: Rows per Parquet row group: large enough for fast scans, small enough to bound memory.
 ROW_GROUP = 65_536
+#: Tables whose rows are written only where the shard's owner was at the time and never
+#: replicated: a shard's rows are merged from every snapshot, not taken from one copy.
+MERGED_TABLES = frozenset({"archive"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +118,7 @@ def load_snapshots(path: Path) -> tuple[list[NodeSnapshot], list[str | None] | N
             snap = open_snapshot(path)
             return [NodeSnapshot(snap.manifest.node_id or path.name, snap)], None
         owners: list[str | None] | None = None
+        listed: list[str] = []
         set_file = path / SNAPSHOT_SET
         if set_file.exists():
             try:
@@ -106,6 +126,10 @@ def load_snapshots(path: Path) -> tuple[list[NodeSnapshot], list[str | None] | N
                 if raw.get("format") != SNAPSHOT_SET_FORMAT:
                     raise ValueError(f"format is {raw.get('format')!r}")
                 owners = [None if o is None else str(o) for o in raw["owners"]]
+                members = raw.get("nodes", {})
+                if not isinstance(members, dict):
+                    raise ValueError("'nodes' is not an object")
+                listed = sorted(str(n) for n in members)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ExportError(f"snapshot set {path}: unreadable {SNAPSHOT_SET}: "
                                   f"{exc}") from None
@@ -122,6 +146,12 @@ def load_snapshots(path: Path) -> tuple[list[NodeSnapshot], list[str | None] | N
     ids = [n.node_id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ExportError(f"snapshot set {path} holds two snapshots of the same node: {ids}")
+    missing = [n for n in listed if n not in ids]
+    if missing:
+        # Exporting without them would silently lose their archive rows (held nowhere else)
+        # and any shard only they held: the operator must copy them in, or drop the set file.
+        raise ExportError(f"snapshot set {path}: {SNAPSHOT_SET} lists node snapshot(s) that "
+                          f"are missing: {', '.join(str(path / n) for n in missing)}")
     return nodes, owners
 
 
@@ -132,8 +162,11 @@ def _holds(node: NodeSnapshot, shard: int) -> bool:
 
 def choose_shard_sources(nodes: list[NodeSnapshot],
                          owners: list[str | None] | None) -> dict[int, str]:
-    """Shard id -> the node whose copy is exported (see the module docstring for the rule)."""
-    dbs = [db for db, _schema, _dec in TABLES.values()]
+    """Shard id -> the node whose copy of the replicated tables is exported (see the module
+    docstring for the rule).  Rows of ``MERGED_TABLES`` are not counted: they are exported
+    from every node, and a former owner's archive rows say nothing about how fresh its copy
+    of the shard's sessions is."""
+    dbs = [db for table, (db, _schema, _dec) in TABLES.items() if table not in MERGED_TABLES]
     rows: dict[int, dict[str, int]] = {}
     for node in nodes:
         for db in dbs:
@@ -236,10 +269,61 @@ def _table_rows(table: str, node_id: str, stored: Iterable[tuple[int, bytes, Any
         yield from fold(folding)
 
 
-def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str],
-                  tmp: Path, progress: ProgressBar) -> list[dict[str, Any]]:
+def _write_shard_file(path: Path, schema: pa.Schema, rows: Iterable[tuple]) -> _ShardFile | None:
+    """Write ``rows`` as one Parquet file; None (and no file) when there are none."""
+    current: _ShardFile | None = None
+    try:
+        for row in rows:
+            if current is None:
+                current = _ShardFile(path, schema)
+            current.add(row)
+    except BaseException:
+        if current is not None:
+            current.abandon()
+        raise
+    if current is None:
+        return None
+    current.close()
+    return current
+
+
+def _file_entry(table: str, shard: int, written: _ShardFile,
+                node_ids: list[str]) -> dict[str, Any]:
+    return {"path": f"{table}/{written.path.name}", "shard": shard,
+            "node_id": ",".join(node_ids), "node_ids": node_ids, "rows": written.rows,
+            "bytes": written.path.stat().st_size, "sha256": _sha256(written.path)}
+
+
+def _checked_rows(table: str, node_id: str, shard: int,
+                  stored: Iterable[tuple[int, bytes, Any]], expected: int,
+                  progress: ProgressBar) -> Iterator[tuple]:
+    """``_table_rows`` of one node's shard, then ExportError unless as many stored rows were
+    read as its snapshot manifest counts (a row file that lost rows is never exported)."""
+    seen = [0]
+    yield from _table_rows(table, node_id, stored, seen, progress)
+    if seen[0] != expected:
+        raise ExportError(f"{table}: shard {shard} of {node_id}: read {seen[0]} rows, the "
+                          f"snapshot manifest says {expected}")
+
+
+def _counted_rows(table: str, stored: Iterable[tuple[bytes, str, int, Any]],
+                  seen: dict[tuple[str, int], int], contributors: set[str],
+                  progress: ProgressBar) -> Iterator[tuple]:
+    """Table rows of merged (key, node id, shard, value) rows; counts what each node gave in
+    ``seen`` (checked against the manifests once all is read) and who gave data rows."""
+    for key, node_id, shard, value in stored:
+        seen[node_id, shard] = seen.get((node_id, shard), 0) + 1
+        progress.advance(1)
+        row = decode_row(table, node_id, key, value)
+        if row is not None:
+            contributors.add(node_id)
+            yield row
+
+
+def _one_copy_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str],
+                    tmp: Path, progress: ProgressBar) -> list[dict[str, Any]]:
+    """Each shard's rows from the one node ``sources`` names for it."""
     db, schema, _decoder = TABLES[table]
-    (tmp / table).mkdir()
     files: list[dict[str, Any]] = []
     for node in nodes:
         mine = {s for s, n in sources.items() if n == node.node_id}
@@ -249,28 +333,62 @@ def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str]
         expected = entry.shard_rows
         by_shard = itertools.groupby(_selected_rows(node, db, mine), key=lambda r: r[0])
         for shard, stored in by_shard:
-            seen = [0]
-            current: _ShardFile | None = None
+            rows = _checked_rows(table, node.node_id, shard, stored, expected.get(shard, 0),
+                                 progress)
+            written = _write_shard_file(tmp / table / f"shard-{shard:05d}.parquet", schema,
+                                        rows)
+            if written is not None:  # else only rows without data (tombstones): no file
+                files.append(_file_entry(table, shard, written, [node.node_id]))
+    return files
+
+
+def _merged_table(table: str, nodes: list[NodeSnapshot], tmp: Path,
+                  progress: ProgressBar) -> list[dict[str, Any]]:
+    """Each shard's rows from every node that holds some, merged in key order (time order
+    for the archive), ties by node id; streamed, one row per node in memory."""
+    db, schema, _decoder = TABLES[table]
+    ordered = sorted(nodes, key=lambda n: n.node_id)
+
+    def stream(node: NodeSnapshot) -> Iterator[tuple[bytes, str, int, Any]]:
+        for key, blob in node.snapshot.raw_rows(db):
+            if len(key) < 2:  # counted in the manifest's rows only, as in ``_selected_rows``
+                continue
             try:
-                for row in _table_rows(table, node.node_id, stored, seen, progress):
-                    if current is None:
-                        current = _ShardFile(tmp / table / f"shard-{shard:05d}.parquet", schema)
-                    current.add(row)
-                if seen[0] != expected.get(shard, 0):
-                    raise ExportError(f"{table}: shard {shard} of {node.node_id}: read "
-                                      f"{seen[0]} rows, the snapshot manifest says "
-                                      f"{expected.get(shard, 0)}")
-            except BaseException:
-                if current is not None:
-                    current.abandon()
-                raise
-            if current is None:
-                continue  # only rows without data (tombstones): no file for this shard
-            current.close()
-            files.append({"path": f"{table}/{current.path.name}", "shard": shard,
-                          "node_id": node.node_id, "rows": current.rows,
-                          "bytes": current.path.stat().st_size,
-                          "sha256": _sha256(current.path)})
+                value = decode_value(blob)
+            except StoreError as exc:
+                raise ExportError(f"{db}: row with key {key.hex()} of {node.node_id}: "
+                                  f"{exc}") from None
+            yield key, node.node_id, (key[0] << 8) | key[1], value
+
+    merged = heapq.merge(*(stream(n) for n in ordered), key=lambda r: (r[0], r[1]))
+    seen: dict[tuple[str, int], int] = {}
+    files: list[dict[str, Any]] = []
+    for shard, stored in itertools.groupby(merged, key=lambda r: r[2]):
+        contributors: set[str] = set()
+        rows = _counted_rows(table, stored, seen, contributors, progress)
+        written = _write_shard_file(tmp / table / f"shard-{shard:05d}.parquet", schema, rows)
+        if written is not None:
+            files.append(_file_entry(table, shard, written, sorted(contributors)))
+    expected: dict[tuple[str, int], int] = {}
+    for node in ordered:
+        entry = node.snapshot.manifest.databases.get(db)
+        for shard, n in (entry.shard_rows if entry is not None else {}).items():
+            expected[node.node_id, shard] = n
+    for node_id, shard in sorted(expected.keys() | seen.keys()):
+        read, want = seen.get((node_id, shard), 0), expected.get((node_id, shard), 0)
+        if read != want:
+            raise ExportError(f"{table}: shard {shard} of {node_id}: read {read} rows, the "
+                              f"snapshot manifest says {want}")
+    return files
+
+
+def _export_table(table: str, nodes: list[NodeSnapshot], sources: dict[int, str],
+                  tmp: Path, progress: ProgressBar) -> list[dict[str, Any]]:
+    (tmp / table).mkdir()
+    if table in MERGED_TABLES:
+        files = _merged_table(table, nodes, tmp, progress)
+    else:
+        files = _one_copy_table(table, nodes, sources, tmp, progress)
     files.sort(key=lambda f: f["shard"])
     return files
 
@@ -294,7 +412,8 @@ def export_snapshot(snapshot: Path, out: Path, *, progress: bool = True,
         for node in nodes:
             entry = node.snapshot.manifest.databases.get(db)
             shard_rows = entry.shard_rows if entry is not None else {}
-            total += sum(n for s, n in shard_rows.items() if sources.get(s) == node.node_id)
+            total += sum(n for s, n in shard_rows.items()
+                         if table in MERGED_TABLES or sources.get(s) == node.node_id)
     bar = ProgressBar(total, "export", enabled=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex}"
@@ -322,8 +441,10 @@ def export_snapshot(snapshot: Path, out: Path, *, progress: bool = True,
                  "created_at": n.snapshot.manifest.created_at,
                  "shards": (None if n.snapshot.manifest.shards is None
                             else list(n.snapshot.manifest.shards)),
-                 "exported_shards": sorted(s for s, src in sources.items()
-                                           if src == n.node_id)}
+                 "exported_shards": sorted({s for s, src in sources.items()
+                                            if src == n.node_id}
+                                           | set(_merged_shards(n, tables))),
+                 "archive_shards": _merged_shards(n, tables)}
                 for n in nodes
             ],
             "tables": table_entries,
@@ -341,6 +462,17 @@ def export_snapshot(snapshot: Path, out: Path, *, progress: bool = True,
     rows = {t: e["rows"] for t, e in table_entries.items()}
     return ExportResult(out, rows, sum(len(e["files"]) for e in table_entries.values()),
                         time.perf_counter() - started, manifest)
+
+
+def _merged_shards(node: NodeSnapshot, tables: tuple[str, ...]) -> list[int]:
+    """Shards whose ``MERGED_TABLES`` rows (the archive) came (also) from ``node``."""
+    shards: set[int] = set()
+    for table in tables:
+        if table in MERGED_TABLES:
+            entry = node.snapshot.manifest.databases.get(TABLES[table][0])
+            if entry is not None:
+                shards.update(s for s, n in entry.shard_rows.items() if n)
+    return sorted(shards)
 
 
 def read_export_manifest(path: Path, *, verify: bool = True) -> dict[str, Any]:

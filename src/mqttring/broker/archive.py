@@ -5,6 +5,12 @@ matching topic is appended at its shard's owner, so each message is archived onc
 many nodes it crosses.  Keys are ``shard | time (ns, 8 bytes) | sequence (4 bytes)``: one
 shard's archive is one time-ordered range scan, which is what the Spark export reads.
 
+Rows are written to the owner's own store only (the writer is a local one, in a cluster
+too): they are neither replicated nor handed over when the shard changes owner, so after a
+move one shard's archive is spread over the nodes that owned it, and the export merges the
+parts (``mqttring.analytics.export``).  Retention therefore runs over every shard whose rows
+this node holds, not only those it owns now.
+
 The publish path does not write: ``append`` only queues the row (no await, no allocation
 beyond the row), and a writer task stores everything queued since its last write as one
 batch with the *lazy* durability class.  So a burst of publishes costs one store write, not

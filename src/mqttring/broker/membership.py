@@ -35,7 +35,7 @@ class ClusterMember(Protocol):
 
     retained: RetainedStore
     session_store: SessionStore
-    #: Writes that must reach a shard's replicas (the telemetry archive uses it).
+    #: Writes that must reach a shard's replicas.
     replicator: ShardWriter
     #: The authenticated RPC server on the cluster address (admin requests go there too).
     admin: RpcServer

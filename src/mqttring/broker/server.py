@@ -354,20 +354,28 @@ class BrokerNode(BackgroundThread):
         return True
 
     def _start_archive(self, nursery: trio.Nursery, store: LsmStore) -> TelemetryArchive:
+        """The telemetry archive (``docs/analytics.md``): appended once, at its shard's owner.
+
+        Its writer is this node's store only, in a cluster too: archive rows are not
+        replicated (``mqttring.cluster.replication`` refuses an ``archive`` op, so handing
+        them to the replicator made every replica log a failed ``on_repl`` per write), and
+        the export merges each shard's archive from every node that holds some.  Retention
+        runs over every shard, not only those owned now: rows this node archived while it
+        owned a shard stay here after the shard moves, and only this node can expire them
+        (the size it enforces counts them too).
+        """
         config, plane = self.config, self.plane
+        writer: ShardWriter = LocalShardWriter(store)
         if plane is not None:
-            writer: ShardWriter = plane.replicator
             shard_for_topic = plane.retained.shard_for_topic
-            owned: Callable[[], Iterable[int]] = lambda: sorted(plane.owned_shards())  # noqa: E731
         else:
-            writer = LocalShardWriter(store)
             shard_for_topic = partial(shard_of, num_shards=config.num_shards)
-            owned = lambda: range(config.num_shards)  # noqa: E731
+        shards: Callable[[], Iterable[int]] = lambda: range(config.num_shards)  # noqa: E731
         archive = TelemetryArchive(config.archive, store, writer, shard_for_topic,
                                    config.archive_max_age, config.archive_max_bytes)
         self.router.archive = archive  # type: ignore[union-attr]
         nursery.start_soon(archive.run_writer)
-        nursery.start_soon(archive.run_expiry, config.archive_expiry_interval, owned)
+        nursery.start_soon(archive.run_expiry, config.archive_expiry_interval, shards)
         return archive
 
     async def _close_store(self) -> None:

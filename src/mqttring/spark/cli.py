@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,28 @@ from mqttring.analytics import ExportError
 def _error(message: str) -> int:
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     return 1
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer option of at least ``minimum``.
+
+    Numeric options are checked by the parser, before anything else runs: a value that only
+    fails once it reaches Spark (``--top -1`` in a ``limit``, ``--shuffle-partitions 0`` in
+    the session) would fail after the job wrote its results, and the rerun with the value
+    fixed would then be refused because ``--out`` is no longer empty.  A bad value is a
+    usage error like any other of this command: argparse's one ``error:`` line, exit 2.
+    """
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 def _is_local(path: str) -> bool:
@@ -60,8 +83,6 @@ def cmd_topic_stats(args: argparse.Namespace) -> int:
         # Spark's default of 200 shuffle partitions costs seconds of task overhead per stage
         # on one machine for results that are one row per topic.
         args.shuffle_partitions = 16
-    if args.depth < 1:
-        return _error(f"--depth must be >= 1, got {args.depth}")
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -116,9 +137,11 @@ def register(subparsers: Any) -> None:
     ts.add_argument("--out", required=True, metavar="DIR", help="new directory for the results")
     ts.add_argument("--master", default="local[*]",
                     help="Spark master URL (local[*], spark://host:7077, yarn, k8s://...)")
-    ts.add_argument("--depth", type=int, default=1, help="topic levels per prefix (default 1)")
-    ts.add_argument("--top", type=int, default=10, help="rows per section of the printed table")
-    ts.add_argument("--shuffle-partitions", type=int, default=None,
+    ts.add_argument("--depth", type=int_at_least(1), default=1,
+                    help="topic levels per prefix (default 1)")
+    ts.add_argument("--top", type=int_at_least(0), default=10,
+                    help="rows per section of the printed table")
+    ts.add_argument("--shuffle-partitions", type=int_at_least(1), default=None,
                     help="spark.sql.shuffle.partitions (default: 16 with a local master, "
                          "else Spark's own default)")
     ts.add_argument("--no-progress", action="store_true",
