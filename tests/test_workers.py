@@ -160,6 +160,13 @@ def test_a_stopped_set_of_workers_comes_back_with_its_data(workers: Workers) -> 
     assert workers.stop() == 0, workers.log()
     assert time.monotonic() - started < 30
     assert workers.start()["mqtt"] == port, "the port picked for :0 is kept"
+    # Every port it picked lies below the kernel's ephemeral range: an outgoing connection
+    # (or its TIME_WAIT) on a saved port made a later start fail "address in use".
+    saved = json.loads((workers.data_dir / "workers.json").read_text())
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    picked = [saved["mqtt_port"]] + [int(w[kind].rsplit(":", 1)[1])
+                                     for w in saved["workers"] for kind in ("cluster", "raft")]
+    assert all(p < low for p in picked) and len(set(picked)) == len(picked), picked
 
     late = RawClient(HOST, port)
     assert late.connect("w-late").return_code == 0

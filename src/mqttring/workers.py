@@ -61,7 +61,6 @@ import trio
 
 from mqttring.config import ENV_PREFIX, BrokerConfig, ConfigError, parse_hostport
 from mqttring.lifecycle import ExitCode
-from mqttring.raft.localcluster import free_port
 
 log = logging.getLogger("mqttring.workers")
 
@@ -78,6 +77,47 @@ WORKER_BOOT = ("import sys; from mqttring.workers import worker_main; "
                "sys.exit(worker_main(sys.argv[1:]))")
 #: Seconds an orphaned worker gets to stop on its own SIGTERM before it kills itself.
 ORPHAN_KILL_AFTER = 60.0
+
+
+#: Where ``lasting_port`` looks when the kernel's ephemeral range leaves no room below it.
+LASTING_PORTS = (10000, 32767)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default; elsewhere only a hint
+
+
+def lasting_port(host: str = "127.0.0.1", taken: frozenset[int] = frozenset()) -> int:
+    """A port free now and outside the kernel's ephemeral range, to be written into
+    ``workers.json`` and bound again at every start.
+
+    A port the kernel handed out for binding port 0 comes from the range it also gives
+    outgoing connections their local ports from: one of those (or its TIME_WAIT) on the
+    saved port made a later start fail with "address already in use" (a probe showed it).
+    Ports below the range are never taken behind our back."""
+    import random
+    import socket
+
+    low, _ = _ephemeral_range()
+    first, last = LASTING_PORTS
+    last = min(last, low - 1) if low - 1 > first else last
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(first, last)
+        if port in taken:
+            continue
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise ConfigError(f"no free port in {first}-{last} on {host} for the workers' cluster")
 
 
 def worker_count(text: str) -> int:
@@ -143,19 +183,26 @@ def plan(config: BrokerConfig, count: int, args: argparse.Namespace, run_dir: Pa
             raise ConfigError(f"--workers needs a fixed {name} port (with port 0 every worker "
                               "would listen on a different one)")
     secret = config.cluster_secret or (stored or {}).get("secret")
+    picked: set[int] = set()
+
+    def free_port(host: str = "127.0.0.1") -> int:
+        port = lasting_port(host, frozenset(picked))
+        picked.add(port)
+        return port
+
     mqtt_host, mqtt_port = parse_hostport(config.mqtt)
-    mqtt_port = mqtt_port or (stored or {}).get("mqtt_port") or free_port()
+    mqtt_port = mqtt_port or (stored or {}).get("mqtt_port") or free_port(mqtt_host)
     ws = None
     if config.ws is not None:
         ws_host, ws_port = parse_hostport(config.ws)
-        ws = f"{ws_host}:{ws_port or (stored or {}).get('ws_port') or free_port()}"
+        ws = f"{ws_host}:{ws_port or (stored or {}).get('ws_port') or free_port(ws_host)}"
     if config.cluster is not None:
         host, base = parse_hostport(config.cluster)
         if secret is None:
             raise ConfigError("--workers with --cluster needs the cluster's secret "
                               f"(--cluster-secret or {SECRET_ENV})")
         addresses = [(f"{host}:{base + 2 * i}", f"{host}:{base + 2 * i + 1}") if base
-                     else (f"{host}:{free_port()}", f"{host}:{free_port()}")
+                     else (f"{host}:{free_port(host)}", f"{host}:{free_port(host)}")
                      for i in range(count)]
     elif stored is not None:
         addresses = [(w["cluster"], w["raft"]) for w in stored["workers"]]
