@@ -271,14 +271,14 @@ async def test_a_replayed_older_batch_never_replaces_a_newer_one_on_a_replica(tm
     acked = await new.publish(b"630")
     await trio.sleep(0.001)
     replayed = await stale.publish(b"180")  # later wall clock, older epoch
-    await replica.replicator.on_repl("new", acked)
-    await replica.replicator.on_repl("stale", replayed)
+    await replica.replicator.on_repl("new", acked)()
+    await replica.replicator.on_repl("stale", replayed)()
     assert payloads(replica.retained) == {TOPIC: b"630"}
     assert await reloaded(replica.store) == {TOPIC: b"630"}
     assert [r[2] for r in replica.links.replies] == [True, True]  # both acknowledged
     # The same write replayed twice, and the older one again: still no change.
-    await replica.replicator.on_repl("new", acked)
-    await replica.replicator.on_repl("stale", replayed)
+    await replica.replicator.on_repl("new", acked)()
+    await replica.replicator.on_repl("stale", replayed)()
     assert await reloaded(replica.store) == {TOPIC: b"630"}
 
 
@@ -287,8 +287,8 @@ async def test_same_owner_batches_out_of_order(tmp_path, stack):
     replica = Replica("r", tmp_path / "r", stack)
     first = await owner.publish(b"1")
     second = await owner.publish(b"2")
-    await replica.replicator.on_repl("o", second)
-    await replica.replicator.on_repl("o", first)
+    await replica.replicator.on_repl("o", second)()
+    await replica.replicator.on_repl("o", first)()
     assert payloads(replica.retained) == {TOPIC: b"2"}
     assert await reloaded(replica.store) == {TOPIC: b"2"}
 
@@ -300,8 +300,8 @@ async def test_a_tombstone_blocks_resurrection(tmp_path, stack):
     put_op = owner.writer.batches[-1][1][0]
     clear = await owner.publish(b"")
     assert payloads(owner.retained) == {}
-    await replica.replicator.on_repl("o", clear)
-    await replica.replicator.on_repl("o", put)  # the older Put arrives late
+    await replica.replicator.on_repl("o", clear)()
+    await replica.replicator.on_repl("o", put)()  # the older Put arrives late
     assert payloads(replica.retained) == {}
     assert await reloaded(replica.store) == {}
     row = await replica.store.get("retained", key())
@@ -320,6 +320,27 @@ async def test_non_retained_ops_pass_through_the_filter(tmp_path, stack):
     assert replica.retained.accept_ops(ops) == ops
 
 
+async def test_a_replica_applies_batches_in_the_order_they_arrive(tmp_path, stack):
+    """Session rows carry no version: the replica's copy is right only if batches apply in
+    arrival order (the owner's write order).  The first, big (encoded in a worker thread),
+    holds a queued message's older state; the second, small, deletes it.  Their finishing
+    halves run in one nursery, whose tasks trio runs in any order: the delete must win.
+    (Applied from a task per batch, the store took them in the order the tasks ran.)"""
+    replica = Replica("r", tmp_path / "r", stack)
+    row = shard_key(1, b"\x00\x01c" + b"\x00" * 8)
+    filler = [Put("queues", shard_key(2, b"f%03d" % i), ["t", b"x" * 200, 1]) for i in range(100)]
+    for trial in range(10):
+        older = repl_message([(1, [Put("queues", row, ["t", b"old", 1, trial])]),
+                              (2, filler)], req=2 * trial)
+        newer = repl_message([(1, [Delete("queues", row)])], req=2 * trial + 1)
+        finishes = [replica.replicator.on_repl("o", older), replica.replicator.on_repl("o", newer)]
+        async with trio.open_nursery() as nursery:
+            for finish in reversed(finishes):
+                nursery.start_soon(finish)
+        assert await replica.store.get("queues", row) is None, trial
+    assert len(replica.links.replies) == 20 and all(r[2] for r in replica.links.replies)
+
+
 # -- catch-up copy ------------------------------------------------------------------------
 
 
@@ -335,10 +356,10 @@ async def test_catch_up_copy_never_replaces_newer_rows(tmp_path, stack):
     other = next(f"other/{i}" for i in range(100)
                  if source_owner.retained.shard_for_topic(f"other/{i}") == shard)
     for message in (await source_owner.publish(b"180"), await source_owner.publish(b"o", other)):
-        await source.replicator.on_repl("src", message)
+        await source.replicator.on_repl("src", message)()
     newer = Owner(tmp_path / "newer", stack)
     newer.epoch = 5
-    await target.replicator.on_repl("newer", await newer.publish(b"630"))
+    await target.replicator.on_repl("newer", await newer.publish(b"630"))()
     # The target holds the newer row (a live write after the copy's own bookkeeping ended,
     # so the copy's touched-key skip does not hide the old one: the version check must).
     copied = await target.replicator.copy_shard(shard, "src")
@@ -359,14 +380,14 @@ async def test_catch_up_copy_carries_tombstones_and_many_chunks(tmp_path, stack)
     for topic in topics:
         await owner.retained.update(Message(topic, topic.encode(), 0, True))
     await owner.retained.update(Message(topics[0], b"", 0, True))
-    await source.replicator.on_repl("o", repl_message(owner.writer.batches))
+    await source.replicator.on_repl("o", repl_message(owner.writer.batches))()
     assert await target.replicator.copy_shard(shard, "src") == len(topics)
     want = {t: t.encode() for t in topics[1:]}
     assert payloads(target.retained) == want
     assert await reloaded(target.store) == want
     # A late replay of the cleared topic's Put is refused by the copy's tombstone.
     first_put = repl_message([owner.writer.batches[0]])
-    await target.replicator.on_repl("o", first_put)
+    await target.replicator.on_repl("o", first_put)()
     assert topics[0] not in payloads(target.retained)
 
 
@@ -437,7 +458,7 @@ def test_any_delivery_order_ends_at_the_newest_version(tmp_path_factory, writes,
             deliveries = messages + (messages if duplicate else [])
             order.shuffle(deliveries)
             for message in deliveries:
-                await replica.replicator.on_repl("o", message)
+                await replica.replicator.on_repl("o", message)()
             last = writes[-1][1]
             want = {TOPIC: last} if last else {}
             assert payloads(replica.retained) == want
@@ -504,5 +525,5 @@ async def test_the_owner_store_ends_at_the_newest_row_when_its_writes_reorder(tm
     # ... and the rewrite replicated to a replica changes nothing there.
     replica = Replica("r", tmp_path / "r", stack)
     for batch in owner.writer.batches:
-        await replica.replicator.on_repl("o", repl_message([batch]))
+        await replica.replicator.on_repl("o", repl_message([batch]))()
     assert await reloaded(replica.store) == {TOPIC: b"second"}

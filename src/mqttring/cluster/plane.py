@@ -586,7 +586,7 @@ class DataPlane:
             RouteDigest: router.registry.on_rdig,
             RoutePull: router.registry.on_rpull,
             RetainedQuery: task(router.on_retained_query),
-            Repl: task(replicator.on_repl),
+            Repl: then(replicator.on_repl),
             CatchUp: task(replicator.serve_catch_up),
             SessionOpen: task(sessions.on_sopen),
             SessionClose: task(sessions.on_sclose),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -147,19 +147,43 @@ class ShardReplicator:
                 self.links.send(node, Repl(0, run, False))
             await self.store.write(all_ops, durability)
             return
-        with peer_failures_unwrapped():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.store.write, all_ops, durability)
-                for node, run in messages:
-                    nursery.start_soon(self._replicate, node, run)
+        # The local write and the first copy to each replica take their places now, before
+        # anything else this loop writes or sends: a replica applies what it receives in
+        # arrival order (``on_repl``), and the store in call order, so a row's newer state
+        # written next (say a lazy write right after this durable one) stays the newer one
+        # on every copy.  Started from tasks, they went in whatever order trio ran those.
+        local = self.store.begin_write(all_ops, durability)
+        try:
+            first: list[Awaitable[None] | None] = []
+            for node, run in messages:
+                try:
+                    first.append(self.links.request_now(node, Repl(0, run, True),
+                                                        REPLICA_TIMEOUT))
+                except PeerFailure:
+                    first.append(None)  # no link now: asked again below
+            with peer_failures_unwrapped():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(local.finish)
+                    for (node, run), answer in zip(messages, first, strict=True):
+                        nursery.start_soon(self._replicate, node, run, answer)
+        finally:
+            local.abandon()
+            for answer in first:
+                if isinstance(answer, Coroutine):
+                    answer.close()  # never awaited (cancelled first): no warning
         self.replicated_batches += 1
 
-    async def _replicate(self, node: str, shard_ops: list[ShardOps]) -> None:
+    async def _replicate(self, node: str, shard_ops: list[ShardOps],
+                         answer: Awaitable[None] | None) -> None:
         shards = [entry.shard for entry in shard_ops]
         deadline = trio.current_time() + self.patience
         while True:
             try:
-                await self.links.request(node, Repl(0, shard_ops, True), REPLICA_TIMEOUT)
+                if answer is not None:
+                    waiting, answer = answer, None
+                    await waiting
+                else:
+                    await self.links.request(node, Repl(0, shard_ops, True), REPLICA_TIMEOUT)
                 return
             except PeerFailure as exc:
                 view = self.view()
@@ -176,8 +200,15 @@ class ShardReplicator:
 
     # -- the replica side -----------------------------------------------------------------
 
-    async def on_repl(self, node: str, message: Repl) -> None:
-        """Apply a batch the owner replicated to us, then acknowledge it if asked to."""
+    def on_repl(self, node: str, message: Repl) -> Callable[[], Awaitable[None]]:
+        """Apply a batch the owner replicated to us, then acknowledge it if asked to.
+
+        Called inline, in the order batches arrive, which is the order the owner wrote
+        them: the store write takes its place here (``begin_write``), and what returns
+        waits for it and answers, in a task.  Applied from one task per batch, two batches
+        of one frame reached the store in the order trio ran those tasks (it shuffles
+        them), and a row's older state could win on the replica.
+        """
         ops: list[Op] = []
         for entry in message.shards:
             decoded = decode_ops(entry.ops)
@@ -186,9 +217,18 @@ class ShardReplicator:
                 touched.update((op.db, op.key) for op in decoded)
             ops.extend(decoded)
         ops = self.accept_ops(ops)
-        await self.store.write(ops, Durability.DURABLE if message.durable else Durability.LAZY)
-        self.on_applied(ops)
-        self.links.reply(node, message.req, True)
+        pending = self.store.begin_write(
+            ops, Durability.DURABLE if message.durable else Durability.LAZY)
+
+        async def finish() -> None:
+            try:
+                await pending.finish()
+            finally:
+                pending.abandon()
+            self.on_applied(ops)
+            self.links.reply(node, message.req, True)
+
+        return finish
 
     async def serve_catch_up(self, node: str, message: CatchUp) -> None:
         """Answer a ``CatchUp`` with the next chunk of rows."""

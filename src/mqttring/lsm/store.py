@@ -46,6 +46,7 @@ open a write transaction on a thread other than the one that commits it.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -68,9 +69,65 @@ from mqttring.lsm.mapgate import MapGate
 from mqttring.lsm.memtable import EncodedOp
 from mqttring.lsm.ops import DATABASES, Delete, Durability, Put, StoreError, check_db, check_key
 from mqttring.lsm.snapshot import Manifest, write_snapshot
-from mqttring.lsm.wakeups import ThreadWaiter, TrioWaiter
+from mqttring.lsm.wakeups import ThreadWaiter, TrioWaiter, wake_all
 
 _DEFAULTS = StoreSettings()
+
+
+class PendingWrite:
+    """A write that has its place in the store's order (``LsmStore.begin_write``)."""
+
+    __slots__ = ("durable", "encoded", "nbytes", "ops", "seq", "store", "turn", "waiter")
+
+    def __init__(self, store: LsmStore, ops: Sequence[Put | Delete], durable: bool,
+                 waiter: TrioWaiter | None) -> None:
+        self.store = store
+        self.ops = ops
+        self.durable = durable
+        self.waiter = waiter
+        self.encoded: list[EncodedOp] | None = None
+        self.nbytes = 0
+        #: Its place while it waits to be queued (None once queued, or queued at once).
+        self.turn: _Turn | None = None
+        self.seq = 0
+
+    async def finish(self) -> int:
+        """Queue it (encoding it in a thread if big, after the writes ahead of it, once the
+        memtable has room), then wait as ``write`` does; returns its sequence number."""
+        store = self.store
+        if self.turn is not None:
+            if self.encoded is None:
+                self.encoded, self.nbytes = await trio.to_thread.run_sync(store._encode,
+                                                                          self.ops)
+            self.seq = await store._queue_in_turn(self.turn, self.encoded, self.nbytes,
+                                                  self.durable, self.waiter)
+            self.turn = None
+        if self.waiter is not None:
+            await self.waiter.wait()
+            store._check_synced(self.seq)
+        else:
+            await trio.lowlevel.checkpoint()
+        return self.seq
+
+    def abandon(self) -> None:
+        """Give up its place if it was never queued (cancelled, failed); else nothing."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            store = self.store
+            with store._queue.lock:
+                if turn in store._turns:
+                    store._turns.remove(turn)
+                    store._wake_head_locked()
+
+
+class _Turn:
+    """A ``write`` waiting to queue behind writes called before it."""
+
+    __slots__ = ("waiter",)
+
+    def __init__(self) -> None:
+        #: Set while it waits for the writes ahead of it; woken when it is first in line.
+        self.waiter: TrioWaiter | None = None
 #: Bookkeeping bytes charged per op on top of key and value, so that many tiny writes still
 #: count against ``memtable_max_bytes`` roughly as much memory as they really take.
 OP_OVERHEAD = 96
@@ -108,6 +165,9 @@ class LsmStore:
             raise
         self._lazy_sync_s = lazy_sync_ms / 1000
         self._queue = CommitQueue(last_seq, memtable_max_bytes)
+        #: ``write`` calls not queued yet, in call order (under the queue lock): the head
+        #: alone may queue, so sequence order is call order (``_queue_in_turn``).
+        self._turns: deque[_Turn] = deque()
         self._gate = MapGate()
         self._flusher: Flusher | None = None
         self._closed = False
@@ -244,11 +304,6 @@ class LsmStore:
                 q.wait_for_room_locked(room)
             room.wait()
 
-    def _encode_and_enqueue(self, ops: Sequence[Put | Delete], durable: bool,
-                            waiter: TrioWaiter | None) -> int:
-        encoded, nbytes = self._encode(ops)
-        return self._enqueue_blocking(encoded, nbytes, durable, waiter)
-
     def write_sync(self, ops: Sequence[Put | Delete],
                    durability: Durability = Durability.DURABLE) -> int:
         """Blocking twin of ``write`` for plain threads (never call it on the event loop)."""
@@ -283,33 +338,75 @@ class LsmStore:
 
         DURABLE resumes after the fsync'd commit containing the write; LAZY once it is in the
         memtable (readable), possibly after waiting for memtable room.  Writes of more than
-        ``INLINE_OPS`` ops are encoded and queued from a worker thread so that encoding
-        megabytes never stalls the loop.  Cancelling a waiting DURABLE caller does not undo
-        a write that was already queued.
+        ``INLINE_OPS`` ops are encoded in a worker thread so that encoding megabytes never
+        stalls the loop.  Cancelling a waiting DURABLE caller does not undo a write that was
+        already queued.
+
+        Writes take sequence numbers in the order ``write`` (or ``begin_write``) was called,
+        and so apply in it, whatever their size or a wait for memtable room: callers write a
+        row's newer state after its older one and count on the newer winning.  Until
+        2026-11-29 a big write queued from its thread after smaller writes called later, and
+        a probe found a session's completed QoS 2 deliveries back in the store after a
+        restart (sent again, 2 to 16 per round in 5 of 20 rounds).
         """
+        pending = self.begin_write(ops, durability)
+        try:
+            return await pending.finish()
+        finally:
+            pending.abandon()
+
+    def begin_write(self, ops: Sequence[Put | Delete],
+                    durability: Durability = Durability.DURABLE) -> PendingWrite:
+        """``write``'s first half, without yielding: the write takes its place in the order
+        now (queued at once in the common case: few ops, room in the memtable, nobody ahead
+        of it).  For a caller that must fix the order before it can wait, e.g. to start the
+        wait in a task beside others: ``await pending.finish()`` completes it, and
+        ``pending.abandon()`` (in a ``finally``) gives up a place never used, or every later
+        write would wait for it for ever.  Raises ``StoreError`` at once, as ``write``."""
         self._check_started()
         durable = durability is Durability.DURABLE
-        waiter = TrioWaiter() if durable else None
-        if len(ops) > INLINE_OPS:
-            seq = await trio.to_thread.run_sync(self._encode_and_enqueue, ops, durable, waiter)
-        else:
-            encoded, nbytes = self._encode(ops)
-            q = self._queue
-            while True:
-                with q.lock:
-                    q.check_writable_locked()
+        pending = PendingWrite(self, ops, durable, TrioWaiter() if durable else None)
+        q = self._queue
+        if len(ops) <= INLINE_OPS:
+            pending.encoded, pending.nbytes = self._encode(ops)
+        with q.lock:
+            q.check_writable_locked()
+            if (pending.encoded is not None and not self._turns
+                    and q.has_room_locked(pending.nbytes)):
+                pending.seq = q.enqueue_locked(pending.encoded, durable, pending.nbytes,
+                                               pending.waiter)  # the common case
+            else:
+                pending.turn = _Turn()
+                self._turns.append(pending.turn)
+        return pending
+
+    async def _queue_in_turn(self, turn: _Turn, encoded: list[EncodedOp], nbytes: int,
+                             durable: bool, waiter: TrioWaiter | None) -> int:
+        """Queue ``encoded`` once every write called before it is queued and the memtable
+        has room for it; hand the turn on to the next."""
+        q = self._queue
+        while True:
+            with q.lock:
+                q.check_writable_locked()
+                if self._turns[0] is turn:
                     if q.has_room_locked(nbytes):
                         seq = q.enqueue_locked(encoded, durable, nbytes, waiter)
-                        break
-                    room = TrioWaiter()
-                    q.wait_for_room_locked(room)
-                await room.wait()
-        if waiter is not None:
-            await waiter.wait()
-            self._check_synced(seq)
-        else:
-            await trio.lowlevel.checkpoint()
-        return seq
+                        self._turns.popleft()
+                        self._wake_head_locked()
+                        return seq
+                    wake = TrioWaiter()
+                    q.wait_for_room_locked(wake)
+                else:
+                    wake = turn.waiter = TrioWaiter()
+            await wake.wait()
+
+    def _wake_head_locked(self) -> None:
+        """The next write in line may queue now: wake it if it waits for its turn."""
+        if self._turns:
+            head = self._turns[0]
+            if head.waiter is not None:
+                wake_all([head.waiter])
+                head.waiter = None
 
     # -- reads ---------------------------------------------------------------------------
 
