@@ -40,13 +40,6 @@ from types import TracebackType
 from typing import Self
 
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    WebSocketConnection,
-    WebSocketRequest,
-    wrap_server_stream,
-)
-from wsproto.utilities import LocalProtocolError
 
 from mqttring.broker.admin import register_admin
 from mqttring.broker.archive import TelemetryArchive
@@ -73,8 +66,8 @@ from mqttring.broker.tls import (
     handshake,
     peer_of,
 )
-from mqttring.broker.transport import SecureWebSocketTransport, TcpTransport
-from mqttring.broker.websocket import PlainWebSocketTransport
+from mqttring.broker.transport import TcpTransport
+from mqttring.broker.websocket import PlainWebSocketTransport, TlsWebSocketTransport
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
 from mqttring.errors import describe_error, sole_exception
 from mqttring.lsm import Durability, LsmStore, StoreError
@@ -83,8 +76,6 @@ from mqttring.rpc import RPC_KEY_PURPOSE, RpcServer, cluster_secret, derive_key
 
 log = logging.getLogger("mqttring.broker")
 
-#: Extra room a WebSocket message may take over the largest MQTT packet (header bytes).
-_WS_FRAME_SLACK = 16
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_BACKOFF = 0.1
 
@@ -437,22 +428,6 @@ class BrokerNode(BackgroundThread):
                 nursery.start_soon(ClientHandler(self.core, TcpTransport(sock), self._timers(),
                                                  parking).run)
 
-    async def _accept_websocket(self, request: WebSocketRequest) -> WebSocketConnection | None:
-        """Accept a ``wss`` upgrade, echoing the MQTT subprotocol the client offered.
-
-        MQTT 3.1.1 names it "mqtt" [MQTT-6.0.0-3]; MQTT 3.1 clients (MQTT.js with protocolId
-        ``MQIsdp``, older paho) offer only "mqttv3.1", which mosquitto accepts too.  A
-        client offered back no subprotocol aborts the handshake, so both are echoed, and
-        "mqtt" wins when a client offers both.
-        """
-        offered = request.proposed_subprotocols
-        subprotocol = next((name for name in ("mqtt", "mqttv3.1") if name in offered), None)
-        try:
-            return await request.accept(subprotocol=subprotocol)
-        except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
-            log.debug("websocket handshake failed: %s", exc)
-            return None
-
     # -- TLS listeners (mqtts, wss) ---------------------------------------------------------
 
     async def _listen_tls(self, nursery: trio.Nursery, address: str | None,
@@ -519,7 +494,7 @@ class BrokerNode(BackgroundThread):
         """A plain ``ws`` connection, on its socket (``broker/websocket.py``); as
         ``_tls_connection``, its errors end it alone."""
         assert self.core is not None
-        transport = PlainWebSocketTransport(sock)
+        transport = PlainWebSocketTransport(sock, self.config.limits.max_packet_size)
         try:
             if await transport.accept(self.config.limits.connect_timeout):
                 await ClientHandler(self.core, transport, self._timers()).run()
@@ -531,39 +506,24 @@ class BrokerNode(BackgroundThread):
 
     async def _serve_wss(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
                          identity: str | None) -> None:
-        """A WebSocket over the TLS stream (trio-websocket), in a nursery of this
-        connection's own: the upgrade bounded by ``connect_timeout``, and the WebSocket's
-        reader task ended with the connection.
+        """A WebSocket over the TLS stream: ``ws`` over TLS (``TlsWebSocketTransport``,
+        ``broker/websocket.py``), the upgrade bounded by ``connect_timeout``.
 
-        Not trio-websocket's ``WebSocketServer``: an exception of a connection's reader task
-        escaped into the server's nursery, and one client took the node down.
-        trio-websocket 0.12 raises one when a message over ``max_message_size`` arrives
-        after the close handshake began (it answers 1009 in a state where wsproto forbids
-        sending): an anonymous client sent a text frame, then 1 MiB, and the node exited
-        (found by a probe on 2026-11-28 against ``ws``, which has its own transport now;
-        MQTT.js publishing past the announced Maximum Packet Size did the same).  That case
-        now just ends the connection.
+        Until 2026-11-29 trio-websocket served it, which lost a CONNECT sent in the same
+        read as the upgrade request (wsproto drops the bytes after the request when it
+        accepts, and trio-websocket fed it whole reads: the client got its 101, then
+        nothing until ``connect_timeout``), refused a message over its size limit even when
+        it held several legal packets, handed messages over from a reader task a scheduler
+        pass late, and needed a nursery of its own for that task (whose exception, 1009
+        answered after the close handshake began, had once taken the node down).  The
+        subprotocols accepted and refused, the close codes and the size limit are those of
+        ``ws`` now.
         """
         assert self.core is not None
         limits = self.config.limits
-        try:
-            async with trio.open_nursery() as nursery:
-                request = None
-                with trio.move_on_after(limits.connect_timeout):
-                    with suppress(ConnectionClosed, trio.BrokenResourceError):
-                        request = await wrap_server_stream(
-                            nursery, stream,
-                            max_message_size=limits.max_packet_size + _WS_FRAME_SLACK)
-                try:
-                    ws = None if request is None else await self._accept_websocket(request)
-                    if ws is not None:
-                        transport = SecureWebSocketTransport(ws, identity)
-                        await ClientHandler(self.core, transport, self._timers()).run()
-                finally:
-                    nursery.cancel_scope.cancel()  # the WebSocket's reader task
-        except* LocalProtocolError as group:
-            log.debug("websocket %s ended by its peer breaking the close handshake: %s",
-                      peer, group.exceptions[0])
+        transport = TlsWebSocketTransport(stream, peer, identity, limits.max_packet_size)
+        if await transport.accept(limits.connect_timeout):
+            await ClientHandler(self.core, transport, self._timers()).run()
         # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)
         with trio.move_on_after(1), suppress(trio.BrokenResourceError, OSError):
             await stream.aclose()

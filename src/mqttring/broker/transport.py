@@ -1,11 +1,7 @@
-"""Byte transports under an MQTT connection: TCP streams and WebSocket messages.
+"""Byte transports under an MQTT connection: what every transport offers, and TCP's.
 
-(TLS connections have their own transport in ``mqttring.broker.tls``; a ``wss`` connection
-is a ``SecureWebSocketTransport`` here, a WebSocket over a TLS stream.)
-
-MQTT over WebSocket (3.1.1 section 6) sends packets in binary frames, and a packet may span
-frames or a frame hold several packets; since the codec is incremental, a WebSocket is just
-another byte stream once frames are unwrapped.  A text frame is a protocol error [MQTT-6.0.0-1].
+(TLS connections have their own transport in ``mqttring.broker.tls``; ``ws`` and ``wss``
+connections theirs in ``mqttring.broker.websocket``.)
 """
 
 from __future__ import annotations
@@ -14,9 +10,6 @@ import socket
 from typing import Protocol
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
-
-from mqttring.protocol.errors import ProtocolViolation
 
 RECEIVE_SIZE = 65536
 #: Closing: how long, and how many bytes, to read and drop from a client that keeps sending
@@ -177,50 +170,3 @@ class TcpTransport:
         trio.lowlevel.notify_closing(sock)
         sock.close()
         await trio.lowlevel.checkpoint()
-
-
-class WebSocketTransport:
-    __slots__ = ("peer", "ws")
-
-    secure = False
-    identity: str | None = None
-
-    def __init__(self, ws: WebSocketConnection) -> None:
-        self.ws = ws
-        remote = ws.remote
-        self.peer = f"ws:{getattr(remote, 'address', remote)}:{getattr(remote, 'port', '')}"
-
-    async def receive(self) -> bytes:
-        try:
-            message = await self.ws.get_message()
-        except ConnectionClosed:
-            return b""
-        if isinstance(message, str):
-            # [MQTT-6.0.0-1]: close the connection; 1003 says "a data type it cannot accept"
-            # (RFC 6455 7.4.1) to the peer, the error says it to our handler.
-            with trio.move_on_after(1.0):
-                await self.ws.aclose(code=1003, reason="MQTT needs binary frames")
-            raise ProtocolViolation("MQTT-6.0.0-1", "MQTT over WebSocket needs binary frames")
-        return message
-
-    async def send(self, data: bytes) -> None:
-        try:
-            await self.ws.send_message(data)
-        except ConnectionClosed as exc:
-            raise trio.BrokenResourceError("websocket closed") from exc
-
-    async def aclose(self) -> None:
-        await self.ws.aclose()
-
-
-class SecureWebSocketTransport(WebSocketTransport):
-    """A ``wss`` connection: a WebSocket over a TLS stream the node handshook itself."""
-
-    __slots__ = ("identity",)
-
-    secure = True
-
-    def __init__(self, ws: WebSocketConnection, identity: str | None) -> None:
-        super().__init__(ws)
-        self.identity = identity  # type: ignore[misc]
-        self.peer = "wss" + self.peer[2:]

@@ -18,7 +18,8 @@ Per message and matching share, the owner (``ShareAttempt``, sans-IO):
    ONE of its members there, online ones first;
 2. if that node has no member left (it unsubscribed or ended in flight: ``NO_MEMBER``), only
    offline persistent ones (``OFFLINE_ONLY``), or left the view before it answered
-   (``NODE_GONE``), asks the next target: nothing is dropped for a race;
+   (``NODE_GONE``), asks the next target: nothing is dropped for a race (but a copy
+   tracked for that node, below, that ``on_view`` already took back is placed by it alone);
 3. when every target declined and some had offline members, asks those again with
    ``offline_ok`` (the first that still has one queues it): an offline persistent member
    gets a message only when no member is online anywhere;
@@ -167,6 +168,13 @@ class ShareDispatch:
         #: id(copy being placed again because its member's node left) -> (its witness, its
         #: token): the witness is told to forget it once it is placed.
         self._placing: dict[int, tuple[str, int]] = {}
+        #: Tokens of tracked copies in a ``Dlv`` not answered yet (``_ask``), and those of
+        #: them that ``on_view`` took back from a node that left: ``on_view`` places those
+        #: again itself, so their ``Dlv``'s failure (``NODE_GONE``) is no decline, or each
+        #: was placed twice (a probe killed a member's node mid-stream: 1 to 16 QoS 1
+        #: duplicates per run).  Both hold only copies in flight.
+        self._asking: set[int] = set()
+        self._taken_back: set[int] = set()
         #: (share, target) -> members online there when last asked: a target's turns in
         #: the rotation, so that each member, not each node, gets an even share.
         self.weights: dict[tuple[str, str], int] = {}
@@ -259,21 +267,39 @@ class ShareDispatch:
     async def _ask(self, node: str, asked: list[tuple[ShareAttempt, Item]],
                    declined: dict[tuple[int, str], Placement],
                    attempts_of: dict[tuple[int, str], ShareAttempt]) -> None:
+        """Ask ``node`` to place ``asked``; what it could not place goes to ``declined``.
+
+        A tracked copy that ``on_view`` took back while its ``Dlv`` was in flight (``node``
+        left the view) is not declined whatever the answer: ``on_view`` hands it to
+        ``redispatch``, which places it once more (its witness keeps it until then), and
+        asking the next target as well placed it twice.
+        """
         for attempt, _ in asked:
             attempts_of[(id(attempt.message), attempt.share)] = attempt
-        for message, targets, why, online in await self._deliver(node, [i for _, i in asked]):
-            key = (id(message), targets.share)
-            if why is Placement.SERVED:
-                attempt = attempts_of.get(key)
-                if attempt is not None and attempt.tried is not None:
-                    if len(self.weights) >= self.MAX_WEIGHTS:
-                        self.weights.clear()
-                    self.weights[(targets.share, attempt.tried)] = online
-                continue
-            declined[key] = why
-            if targets.track:  # nobody holds it: its witness forgets it
-                self.unconfirmed.get(node, {}).pop(targets.track, None)
-                self._tell_witnesses(self.own.gone((targets.track,), told=False))
+        tracks = [item[1].track for _, item in asked if item[1].track]
+        asking, taken_back = self._asking, self._taken_back
+        asking.update(tracks)
+        try:
+            outcomes = await self._deliver(node, [i for _, i in asked])
+            # (No checkpoint from here on: ``on_view`` cannot run in between.)
+            for message, targets, why, online in outcomes:
+                key = (id(message), targets.share)
+                if why is Placement.SERVED:
+                    attempt = attempts_of.get(key)
+                    if attempt is not None and attempt.tried is not None:
+                        if len(self.weights) >= self.MAX_WEIGHTS:
+                            self.weights.clear()
+                        self.weights[(targets.share, attempt.tried)] = online
+                    continue
+                if targets.track and targets.track in taken_back:
+                    continue  # being placed again by ``on_view``'s redispatch
+                declined[key] = why
+                if targets.track:  # nobody holds it: its witness forgets it
+                    self.unconfirmed.get(node, {}).pop(targets.track, None)
+                    self._tell_witnesses(self.own.gone((targets.track,), told=False))
+        finally:
+            asking.difference_update(tracks)
+            taken_back.difference_update(tracks)
 
     # -- copies placed on other nodes, until they are gone ----------------------------------
 
@@ -370,6 +396,8 @@ class ShareDispatch:
             for token, (message, share) in self.unconfirmed.pop(node).items():
                 copy = SharedMessage(message, share)
                 lost.append(copy)
+                if token in self._asking:  # its ``Dlv`` is in flight: ``_ask`` lets it be
+                    self._taken_back.add(token)
                 # Its witness keeps it until it is placed again (we may die meanwhile).
                 for witness in self.own.gone((token,), told=False):
                     if len(self._placing) < self.MAX_UNCONFIRMED:
