@@ -17,9 +17,11 @@ and the inflight window bounds QoS 1/2, so one slow client costs at most
 that stops reading *and* sending is closed by the keepalive timeout.
 
 Timeouts run while the reader waits for bytes: ``connect_timeout`` until CONNECT arrives,
-then 1.5 x keepalive [MQTT-3.1.2-24] (none for keepalive 0; the keepalive in force: a v5
-client told a Server Keep Alive is held to that); none while the acceptor has events to
-handle (a client waiting for our PUBACK owes us no packet).  A read only notes when it
+then 1.5 x keepalive from the last complete packet [MQTT-3.1.2-24] (none for keepalive 0;
+the keepalive in force: a v5 client told a Server Keep Alive is held to that); none while
+the acceptor has events to handle (a client waiting for our PUBACK owes us no packet).
+Bytes of a packet not yet complete do not restart it: a client trickling a PUBLISH it never
+finishes is closed (and its will published) like a silent one.  A read only notes when it
 started waiting; the node's ``ConnectionTimers`` looks at the connection when a timeout
 could be due (``on_timer``) and cancels its scope, or parks it: a trio deadline restarted
 on every read cost a fifth of a QoS 0 message's path (``mqttring.broker.timers``).
@@ -65,6 +67,7 @@ class ClientHandler(ReadPath):
         "_due",
         "_farewell",
         "_nursery",
+        "_packets_seen",
         "_park_after",
         "_park_requested",
         "_parked",
@@ -121,6 +124,9 @@ class ClientHandler(ReadPath):
         #: When the current wait for bytes started, and when it times out (inf: never).
         self._quiet_since = 0.0
         self._due = math.inf
+        #: ``conn.packets_received`` when the keepalive last started again: only a complete
+        #: packet restarts it (``_arm``), never bytes of one still incomplete.
+        self._packets_seen = 0
         #: The time of this connection's live entry in the timers (inf: none).
         self._timer_at = math.inf
         #: A TCP socket can be written without waiting (``wake``).
@@ -349,9 +355,9 @@ class ClientHandler(ReadPath):
             return False
         if self._parking.turns.holds(self) and self.transport.has_bytes():  # type: ignore[attr-defined]
             return False  # bytes came as it was parking: ``run`` serves on, them first
-        # The keepalive runs on from the last read: ``_due`` as the last ``_arm`` set it,
-        # which may be later than when the timers decided to park (bytes can be read
-        # between that decision and the cancellation reaching the reader).  ``_arm``
+        # The keepalive runs on from the last complete packet: ``_due`` as the last ``_arm``
+        # set it, which may be later than when the timers decided to park (a packet can be
+        # read between that decision and the cancellation reaching the reader).  ``_arm``
         # takes it back when the lot resumes the connection.
         self._parked = self._parking.park(self, self.transport.fileno(),  # type: ignore[attr-defined]
                                           self._due)
@@ -383,9 +389,15 @@ class ClientHandler(ReadPath):
                     with contextlib.suppress(trio.BrokenResourceError, OSError):
                         await self.transport.aclose()
 
-    def _arm(self) -> None:
-        """Start the receive timeouts from now (a wait for bytes begins, or the acceptor
-        ran dry), and make sure the timers look at this connection by the first of them."""
+    def _arm(self, restart: bool = False) -> None:
+        """Start the receive timeouts (a wait for bytes begins, or the acceptor ran dry),
+        and make sure the timers look at this connection by the first of them.
+
+        The keepalive starts again from now only if a complete packet was read since it
+        last did [MQTT-3.1.2-24] (one integer compare per read), or on ``restart``: the
+        acceptor ran dry, and no timeout ran while it was busy (a client waiting for our
+        PUBACK owes us no packet).  Once any bytes restarted it, and a client sending a
+        byte of a PUBLISH every second with keepalive 2 was never closed."""
         conn = self.conn
         now = trio.current_time()
         if self._resume_deadline is not None:
@@ -393,10 +405,12 @@ class ClientHandler(ReadPath):
             due, self._resume_deadline = self._resume_deadline, None
         elif conn.state is ConnState.AWAIT_CONNECT:
             due = self._connect_deadline
-        elif conn.keepalive:
-            due = now + 1.5 * conn.keepalive
+        elif restart or conn.packets_received != self._packets_seen:
+            self._packets_seen = conn.packets_received
+            keepalive = conn.keepalive
+            due = now + 1.5 * keepalive if keepalive else math.inf
         else:
-            due = math.inf
+            due = self._due  # part of a packet only: the keepalive runs on
         self._due = due
         self._quiet_since = now
         at = min(due, now + self._park_after) if self._park_after else due

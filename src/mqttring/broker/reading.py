@@ -247,7 +247,7 @@ class ReadPath:
         finally:
             self._accepting = False
             self._signal_progress()
-            self._arm()
+            self._arm(restart=True)  # no timeout ran while it was busy: from now
 
     def answer_ping(self, ping: PingRequested) -> None:
         """PINGRESP, in its turn (the core, behind the answers read before it) or at once

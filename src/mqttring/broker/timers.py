@@ -2,13 +2,14 @@
 
 Why not a trio deadline per connection: a connection's timeouts (``connect_timeout`` until
 CONNECT, 1.5 x keepalive after it, ``park_idle_after`` of quiet before it parks) restart on
-every read, and restarting a trio deadline is not cheap: two deadline updates and a cancel
-scope per read cost 8.5 us on the 2-core VM, a fifth of what a single node spends between
-reading a QoS 0 PUBLISH and writing its delivery (measured: 39 us from epoll's return to the
-delivery on the wire).  Here a read only notes the time (``ClientHandler._arm``), and a
-connection is looked at when its earliest timeout could be due: a heap entry per connection,
-pushed again (lazily) only when it comes up and the connection was busy meanwhile.  An
-active connection costs at most one look per ``park_idle_after``, however fast it sends.
+every read (the keepalive only on a read that completes a packet), and restarting a trio
+deadline is not cheap: two deadline updates and a cancel scope per read cost 8.5 us on the
+2-core VM, a fifth of what a single node spends between reading a QoS 0 PUBLISH and writing
+its delivery (measured: 39 us from epoll's return to the delivery on the wire).  Here a
+read only notes the time (``ClientHandler._arm``), and a connection is looked at when its
+earliest timeout could be due: a heap entry per connection, pushed again (lazily) only when
+it comes up and the connection was busy meanwhile.  An active connection costs at most one
+look per ``park_idle_after``, however fast it sends.
 
 A look (``ClientHandler.on_timer``) acts only while the connection's reader waits for bytes
 and no events of its own wait to be handled, the same moments a deadline on the receive

@@ -19,7 +19,9 @@ to the packets before it, which only the broker knows are due.
 States: ``AWAIT_CONNECT`` -> ``CONNECTING`` (CONNECT seen, broker deciding) -> ``CONNECTED``
 -> ``CLOSED``.  Any byte that violates the protocol raises an ``MQTTError``; the adapter then
 closes the connection (the will is published, since that is not a DISCONNECT).  After
-``CLOSED`` the machine accepts nothing more: the adapter flushes and closes the socket.
+``CLOSED`` the machine accepts nothing more: the adapter flushes and closes the socket.  A
+``CLOSED`` reached by the client's DISCONNECT still answers the packets read before it (the
+broker handles them, in order, before it closes), as mosquitto does.
 
 Packets received while the broker is still deciding on a CONNECT are buffered by the decoder
 and handed out once the connection is accepted, so pipelining clients (CONNECT immediately
@@ -119,6 +121,7 @@ class ServerConnection:
     """Sans-IO protocol machine for one client connection."""
 
     __slots__ = (
+        "_answering",
         "_decoder",
         "_freed",
         "_out",
@@ -162,6 +165,10 @@ class ServerConnection:
         #: The client sent DISCONNECT: closed for input, but what it sent before is still
         #: to be handled (unlike a connection closed by the broker).
         self.disconnected = False
+        #: Closed by that DISCONNECT and by nothing else since: the answers to the packets
+        #: before it (PUBACK, SUBACK, PINGRESP...) are still written, in order, as the
+        #: broker handles them; a close by the broker (``close``, ``disconnect``) ends that.
+        self._answering = False
         #: The rule broken by bytes that came in the same read as the CONNECT, found while
         #: accepting it (``accept``): the connection is closed, and its handler says why.
         self.protocol_error: MQTTError | None = None
@@ -181,6 +188,12 @@ class ServerConnection:
             if self._v5 is not None and self.state is ConnState.CONNECTED:
                 # MQTT 5: say why before closing [MQTT-4.13.1-1], and which rule.
                 self.disconnect(exc.reason_code, str(exc))
+            elif (self.state is ConnState.AWAIT_CONNECT
+                  and exc.reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION):
+                # A CONNECT under MQTT 3.1's name with another level than 3 (the decoder
+                # parses no further): CONNACK 1, then the close [MQTT-3.1.2-2], as mosquitto
+                # answers it and as the other unsupported levels are answered (``refuse``).
+                self.refuse(ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION)
             raise
 
     @property
@@ -239,9 +252,12 @@ class ServerConnection:
         return event
 
     def closed_by_client(self) -> None:
-        """The client sent DISCONNECT: closed for input; what it sent before still counts."""
+        """The client sent DISCONNECT: closed for input; what it sent before still counts,
+        and is still answered (``_answering``): a client that wrote a PUBLISH and its
+        DISCONNECT at once got no PUBACK, where mosquitto sends it."""
         self.state = ConnState.CLOSED
         self.disconnected = True
+        self._answering = True
 
     def disconnect(self, reason_code: int, detail: str | None = None) -> None:
         """MQTT 5: send DISCONNECT with a reason (and a reason string: ``detail``, or the
@@ -254,6 +270,7 @@ class ServerConnection:
             self._out += encode_with_reason(Disconnect5(reason_code), True,
                                             link.client_max_packet, detail)
         self.state = ConnState.CLOSED
+        self._answering = False
 
     def _drain(self) -> list[Event]:
         events: list[Event] = []
@@ -366,8 +383,7 @@ class ServerConnection:
         elif isinstance(packet, Unsubscribe):
             return UnsubscribeRequested(packet.packet_id, packet.topics)
         elif isinstance(packet, Disconnect):
-            self.state = ConnState.CLOSED
-            self.disconnected = True
+            self.closed_by_client()
             return DisconnectRequested()
         elif isinstance(packet, Connect):
             raise ProtocolViolation("MQTT-3.1.0-2", "a second CONNECT on one connection")
@@ -386,6 +402,12 @@ class ServerConnection:
             self.refuse(ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION)
             return None
         if packet.protocol_level == 3:
+            if not packet.client_id:
+                # MQTT 3.1 has no server-assigned ids (new in 3.1.1): its client id is 1 to
+                # 23 characters, so an empty one is refused whatever CleanSession says, as
+                # mosquitto refuses it (a longer one is left to ``max_client_id_bytes``).
+                self.refuse(ConnectReturnCode.IDENTIFIER_REJECTED)
+                return None
             self._decoder.speak_mqtt31()
         if not packet.client_id and not packet.clean_session:
             # [MQTT-3.1.3-8]
@@ -503,7 +525,7 @@ class ServerConnection:
         ``reason_code`` (MQTT 5 only; a 3.1.1 client is always told success): a failure
         code such as 0x87, with a reason string if the client wants one.  A PUBREC with a
         failure code ends the QoS 2 exchange, so its packet id is released at once."""
-        if self.state is ConnState.CLOSED or packet_id is None or not qos:
+        if (self.state is ConnState.CLOSED and not self._answering) or packet_id is None or not qos:
             return
         if qos == 2 and self._qos2_unanswered:
             held = self._qos2_unanswered.pop(packet_id, None)
@@ -532,7 +554,7 @@ class ServerConnection:
     def send_pingresp(self, ping: PingRequested) -> None:
         """PINGRESP for ``ping``, once: in order behind the answers read before it, or
         sooner when the adapter's bound on that wait ran out."""
-        if self.state is ConnState.CLOSED or ping.answered:
+        if (self.state is ConnState.CLOSED and not self._answering) or ping.answered:
             return
         ping.answered = True
         self._out += encode_packet(PingResp())
@@ -540,7 +562,7 @@ class ServerConnection:
     def send_suback(self, packet_id: int, return_codes: list[int]) -> None:
         """SUBACK; a v5 connection may get any SUBACK reason code (0x8F, 0x9E, 0xA1...),
         which a 3.1.1 one sees as 0x80 failure."""
-        if self.state is ConnState.CLOSED:
+        if self.state is ConnState.CLOSED and not self._answering:
             return
         link = self._v5
         if link is not None:
@@ -552,7 +574,7 @@ class ServerConnection:
 
     def send_unsuback(self, packet_id: int, reason_codes: list[int] | None = None) -> None:
         """UNSUBACK; a v5 one carries a reason code per filter (0x11: there was none)."""
-        if self.state is ConnState.CLOSED:
+        if self.state is ConnState.CLOSED and not self._answering:
             return
         link = self._v5
         if link is not None:
@@ -562,8 +584,9 @@ class ServerConnection:
             self._out += encode_packet(UnsubAck(packet_id))
 
     def close(self) -> None:
-        """Stop accepting input (after a violation, takeover or shutdown)."""
+        """Stop accepting input and answering it (after a violation, takeover or shutdown)."""
         self.state = ConnState.CLOSED
+        self._answering = False
 
     # -- output -----------------------------------------------------------------------------
 

@@ -117,7 +117,11 @@ def _decode_connect(flags: int, buf: bytes, start: int, stop: int) -> Packet:
     # Level != 4 under the name "MQTT" is decoded so that the session can answer it with
     # CONNACK code 1 [MQTT-3.1.2-2]; "MQIsdp" is the name MQTT 3.1 clients use.
     if not (name == "MQTT" or (name == "MQIsdp" and level == 3)):
-        raise MalformedPacket("MQTT-3.1.2-1", f"unsupported protocol {name!r} level {level}")
+        # Another level under "MQIsdp" is an unacceptable protocol version too: the reason
+        # code 0x84 has the connection answer CONNACK 1 before it closes, as mosquitto does
+        # (``ServerConnection.receive_data``); any other name closes without a CONNACK.
+        raise MalformedPacket("MQTT-3.1.2-1", f"unsupported protocol {name!r} level {level}",
+                              0x84 if name == "MQIsdp" else None)
     if name == "MQTT" and level == 5:
         # MQTT 5.0: its own module (imported here, once per connection, so that the 3.1.1
         # decoder does not depend on the v5 one at import time).
