@@ -255,6 +255,39 @@ def test_a_session_resumed_until_close_does_not_outlive_a_crash(node_factory) ->
                 c.client.disconnect()
 
 
+def test_a_session_connected_when_its_node_dies_expires_from_the_restart(node_factory) -> None:
+    """The node never saw the connection close, so its Session Expiry Interval counts from
+    the restart (stored at CONNECT): 2 s ends it, 60 s keeps it.  Before, a session
+    connected at the crash was kept for ever (a probe: present a minute later, queueing)."""
+    node = node_factory()
+    handle = node.start()
+    short, long_, topic = unique("cut2"), unique("cut60"), unique("cut")
+    made: list[Paho5] = []
+
+    def client(cid: str) -> Paho5:
+        made.append(Paho5(handle.host, handle.port, cid))
+        return made[-1]
+
+    try:
+        for cid, expiry in ((short, 2), (long_, 60)):
+            connected = client(cid)
+            connected.connect(properties=props(CONNECT, SessionExpiryInterval=expiry))
+            connected.subscribe(topic, 1)
+        node.kill9()  # both still connected
+        handle = node.start()
+        restarted = time.monotonic()
+        time.sleep(max(0.0, restarted + 2 + 1.0 - time.monotonic()))  # the interval itself
+        present, _ = client(short).connect(clean_start=False)
+        assert not present, "ended 2 s after the restart"
+        present, _ = client(long_).connect(clean_start=False)
+        assert present, "60 s: still there"
+    finally:
+        for c in made:
+            c.client.loop_stop()
+            with contextlib.suppress(Exception):
+                c.client.disconnect()
+
+
 def test_node_stopping_says_0x8b_server_shutting_down(node_factory, paho) -> None:
     """SIGTERM: every v5 client is told DISCONNECT 0x8B before its connection closes:
     one idle long enough to be parked (TCP), one over WebSocket (never parked), one busy

@@ -39,3 +39,34 @@ def test_expired_sessions_are_swept() -> None:
         assert not core.router.subscriptions.get("gone/#")  # type: ignore[attr-defined]
 
     trio.run(main)
+
+
+def test_a_session_stored_while_connected_counts_its_expiry_from_the_load(tmp_path) -> None:
+    """The header of a connected session keeps its interval (``cut``); read back after a
+    crash, the session ends that long after the load (plus the cluster's grace), one with
+    a deadline keeps it, and a never-expiring one stays so."""
+    import trio
+
+    from mqttring.broker.session_store import SessionStore
+    from mqttring.broker.sessions import cut_expiry
+    from mqttring.lsm import LsmStore
+
+    assert cut_expiry(None, 0) == 0, "3.1.1 default: kept until the client returns"
+    assert cut_expiry(None, 30) == 30, "limits.persistent_session_expiry"
+
+    async def main() -> None:
+        with LsmStore(tmp_path / "s") as lsm:
+            store = SessionStore(lsm, 16)
+            for cid, cut, ends_at in (("cut", 2, 0.0), ("ends", 2, NOW + 5), ("never", 0, 0.0)):
+                session = Session(cid, False)
+                session.cut_expiry, session.ends_at = cut, ends_at
+                await store.save_subscriptions(session)
+            loaded = {r.client_id: r for r in await store.load_all()}
+            assert loaded["cut"].cut_expiry == 2
+            assert loaded["cut"].to_session(Session("x", False).limits, NOW).ends_at == NOW + 2
+            assert loaded["cut"].to_session(Session("x", False).limits, NOW,
+                                            grace=15).ends_at == NOW + 17
+            assert loaded["ends"].to_session(Session("x", False).limits, NOW).ends_at == NOW + 5
+            assert loaded["never"].to_session(Session("x", False).limits, NOW).ends_at == 0.0
+
+    trio.run(main)

@@ -8,7 +8,8 @@ a single range scan (what a shard handoff or an export reads):
 
 * ``sessions``  ``shard | cid``           -> the session's header, ``{"v": 2}`` plus, each
   only when there is something to say, ``"ends": UNIX time`` (its Session Expiry Interval
-  runs out then).
+  runs out then) or, while its client is connected, ``"cut": seconds`` (the interval to
+  count from a restart if the node dies first: ``Session.cut_expiry``).
 * ``sessions``  ``shard | FFFF | h(cid) | h(filter)`` -> ``[cid, filter, qos]``, or ``[cid,
   filter, qos, bits]`` when the filter has MQTT 5 subscription options
   (``Session.subscription_options``: No Local, Retain As Published, subscription
@@ -94,22 +95,34 @@ class StoredSession:
     options: dict[str, int] | None = None
     #: MQTT 5: when the (offline) session ends, wall-clock; 0: never.
     ends_at: float = 0.0
+    #: ``Session.cut_expiry`` of a session stored while connected (no ``ends_at``).
+    cut_expiry: int = 0
 
-    def to_session(self, limits: SessionLimits, now: float | None = None) -> Session:
+    def to_session(self, limits: SessionLimits, now: float | None = None,
+                   grace: float = 0.0) -> Session:
         """The offline persistent session this record describes.
 
         ``now`` is the wall-clock load time (``time.time()`` unless given, so tests can pin
         it); legacy monotonic ``expires_at`` values are re-based against it (see
         ``Session.restore``).
+
+        A session stored while its client was connected (no ``ends_at``, a ``cut_expiry``)
+        lost that connection when its node died: its expiry interval runs from ``now`` (the
+        death is no later), plus ``grace`` where a live client may still be connected to
+        another node and registers it again (a cluster's new home: ``moved_session_grace``).
+        Before 2026-11-29 such a session never ended (a probe: a 2 s session still present,
+        queueing, a minute after the restart).
         """
+        now = time.time() if now is None else now
         session = Session(self.client_id, False, limits)
         session.subscriptions = dict(self.subscriptions)
         session.ends_at = self.ends_at
+        session.cut_expiry = self.cut_expiry
+        if not self.ends_at and self.cut_expiry:
+            session.ends_at = now + self.cut_expiry + grace
         if self.options is not None:
             session.v5 = V5Session(self.client_id, 0, dict(self.options))
-        session.restore(
-            self.outbound, self.inbound_qos2, time.time() if now is None else now
-        )
+        session.restore(self.outbound, self.inbound_qos2, now)
         return session
 
 
@@ -217,6 +230,8 @@ class SessionStore:
         header: dict[str, object] = {"v": 2}
         if session.ends_at:
             header["ends"] = session.ends_at
+        elif session.cut_expiry:
+            header["cut"] = session.cut_expiry
         ops: list[Put | Delete] = [Put("sessions", key, header)]
         prefix = self._subscriptions_prefix(client_id)
         options = session.subscription_options
@@ -351,7 +366,8 @@ class SessionStore:
             opts = record.get("opts")  # version 1: subscriptions inline
             sessions[key] = StoredSession(
                 cid, {f: int(q) for f, q in record.get("subs", ())}, [], {},
-                dict(opts) if opts else None, float(record.get("ends", 0.0)))
+                dict(opts) if opts else None, float(record.get("ends", 0.0)),
+                int(record.get("cut", 0)))
         for row in rows:
             owner = sessions.get(self._prefix(row[0]))
             if owner is None:

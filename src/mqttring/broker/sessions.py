@@ -92,6 +92,14 @@ def expiry_at_close(link: V5Link | None, persistent_session_expiry: int) -> int 
     return persistent_session_expiry or None
 
 
+def cut_expiry(link: V5Link | None, persistent_session_expiry: int) -> int:
+    """``Session.cut_expiry`` for a connection: the expiry interval it would run on had it
+    closed now, 0 for "never" (none, or MQTT 5's 0xFFFFFFFF) and for 0 (a session ending
+    with its connection has its deadline stored already: ``_end_with_connection``)."""
+    expiry = expiry_at_close(link, persistent_session_expiry)
+    return expiry if expiry is not None and 0 < expiry < NEVER_EXPIRES else 0
+
+
 def will_delay(will: Will | Will5) -> int:
     """Seconds a will waits before it is published (0 for a 3.1.1 will)."""
     return will.delay if type(will) is Will5 else 0
@@ -206,10 +214,12 @@ class LocalSessions:
             await core.connection_lost(old)
             old.kick("taken over by a new connection")
         return await self.bind(client_id, packet.clean_session, fresh_start(packet),
-                               resume_until_close(packet))
+                               resume_until_close(packet),
+                               cut_expiry(handler.conn.v5,
+                                          core.limits.persistent_session_expiry))
 
     async def bind(self, client_id: str, clean_session: bool, fresh: bool = False,
-                   until_close: bool = False) -> tuple[Session, bool]:
+                   until_close: bool = False, cut: int = 0) -> tuple[Session, bool]:
         """Resume or create the session for a client whose id this node now holds.
 
         ``fresh``: an MQTT 5 Clean Start with a non-zero Session Expiry Interval, which
@@ -218,6 +228,7 @@ class LocalSessions:
         ``clean_session`` says; a session so resumed, or created persistent (a cluster home
         does: the edge cannot know beforehand whether one is kept), ends with this
         connection.  A session whose expiry interval ran out while it was offline is gone.
+        ``cut``: ``cut_expiry`` of the connection, kept with the session (and stored).
         """
         core = self.core
         existing = core.sessions.get(client_id)
@@ -234,14 +245,16 @@ class LocalSessions:
                 if existing.persistent:
                     await core.session_store.delete(client_id)
             session = Session(client_id, clean_session, core.session_limits)
+            session.cut_expiry = cut
             core.sessions[client_id] = session
             if until_close and session.persistent:
                 session.ends_at = time.time()  # see _end_with_connection
             # Every row: also clears subscriptions an earlier life left behind.
             await core.session_store.save_subscriptions(session)
             return session, False
-        if existing.ends_at:
+        if existing.ends_at or existing.cut_expiry != cut:
             existing.ends_at = 0.0  # connected again: it no longer runs out
+            existing.cut_expiry = cut
             await core.session_store.save_subscriptions(existing, ())
         return existing, True
 

@@ -53,6 +53,10 @@ class V5Client(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: Information (reason strings in the SUBACKs the home encodes).
     topic_alias_maximum: int = 0
     problem_info: bool = True
+    #: The client's Session Expiry Interval at CONNECT (``Session.cut_expiry``: 0 for
+    #: never), which the home stores to count from should the edge die with the client
+    #: connected.  0 from older senders.
+    cut_expiry: int = 0
 
 
 class SessionOpen(FrozenMessage, tag="sopen"):

@@ -431,7 +431,10 @@ class DataPlane:
         for record in stored:
             if record.client_id in self.core.sessions:
                 continue
-            session = record.to_session(self.core.session_limits)
+            # A client connected elsewhere registers again within the grace; one whose
+            # edge died with it starts its expiry now (``StoredSession.to_session``).
+            session = record.to_session(self.core.session_limits,
+                                        grace=self.config.moved_session_grace)
             session.keep_until = keep_until
             self.core.sessions[record.client_id] = session
             loaded.append(session)

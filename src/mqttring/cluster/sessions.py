@@ -49,6 +49,7 @@ import trio
 from mqttring.broker.sessions import (
     LocalSessions,
     SessionUnavailable,
+    cut_expiry,
     effective_will,
     expiry_at_close,
     fresh_start,
@@ -189,11 +190,13 @@ class ClusterSessions(HomeRegistry, LocalSessions):
                 raise
             await self.register(client_id, self.node_id, token, will, clean,
                                 fresh_start(packet), packet.username)
-            return await self.bind(client_id, clean, fresh_start(packet), until_close)
+            return await self.bind(client_id, clean, fresh_start(packet), until_close,
+                                   cut_expiry(handler.conn.v5,
+                                              self.core.limits.persistent_session_expiry))
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
             link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close,
-            link.client_alias_max, link.problem_info)
+            link.client_alias_max, link.problem_info, cut_expiry(link, 0))
         stand_in = None if clean else self.relay.stand_in(client_id, home, token)
         try:
             answer = await self.links.request(
@@ -358,9 +361,11 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             v5 = message.v5
             await self.register(client_id, edge, token, will_from_wire(message.will), clean,
                                 v5 is not None and v5.clean_start, message.username)
-            session, present = await self.bind(client_id, clean,
-                                               v5 is not None and v5.clean_start,
-                                               v5 is not None and v5.until_close)
+            session, present = await self.bind(
+                client_id, clean, v5 is not None and v5.clean_start,
+                v5 is not None and v5.until_close,
+                v5.cut_expiry if v5 is not None
+                else cut_expiry(None, self.core.limits.persistent_session_expiry))
             if clean:
                 # The clean session itself lives at the edge: nothing stays here but the
                 # registration (the bind above discarded any stored session).

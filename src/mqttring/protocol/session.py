@@ -185,6 +185,12 @@ class Session:
     #: MQTT 5 Session Expiry Interval: the wall-clock time (UNIX seconds) at which this
     #: session, now offline, ends; 0 while connected or when it never expires.
     ends_at: float = 0.0
+    #: Seconds the session is to outlive a connection that ends without our seeing it end
+    #: (the node died with the client connected): the expiry interval in force at CONNECT
+    #: (``limits.persistent_session_expiry`` for 3.1.1); 0 when it never expires.  Stored,
+    #: so that a restart starts that count (``StoredSession.to_session``) instead of keeping
+    #: the session for ever.
+    cut_expiry: int = 0
     #: The v5 subscription options (``V5Session.options``) of a session a 3.1.1 client
     #: resumed: part of the session state, so No Local and Retain As Published still apply
     #: to what it receives (identifiers are not sent on 3.1.1), and a v5 client resuming
