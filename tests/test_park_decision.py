@@ -77,6 +77,7 @@ async def test_a_read_between_the_park_decision_and_the_park_moves_the_keepalive
                 # (no checkpoint in between: the shield only lets time pass here).
                 with trio.CancelScope(shield=True):
                     await trio.sleep(0.01)
+                handler.conn.packets_received += 1  # that PINGREQ: a whole packet
                 handler._arm()
                 later_due = handler._due
                 assert later_due > first_due
