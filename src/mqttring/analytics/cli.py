@@ -62,6 +62,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     except (OSError, EOFError, trio.TooSlowError, trio.BrokenResourceError, ProtocolError,
             KeyError, RuntimeError) as exc:
         return _error(f"{args.node}: {_failure(exc, args.timeout)}")
+    except ConfigError:
+        raise  # a bad --node address: a usage error, one line and exit 2 (``main``)
     except Exception as exc:  # a reply of an unexpected shape, say: still one line
         return _error(f"{args.node}: unexpected failure: {_failure(exc, args.timeout)}")
     if args.all and not (out / SNAPSHOT_SET).exists():
