@@ -51,7 +51,8 @@ async def main():
 trio.run(main)
 """
 
-TIME_BUDGET = 25.0
+#: Seconds of kill rounds past the minimum (``LSM_CRASH_SECONDS`` for a longer search).
+TIME_BUDGET = float(os.environ.get("LSM_CRASH_SECONDS", "15"))
 MIN_ROUNDS = 12
 MAX_ROUNDS = 60
 
