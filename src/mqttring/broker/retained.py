@@ -39,20 +39,29 @@ The memory side keeps the version of every topic of the shards this node holds (
 tombstoned) in ``_versions``, next to the index.  Comparing there, not in the store, keeps
 the replica path free of reads, and claiming the new version synchronously before the write
 is queued means two concurrent batches for one topic cannot both pass the check with the
-older landing last (store writes of up to ``INLINE_OPS`` ops with memtable room are queued
-in call order).  The owner's own writes may still reach its store out of order (the cluster
-writer queues the local write from a task of its own), so ``update`` writes the newest row
-again when a newer one was claimed while its write was in flight.
+older landing last (store writes are queued in call order, ``LsmStore.begin_write``).
+``update`` still writes the newest row again when a newer one was claimed while its write
+was in flight: before 2026-11-29 the cluster writer queued its local write from a task of
+its own, out of call order, and the rewrite costs nothing when nothing raced.
+
+What a view change costs: the topics held are also filed by shard (``_shard_topics``), so a
+node that stops holding shards forgets their topics only, in slices with a checkpoint
+between them (``drop_shards``), not by hashing every topic held.  The filing follows
+``shard_for_topic`` at the time a topic came; pins move topics between shards, so a change
+of pins (and the first view, before which everything loaded was filed under no view's
+shards) re-files every topic, in slices too (``reindex``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from hashlib import blake2b
 from typing import Any
+
+import trio
 
 from mqttring.broker.shard_writes import LocalShardWriter, Op, ShardWriter
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
@@ -65,6 +74,9 @@ from mqttring.ring.hashing import shard_of
 log = logging.getLogger("mqttring.retained")
 
 _DB = "retained"
+
+#: Topics forgotten between two checkpoints when a view change drops shards (a few ms).
+FORGET_SLICE = 1000
 
 #: Longest topic, in UTF-8 bytes, stored under its own name (the 2-byte shard comes first).
 NAMED_TOPIC_BYTES = MAX_KEY_SIZE - 2
@@ -155,6 +167,15 @@ class RetainedStore:
         #: Digest-keyed topics held (``topic_key``), by key without its shard: a Delete
         #: names only the key, and a digest cannot be read back.
         self._digested: dict[bytes, str] = {}
+        #: The topics of ``_versions`` by the shard ``shard_for_topic`` gave when they came,
+        #: and that shard by topic: a shard this node stops holding is forgotten by walking
+        #: its own topics, not every topic held (``drop_shards``; "What a view change costs"
+        #: in docs/design.md).  Stale only when pins move topics (``reindex``).
+        self._shard_topics: dict[int, set[str]] = {}
+        self._topic_shard: dict[str, int] = {}
+        #: Topics looked at by ``drop_shards``/``reindex``/``forget_shards`` (tests: the
+        #: cost of a view change is that of what it changed).
+        self.forget_visits = 0
 
     def __len__(self) -> int:
         return len(self._index)
@@ -180,10 +201,17 @@ class RetainedStore:
         held = self._versions.get(topic)
         if held is not None and held >= version:
             return False
-        if held is None and len(topic) > NAMED_TOPIC_BYTES // 4:  # 4 bytes at most per char
-            part = _topic_part(topic)
-            if part[:1] == _DIGEST_MARK:
-                self._digested[part] = topic
+        if held is None:
+            shard = self.shard_for_topic(topic)
+            self._topic_shard[topic] = shard
+            topics = self._shard_topics.get(shard)
+            if topics is None:
+                topics = self._shard_topics[shard] = set()
+            topics.add(topic)
+            if len(topic) > NAMED_TOPIC_BYTES // 4:  # 4 bytes at most per char
+                part = _topic_part(topic)
+                if part[:1] == _DIGEST_MARK:
+                    self._digested[part] = topic
         self._versions[topic] = version
         if payload:
             self._index.set(topic, Message(topic, payload, qos, True, props))
@@ -232,13 +260,80 @@ class RetainedStore:
         return kept
 
     def forget_shards(self, keep: Callable[[int], bool]) -> None:
-        """Drop from memory the topics of shards this node no longer holds."""
+        """Drop from memory the topics of shards this node no longer holds (every topic
+        held is looked at, in one step: ``reindex`` does it in slices)."""
+        self.forget_visits += len(self._versions)
         for topic in [t for t in self._versions if not keep(self.shard_for_topic(t))]:
             self._forget(topic)
+
+    def shards_held(self) -> set[int]:
+        """The shards some topic held in memory belongs to (as indexed)."""
+        return {shard for shard, topics in self._shard_topics.items() if topics}
+
+    async def drop_shards(self, shards: Iterable[int], *,
+                          slice_size: int = FORGET_SLICE) -> int:
+        """Forget the topics of ``shards`` (no longer held here), walking only theirs, with
+        a checkpoint every ``slice_size`` topics; returns how many were forgotten.
+
+        The per-shard index is exact while the pins stay as they were when the topics came
+        (a change of pins calls for ``reindex``)."""
+        forgotten = budget = 0
+        for shard in shards:
+            topics = self._shard_topics.get(shard)
+            if not topics:
+                continue
+            pending = list(topics)
+            self.forget_visits += len(pending)
+            for topic in pending:
+                if budget == slice_size:  # counted across shards: most hold few topics
+                    budget = 0
+                    await trio.lowlevel.checkpoint()
+                budget += 1
+                # Re-read: a write or a newer copy may have come during a checkpoint.
+                if self._topic_shard.get(topic) == shard:
+                    self._forget(topic)
+                    forgotten += 1
+        return forgotten
+
+    async def reindex(self, keep: Callable[[int], bool], *,
+                      slice_size: int = FORGET_SLICE) -> int:
+        """``forget_shards`` in slices with a checkpoint between them, also re-filing every
+        topic kept under the shard ``shard_for_topic`` gives now: after the first view
+        (topics loaded before it were filed under no view's shards) and whenever the pins
+        change.  Returns how many topics were forgotten."""
+        pending = list(self._versions)
+        self.forget_visits += len(pending)
+        forgotten = 0
+        for start in range(0, len(pending), slice_size):
+            if start:
+                await trio.lowlevel.checkpoint()
+            for topic in pending[start:start + slice_size]:
+                filed = self._topic_shard.get(topic)
+                if filed is None:
+                    continue  # forgotten during a checkpoint
+                shard = self.shard_for_topic(topic)
+                if not keep(shard):
+                    self._forget(topic)
+                    forgotten += 1
+                elif shard != filed:
+                    self._unfile(topic, filed)
+                    self._topic_shard[topic] = shard
+                    self._shard_topics.setdefault(shard, set()).add(topic)
+        return forgotten
+
+    def _unfile(self, topic: str, shard: int) -> None:
+        topics = self._shard_topics.get(shard)
+        if topics is not None:
+            topics.discard(topic)
+            if not topics:
+                del self._shard_topics[shard]
 
     def _forget(self, topic: str) -> None:
         self._versions.pop(topic, None)
         self._index.discard(topic)
+        shard = self._topic_shard.pop(topic, None)
+        if shard is not None:
+            self._unfile(topic, shard)
         if len(topic) > NAMED_TOPIC_BYTES // 4:
             self._digested.pop(_topic_part(topic), None)
 

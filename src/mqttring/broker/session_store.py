@@ -352,17 +352,42 @@ class SessionStore:
         return await self.load(b"")
 
     async def load(self, prefix: bytes) -> list[StoredSession]:
-        if self._store is None:
+        """The stored sessions under ``prefix``, read and decoded in a worker thread."""
+        return await self._load_prefixes([prefix])
+
+    async def load_shards(self, shards: Iterable[int]) -> list[StoredSession]:
+        """The stored sessions of ``shards`` only, one range scan per shard and database:
+        what a node that takes shards over reads (not the whole store; "What a view change
+        costs" in docs/design.md).  Read and decoded in a worker thread."""
+        return await self._load_prefixes([shard_key(shard) for shard in sorted(shards)])
+
+    async def _load_prefixes(self, prefixes: list[bytes]) -> list[StoredSession]:
+        if self._store is None or not prefixes:
             return []
+        sessions, inline = await trio.to_thread.run_sync(self._read_prefixes, prefixes)
+        self._inline.update(inline)
+        return sessions
+
+    def _read_prefixes(self, prefixes: list[bytes]) -> tuple[list[StoredSession], set[str]]:
+        """``load``'s reads and decoding (a worker thread: it touches no shared state)."""
+        found: list[StoredSession] = []
+        inline: set[str] = set()
+        for prefix in prefixes:
+            found.extend(self._read_prefix(prefix, inline))
+        return found, inline
+
+    def _read_prefix(self, prefix: bytes, inline: set[str]) -> list[StoredSession]:
+        store = self._store
+        assert store is not None
         sessions: dict[bytes, StoredSession] = {}
         rows: list[list] = []
-        for key, record in await self._store.scan("sessions", prefix):
+        for key, record in store.scan_sync("sessions", prefix):
             if key[2:4] == _SUBSCRIPTIONS:
                 rows.append(record)
                 continue
             cid = _client_id(key)
             if "subs" in record:
-                self._inline.add(cid)
+                inline.add(cid)
             opts = record.get("opts")  # version 1: subscriptions inline
             sessions[key] = StoredSession(
                 cid, {f: int(q) for f, q in record.get("subs", ())}, [], {},
@@ -377,7 +402,7 @@ class SessionStore:
                 if owner.options is None:
                     owner.options = {}
                 owner.options[row[1]] = int(row[3])
-        for key, value in await self._store.scan("queues", prefix):
+        for key, value in store.scan_sync("queues", prefix):
             owner = sessions.get(key[:-8])
             if owner is None:
                 continue  # orphan of a deleted session
@@ -398,7 +423,7 @@ class SessionStore:
                     expires_at,
                 )
             )
-        for key, value in await self._store.scan("inflight", prefix):
+        for key, value in store.scan_sync("inflight", prefix):
             owner = sessions.get(key[:-2])
             if owner is not None:
                 mid = int(value)  # type: ignore[call-overload]

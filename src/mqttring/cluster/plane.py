@@ -97,6 +97,8 @@ CAUGHT_UP_ATTEMPTS = 10
 #: Seconds between two looks at this node's quorum proof.
 QUORUM_POLL = 0.1
 CATCH_UP_RETRY_MAX = 2.0
+#: Sessions taken over between two checkpoints (each registers its routes).
+LOAD_SLICE = 50
 
 
 class DataPlane:
@@ -349,8 +351,9 @@ class DataPlane:
             if member.state in (MemberState.UP, MemberState.LEAVING)
         })
         # Peers hold routes of our previous life until our first full route set replaces
-        # them: ``router.on_view`` sends it (and again on every link connection).
-        self.router.on_view(old, new)
+        # them: ``registry.settle_view`` below sends it (and again on every link
+        # connection).  Until then only what depends on the members that went is done.
+        self.router.on_view(old, new, settle_later=True)
         me = self.node_id
         owned_before = {s for s in range(old.num_shards) if old.epoch and old.owner(s) == me}
         owned_now = {s for s in range(new.num_shards) if new.owner(s) == me}
@@ -358,6 +361,11 @@ class DataPlane:
         if lost:
             self.held.difference_update(lost)
             self._unload(lost, new)
+        # What is left of the route work is proportional to all routes and local filters:
+        # done in slices, after the unload (a handoff is confirmed once our view is this
+        # one, and its sessions must be gone by then), serialized with the rest of this
+        # install (no newer view is installed before it returns).
+        await self.router.registry.settle_view(new)
         gained = owned_now - owned_before
         if gained:
             # Shards taken from a live owner wait for its handoff (``_take_over``); shards
@@ -378,12 +386,25 @@ class DataPlane:
                 self.router.notify_changed()
             for previous, shards in handed.items():
                 self.spawn(self._take_over, previous, shards, new.epoch)
-        self.retained.forget_shards(lambda s: me in new.replicas(s))
+        await self._forget_retained(old, new)
         await self.sessions.on_view(old, new)
         pending = [s for s in new.catching_up_for(me) if s not in self._copying]
         if pending:
             self._copying.update(pending)
             self.spawn(self._catch_up, pending)
+
+    async def _forget_retained(self, old: ClusterView, new: ClusterView) -> None:
+        """Forget the retained topics of shards this node no longer holds: only theirs,
+        in slices ("What a view change costs", docs/design.md).  Every topic is looked at
+        (in slices too) only for the first view (what ``run`` loaded was filed under none)
+        and when the pins change (they move topics between shards)."""
+        me = self.node_id
+        if not old.epoch or old.pins != new.pins:
+            await self.retained.reindex(lambda s: me in new.replicas(s))
+            return
+        dropped = sorted(s for s in self.retained.shards_held() if me not in new.replicas(s))
+        if dropped:
+            await self.retained.drop_shards(dropped)
 
     async def _take_over(self, previous: str, shards: set[int], epoch: int) -> None:
         """Load shards taken from a live owner once it confirmed the handoff.
@@ -422,32 +443,44 @@ class DataPlane:
         self.links.reply(node, msg.req, ok, None if ok else "handoff not confirmed in time")
 
     async def _load(self, shards: set[int]) -> None:
-        stored = [s for s in await self.session_store.load_all()
-                  if self.session_store.shard(s.client_id) in shards]
-        loaded = []
+        """Load the persistent sessions of ``shards`` (only theirs: one range scan per shard,
+        read and decoded in a worker thread) and register their routes, ``LOAD_SLICE``
+        sessions between two checkpoints.  The shards are not held yet: nothing is
+        delivered to their sessions until the caller holds them."""
+        stored = await self.session_store.load_shards(shards)
         # Its client, if it was connected, was disconnected because of this move and is
         # on its way: its queue keeps what comes meanwhile (``Session.keep_until``).
         keep_until = time.time() + self.config.moved_session_grace
-        for record in stored:
-            if record.client_id in self.core.sessions:
-                continue
-            # A client connected elsewhere registers again within the grace; one whose
-            # edge died with it starts its expiry now (``StoredSession.to_session``).
-            session = record.to_session(self.core.session_limits,
-                                        grace=self.config.moved_session_grace)
-            session.keep_until = keep_until
-            self.core.sessions[record.client_id] = session
-            loaded.append(session)
-        self.router.restore(loaded)
-        if loaded:
-            log.info("node %s: took over %d persistent sessions", self.node_id, len(loaded))
+        count = 0
+        for start in range(0, len(stored), LOAD_SLICE):
+            if start:
+                await trio.lowlevel.checkpoint()
+            loaded = []
+            for record in stored[start:start + LOAD_SLICE]:
+                if record.client_id in self.core.sessions:
+                    continue
+                # A client connected elsewhere registers again within the grace; one whose
+                # edge died with it starts its expiry now (``StoredSession.to_session``).
+                session = record.to_session(self.core.session_limits,
+                                            grace=self.config.moved_session_grace)
+                session.keep_until = keep_until
+                self.core.sessions[record.client_id] = session
+                loaded.append(session)
+            self.router.restore(loaded)
+            count += len(loaded)
+        if count:
+            log.info("node %s: took over %d persistent sessions", self.node_id, count)
 
     def _unload(self, shards: set[int], view: ClusterView) -> None:
-        for client_id, session in list(self.core.sessions.items()):
-            if session.clean_session or isinstance(session, RemoteSession):
-                continue
-            if self.session_store.shard(client_id) not in shards:
-                continue
+        """Unload the persistent sessions of ``shards`` (no longer ours), in one step: the
+        new home loads them once we confirm the handoff, which we do as soon as our view
+        is the new one.  The walk hashes only persistent local sessions' ids."""
+        session_shard = self.session_store.shard
+        for client_id, session in [
+            item for item in self.core.sessions.items()
+            if not item[1].clean_session and not isinstance(item[1], RemoteSession)
+            and session_shard(item[0]) in shards
+        ]:
             handler = self.core.clients.get(client_id)
             if handler is not None:
                 # It reconnects and finds the session at its new home.

@@ -46,6 +46,18 @@ messages that reached none of the wildcard subscribers whose routes were still o
 (the 5-node `power-loss` run).  With that, and with the owner looking a message's routes up
 again after such a wait (``ClusterRouter.accept``), 10 of 10 such runs lost nothing,
 against 1 of 6 losing 3 acknowledged messages before (2026-11-28).
+
+What a view change costs the loop: the data plane installs a view with
+``on_view(settle_later=True)``, which does at once only what depends on the members that
+went, then awaits ``settle_view``: dropping the exact routes of shards no longer held, adding
+our own routes where we became a target, and computing each peer's set, all in slices of
+``SETTLE_SLICE`` with a checkpoint between them (one step of 1-4 s with 50k local filters and
+100k routes made nodes fence themselves).  A shard we became a replica of in that view is
+not complete until our own routes are in; a set computed in slices goes out in one step,
+after the local routes added or released meanwhile were looked at again.  Where a local
+filter's route goes is hashed once per filter (``_filter_shards``), and each peer's digest is
+hashed once per view, then kept up to date route by route (``_digest_change``): before, one
+SUBSCRIBE a second made every anti-entropy round hash every local route again.
 """
 
 from __future__ import annotations
@@ -56,12 +68,14 @@ from typing import Any
 
 import trio
 
+from mqttring.broker.shared import inner_filter
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, RoutesIncomplete
 from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import RouteAdd, RouteDel, RouteDigest, RoutePull, RouteSync
 from mqttring.cluster.routes import (
     RouteKey,
     RouteTable,
+    has_wildcard,
     registrar_for,
     route_digest,
     route_shard,
@@ -79,6 +93,9 @@ log = logging.getLogger("mqttring.cluster.registry")
 #: shards it held last (their last holder, back from a power loss), but until it is up no
 #: peer counts it a target; a leaving one owns shards until it has handed them over.
 ROUTED_STATES = (MemberState.UP, MemberState.LEAVING)
+
+#: Routes or local filters looked at between two checkpoints after a view change.
+SETTLE_SLICE = 1000
 
 
 def wildcard_targets(view: ClusterView) -> list[str]:
@@ -155,15 +172,33 @@ class RouteRegistry:
         #: every wildcard route (see ``routes_complete``).
         self.live_since: int | None = None
         self._routes_changed = trio.Event()
-        #: Bumped whenever the set of locally wanted routes changes (digest cache key).
+        #: Bumped whenever the set of locally wanted routes changes.
         self._local_version = 0
-        self._digest_cache: dict[str, tuple[tuple[int, int, int], int]] = {}
+        #: peer -> (view epoch, digest of the routes it should hold for us): kept up to
+        #: date as local routes come and go (``_digest_change``), so that an anti-entropy
+        #: round hashes every route only once per view, not after every SUBSCRIBE.
+        self._digest_cache: dict[str, tuple[int, int]] = {}
+        #: peer -> (view epoch, ``_targets_at`` it): which routes it holds, per view.
+        self._targets_cache: dict[str, tuple[int, tuple[bool, frozenset[int]]]] = {}
         #: peer -> (epoch, next part, routes so far) of a route set arriving in parts.
         self._rsync_parts: dict[str, tuple[int, int, list[RouteKey]]] = {}
         #: peer -> (epoch, homes) of a full set it sent under a newer view than ours.
         self._ahead: dict[str, tuple[int, list[int]]] = {}
         self.route_syncs_sent = 0
         self.route_repairs = 0
+        #: Epoch of a view whose own-route work (``settle_view``) is still to do: shards we
+        #: became a replica of in it are not complete until it is done.
+        self._settling: int | None = None
+        #: Epoch of the view ``settle_view`` is sending full sets for (meanwhile a digest
+        #: round skips the peers whose digest it has not computed yet).
+        self._sets_coming: int | None = None
+        #: Local route keys added or released while ``settle_view`` computes sets in
+        #: slices: looked at again before the sets go out.
+        self._touched: set[RouteKey] | None = None
+        #: filter -> ``route_shard`` under ``_shards_under`` (num_shards, pins): where a
+        #: local filter's route goes, hashed once, not at every route set and digest.
+        self._filter_shards: dict[str, int | None] = {}
+        self._shards_under: tuple[int, Any] = (0, None)
 
     # -- this node's subscriptions ----------------------------------------------------------
 
@@ -182,6 +217,9 @@ class RouteRegistry:
         if count:
             return None
         self._local_version += 1
+        self._digest_change(key)
+        if self._touched is not None:
+            self._touched.add(key)
         return PendingRoute(self, key[0], self._announce(key, "radd"))
 
     def add_soon(self, key: tuple[str, str]) -> None:
@@ -190,6 +228,9 @@ class RouteRegistry:
         self.local_filters[key] = count + 1
         if count == 0:
             self._local_version += 1
+            self._digest_change(key)
+            if self._touched is not None:
+                self._touched.add(key)
             self.spawn(self._confirm, "radd", key[0], self._announce(key, "radd"))
 
     def release(self, key: tuple[str, str], announce: bool = True) -> None:
@@ -198,8 +239,12 @@ class RouteRegistry:
         if count > 0:
             self.local_filters[key] = count
             return
-        self.local_filters.pop(key, None)
+        if self.local_filters.pop(key, None) is not None:
+            self._digest_change(key)
+            self._filter_shards.pop(key[0], None)  # (recomputed if another target has it)
         self._local_version += 1
+        if self._touched is not None:
+            self._touched.add(key)
         if announce:
             self.spawn(self._confirm, "rdel", key[0], self._announce(key, "rdel"))
 
@@ -347,8 +392,14 @@ class RouteRegistry:
 
     # -- membership changes -----------------------------------------------------------------
 
-    def on_view(self, old: ClusterView, new: ClusterView) -> None:
-        """Drop routes to nodes that left; send every peer its full route set again."""
+    def on_view(self, old: ClusterView, new: ClusterView, *,
+                settle_later: bool = False) -> None:
+        """Drop routes to nodes that left; send every peer its full route set again.
+
+        ``settle_later``: what is proportional to every route and local filter (dropping
+        the exact routes of shards no longer held, our own routes for shards newly held,
+        the route sets) is left to ``settle_view``, which the caller awaits next, with no
+        other view installed in between (the data plane's install)."""
         me = self.node_id
         self._track_life(old, new)
         live = set(new.live_members())
@@ -362,13 +413,9 @@ class RouteRegistry:
                 self._rsync_parts.pop(node, None)
                 self._ahead.pop(node, None)
         held = {s for s in range(new.num_shards) if me in new.replicas(s)}
-        self.routes.drop_exact_where(held, new)
-        # Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
-        # replica of (its former replicas all gone) needs the exact routes of our own
-        # subscribers too, which ``add_now`` registered only where it was held then.
-        for topic_filter, target in self.local_filters:
-            if me in self.route_targets(topic_filter, new):
-                self.routes.add(topic_filter, target, registrar_for(target, me))
+        if not settle_later:
+            self.routes.drop_exact_where(held, new)
+            self._add_own_routes(list(self.local_filters), new)
         for shard in list(self.replica_since):
             if shard not in held:
                 del self.replica_since[shard]
@@ -384,8 +431,112 @@ class RouteRegistry:
             seen = self.peer_since.get(node)
             if seen is None or seen[0] != incarnation:
                 self.peer_since[node] = (incarnation, new.epoch)
-            self.sync_to(node, new)
+            if not settle_later:
+                self.sync_to(node, new)
+        self._settling = new.epoch if settle_later else None
         self._signal_routes()
+
+    def _add_own_routes(self, keys: Iterable[RouteKey], view: ClusterView) -> None:
+        """Our own routes, as a peer's ``rsync`` brings theirs: a shard we just became a
+        replica of (its former replicas all gone) needs the exact routes of our own
+        subscribers too, which ``add_now`` registered only where it was held then."""
+        me = self.node_id
+        local = self.local_filters
+        for topic_filter, target in self._expected_among(keys, self._targets_at(me, view),
+                                                         view):
+            if (topic_filter, target) in local:
+                self.routes.add(topic_filter, target, registrar_for(target, me))
+
+    async def settle_view(self, view: ClusterView, *, slice_size: int = SETTLE_SLICE) -> None:
+        """``on_view(..., settle_later=True)``'s remaining work, ``slice_size`` routes or
+        filters between two checkpoints: drop the exact routes of shards no longer held
+        here, add our own routes where we are now a target, then send each peer its full
+        route set (computed in slices, sent in one step, see ``_sync_sliced``).  Shards we
+        became a replica of in ``view`` count as complete only once it is done."""
+        if self._settling != view.epoch:
+            return
+        self._sets_coming = view.epoch
+        try:
+            await self._settle(view, slice_size)
+        finally:
+            self._sets_coming = None
+
+    async def _settle(self, view: ClusterView, slice_size: int) -> None:
+        me = self.node_id
+        held = {s for s in range(view.num_shards) if me in view.replicas(s)}
+        routes = self.routes
+        pending = list(routes._holders)
+        for start in range(0, len(pending), slice_size):
+            await trio.lowlevel.checkpoint()
+            dropped = False
+            for key in pending[start:start + slice_size]:
+                if (key in routes._holders and not has_wildcard(key[0])
+                        and view.shard_for_topic(inner_filter(key[0])) not in held):
+                    routes._drop_key(key)
+                    dropped = True
+            if dropped:
+                routes.version += 1
+        own = list(self.local_filters)
+        for start in range(0, len(own), slice_size):
+            await trio.lowlevel.checkpoint()
+            self._add_own_routes(own[start:start + slice_size], view)
+        self._settling = None
+        self._signal_routes()
+        for node in self.sync_peers(view):
+            await self._sync_sliced(node, view, slice_size)
+
+    async def _sync_sliced(self, node: str, view: ClusterView, slice_size: int) -> None:
+        """``sync_to`` with the set computed, hashed and cut into parts in slices.  Its
+        parts go out together, after the keys added or released meanwhile were looked at
+        again: a set that left out a route registered while it was computed would remove
+        it at the peer (the ``radd`` went out before the set)."""
+        if node not in view.members:
+            return
+        touched: set[RouteKey] = set()
+        outer, self._touched = self._touched, touched
+        digest = 0
+        budget = self.links.max_frame // 2
+        keys: set[RouteKey] = set()
+        parts: list[list[RouteKey]] = [[]]
+        used = 0
+        try:
+            local = list(self.local_filters)
+            at = self._peer_targets(node, view)
+            for start in range(0, len(local), slice_size):
+                await trio.lowlevel.checkpoint()
+                found = self._expected_among(local[start:start + slice_size], at, view)
+                keys.update(found)
+                digest ^= route_digest(found)
+                for key in found:  # ``in_frames``, a slice at a time
+                    size = route_key_size(key)
+                    if parts[-1] and used + size > budget:
+                        parts.append([])
+                        used = 0
+                    parts[-1].append(key)
+                    used += size
+        finally:
+            self._touched = outer
+            if outer is not None:
+                outer.update(touched)
+        for key in touched:
+            now = key in self.local_filters and bool(self._expected_among((key,), at, view))
+            if now == (key in keys):
+                continue
+            digest ^= route_digest((key,))
+            if now:
+                keys.add(key)
+                if parts[-1] and used + route_key_size(key) > budget:
+                    parts.append([])
+                    used = 0
+                parts[-1].append(key)
+                used += route_key_size(key)
+            else:
+                keys.discard(key)
+                next(part for part in parts if key in part).remove(key)
+        if self.view().epoch == view.epoch:
+            self._send_parts(node, view, [part for part in parts if part] or [[]])
+            # The digest of exactly that set: the next rounds need not hash it all again.
+            self._digest_cache[node] = (view.epoch, digest)
 
     def _track_life(self, old: ClusterView, new: ClusterView) -> None:
         """Start ``live_since`` when we become a wildcard route target (again, or in a new
@@ -406,36 +557,106 @@ class RouteRegistry:
 
     def expected_at(self, node: str, view: ClusterView) -> set[RouteKey]:
         """The routes ``node`` should hold on our behalf under ``view``."""
-        return {key for key in self.local_filters if node in self.route_targets(key[0], view)}
+        return set(self._expected_among(self.local_filters, self._targets_at(node, view),
+                                        view))
+
+    def _targets_at(self, node: str, view: ClusterView) -> tuple[bool, frozenset[int]]:
+        """Whether ``node`` holds wildcard routes under ``view``, and the shards whose exact
+        routes it holds: ``node in route_targets(f, view)`` without a walk per filter."""
+        me = self.node_id
+        wildcard = node in (wildcard_targets(view) or [me])
+        shards = frozenset(s for s in range(view.num_shards)
+                           if node in (view.replicas(s) or (me,)))
+        return wildcard, shards
+
+    def _expected_among(self, keys: Iterable[RouteKey], at: tuple[bool, frozenset[int]],
+                        view: ClusterView) -> list[RouteKey]:
+        """Those of ``keys`` whose route goes to the node ``at`` describes."""
+        wildcard, shards = at
+        cache = self._filter_shards_under(view)
+        found = []
+        for key in keys:
+            topic_filter = key[0]
+            if topic_filter in cache:
+                shard = cache[topic_filter]
+            else:
+                shard = cache[topic_filter] = route_shard(topic_filter, view)
+            if wildcard if shard is None else shard in shards:
+                found.append(key)
+        return found
+
+    def _filter_shards_under(self, view: ClusterView) -> dict[str, int | None]:
+        """``_filter_shards``, emptied first if ``view`` places filters differently."""
+        count, pins = self._shards_under
+        if count != view.num_shards or (pins is not view.pins and pins != view.pins):
+            self._filter_shards.clear()
+        self._shards_under = (view.num_shards, view.pins)
+        return self._filter_shards
 
     def sync_to(self, node: str, view: ClusterView | None = None) -> None:
         """Send ``node`` the full set of routes it should hold for us."""
         view = view or self.view()
         if node not in view.members:
             return
-        keys = sorted(self.expected_at(node, view))
-        homes = sorted(self.held())
-        self.homes_known.update(homes)  # ours, for good (see ``routes_complete``)
+        self._send_set(node, view, self.expected_at(node, view))
+
+    def _send_set(self, node: str, view: ClusterView, expected: set[RouteKey]) -> None:
         # In parts of at most half a frame: a part too big for any frame would be dropped,
         # and the peer would never count our routes complete.
-        parts = list(in_frames(keys, route_key_size, self.links.max_frame // 2)) or [[]]
+        keys = sorted(expected)
+        self._send_parts(node, view,
+                         list(in_frames(keys, route_key_size, self.links.max_frame // 2))
+                         or [[]])
+
+    def _send_parts(self, node: str, view: ClusterView, parts: list[list[RouteKey]]) -> None:
+        homes = sorted(self.held())
+        self.homes_known.update(homes)  # ours, for good (see ``routes_complete``)
         for number, part in enumerate(parts):
             self.links.send_control(node, RouteSync(view.epoch, part, homes, number,
                                                     number == len(parts) - 1))
         self.route_syncs_sent += 1
 
     def send_digests(self) -> None:
-        """One anti-entropy round: a digest of our route set to every peer."""
+        """One anti-entropy round: a digest of our route set to every peer (computed once
+        per view and peer, then updated route by route: ``_digest_change``)."""
         view = self.view()
         homes = sorted(self.held())
         self.homes_known.update(homes)
         for node in self.sync_peers(view):
-            key = (view.epoch, self._local_version, len(homes))
             cached = self._digest_cache.get(node)
-            if cached is None or cached[0] != key:
+            if cached is None or cached[0] != view.epoch:
+                if self._sets_coming == view.epoch:
+                    continue  # its full set is on its way, with the digest computed in slices
                 digest = route_digest(self.expected_at(node, view))
-                cached = self._digest_cache[node] = (key, digest)
+                cached = self._digest_cache[node] = (view.epoch, digest)
             self.links.send(node, RouteDigest(view.epoch, cached[1], homes))
+
+    def _peer_targets(self, node: str, view: ClusterView) -> tuple[bool, frozenset[int]]:
+        cached = self._targets_cache.get(node)
+        if cached is None or cached[0] != view.epoch:
+            cached = self._targets_cache[node] = (view.epoch, self._targets_at(node, view))
+        return cached[1]
+
+    def _digest_change(self, key: RouteKey) -> None:
+        """A local route ``key`` appeared or went: toggle it in the cached digests of the
+        peers that hold it (a digest is the XOR of its routes' hashes)."""
+        if not self._digest_cache:
+            return
+        view = self.view()
+        cache = self._filter_shards_under(view)
+        topic_filter = key[0]
+        if topic_filter in cache:
+            shard = cache[topic_filter]
+        else:
+            shard = cache[topic_filter] = route_shard(topic_filter, view)
+        hashed = 0
+        for node, (epoch, digest) in list(self._digest_cache.items()):
+            if epoch != view.epoch or node not in view.members:
+                continue  # recomputed whole at the next round
+            wildcard, shards = self._peer_targets(node, view)
+            if wildcard if shard is None else shard in shards:
+                hashed = hashed or route_digest((key,))
+                self._digest_cache[node] = (epoch, digest ^ hashed)
 
     def routes_complete(self, shard: int, view: ClusterView) -> bool:
         """Has every live peer told us its routes since we became this shard's replica, and
@@ -447,6 +668,8 @@ class RouteRegistry:
             return False  # no peer sends us its wildcard routes (we are joining, or down)
         # Sets sent before we became a wildcard target left those routes out.
         since = max(since, self.live_since)
+        if self._settling is not None and since >= self._settling:
+            return False  # our own routes for it are still being added (``settle_view``)
         if not self._all_homes_known:
             # Ours count too, for good: a home that hands a shard on keeps its routes.
             self.homes_known.update(self.held())

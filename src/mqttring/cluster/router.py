@@ -608,14 +608,17 @@ class ClusterRouter:
         """Wake everything waiting for ownership to settle (a new view, shards loaded)."""
         self.view_changes.notify()
 
-    def on_view(self, old: ClusterView, new: ClusterView) -> None:
+    def on_view(self, old: ClusterView, new: ClusterView, *,
+                settle_later: bool = False) -> None:
         """Wake what waits on ownership; re-place copies of shares held at nodes that
-        left; have the registry drop their routes and send every peer its route set."""
+        left; have the registry drop their routes and send every peer its route set
+        (``settle_later``: the caller awaits ``registry.settle_view`` for the part of that
+        proportional to all routes)."""
         self.notify_changed()
         lost = self.shares.on_view(new)
         if lost:  # copies held by clean members of a node that died: to other members
             self.spawn(self.shares.redispatch, lost)
-        self.registry.on_view(old, new)
+        self.registry.on_view(old, new, settle_later=settle_later)
 
     async def publish_local(self, message: Message) -> None:
         """Node-local traffic ($SYS): this node's subscribers only, never the cluster."""
