@@ -25,6 +25,7 @@ from mqtt_client import (
     publish,
     subscribe,
 )
+from ws_support import ws_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -184,18 +185,6 @@ def _ws_upgrade(port: int) -> socket.socket:
     return sock
 
 
-def _ws_frame(payload: bytes, opcode: int = 2) -> bytes:
-    """One masked client frame; the mask key is zero, so the payload goes as it is."""
-    n = len(payload)
-    if n < 126:
-        head = bytes([0x80 | opcode, 0x80 | n])
-    elif n < 65536:
-        head = bytes([0x80 | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
-    else:
-        head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
-    return head + b"\0\0\0\0" + payload
-
-
 class _RawWs:
     """A WebSocket MQTT client on a raw socket: packets out in binary frames, packets in
     from the node's (unmasked) frames."""
@@ -206,7 +195,7 @@ class _RawWs:
         self.decoder = StreamDecoder()
 
     def send(self, packet: bytes) -> None:
-        self.sock.sendall(_ws_frame(packet))
+        self.sock.sendall(ws_frame(packet))
 
     def recv_packet(self, timeout: float = 5.0) -> Packet:
         deadline = time.monotonic() + timeout
@@ -299,12 +288,12 @@ def test_a_message_over_the_limit_while_the_node_closes_ends_only_that_connectio
     sock = _ws_upgrade(handle.ws_port)
     try:
         if opening == "text frame":
-            sock.sendall(_ws_frame(b"hello", opcode=1))
+            sock.sendall(ws_frame(b"hello", opcode=1))
         else:
-            sock.sendall(_ws_frame(connect("ws-closing")) + _ws_frame(b"\xe0\x00"))
+            sock.sendall(ws_frame(connect("ws-closing")) + ws_frame(b"\xe0\x00"))
         _until_close_frame(sock)  # the node is closing
         with contextlib.suppress(OSError):
-            sock.sendall(_ws_frame(b"\0" * (2**20 + 100)))
+            sock.sendall(ws_frame(b"\0" * (2**20 + 100)))
     finally:
         sock.close()
     deadline = time.monotonic() + 5

@@ -28,6 +28,7 @@ import pytest
 import trustme
 
 from mqtt_client import CONNACK, StreamDecoder, connect, publish
+from ws_support import server_cert, ws_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,10 +55,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WsNode]:
 
     tmp = Path(tmp_path_factory.mktemp("ws-handshake"))
     ca = trustme.CA()
-    leaf = ca.issue_cert(HOST, "localhost")
-    cert, key = tmp / "server.pem", tmp / "server.key"
-    leaf.cert_chain_pems[0].write_to_path(str(cert))
-    leaf.private_key_pem.write_to_path(str(key))
+    cert, key = server_cert(ca, tmp)
     config = BrokerConfig(node_id="ws-handshake", mqtt=f"{HOST}:0", ws=f"{HOST}:0",
                           wss=f"{HOST}:0", certfile=cert, keyfile=key, data_dir=None,
                           sys_interval=0,
@@ -100,18 +98,6 @@ def _upgrade(key: str | None = None, protocols: str | None = "mqtt") -> bytes:
     if protocols is not None:
         lines.append(f"Sec-WebSocket-Protocol: {protocols}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def _frame(payload: bytes, opcode: int = 2) -> bytes:
-    """One masked client frame; the mask key is zero, so the payload goes as it is."""
-    n = len(payload)
-    if n < 126:
-        head = bytes([0x80 | opcode, 0x80 | n])
-    elif n < 65536:
-        head = bytes([0x80 | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
-    else:
-        head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
-    return head + b"\0\0\0\0" + payload
 
 
 class _Peer:
@@ -168,7 +154,7 @@ def test_a_connect_in_the_same_segment_as_the_upgrade_is_answered(open_socket: O
     """Upgrade request and CONNECT frame in one write: 101, then the CONNACK (at once, not
     a close after ``connect_timeout``)."""
     with open_socket() as sock:
-        sock.sendall(_upgrade() + _frame(connect("ws-pipelined")))
+        sock.sendall(_upgrade() + ws_frame(connect("ws-pipelined")))
         peer = _Peer(sock)
         response = peer.response()
         assert _status(response) == 101, response
@@ -217,9 +203,9 @@ def test_a_packet_over_the_limit_closes_with_1009(open_socket: Opener) -> None:
         sock.sendall(_upgrade())
         peer = _Peer(sock)
         assert _status(peer.response()) == 101
-        sock.sendall(_frame(connect("ws-too-big")))
+        sock.sendall(ws_frame(connect("ws-too-big")))
         assert peer.frame() == (2, bytes([0x20, 2, 0, 0])), "CONNACK"
-        sock.sendall(_frame(publish("ws/big", b"x" * (2 * MAX_PACKET))))
+        sock.sendall(ws_frame(publish("ws/big", b"x" * (2 * MAX_PACKET))))
         while (frame := peer.frame())[0] != 8:
             assert frame[0] == 2, frame
         assert int.from_bytes(frame[1][:2], "big") == 1009, frame
@@ -232,10 +218,10 @@ def test_pings_are_answered_and_a_close_is_returned(open_socket: Opener) -> None
         sock.sendall(_upgrade())
         peer = _Peer(sock)
         assert _status(peer.response()) == 101
-        sock.sendall(_frame(connect("ws-ping")))
+        sock.sendall(ws_frame(connect("ws-ping")))
         assert peer.frame() == (2, bytes([0x20, 2, 0, 0])), "CONNACK"
-        sock.sendall(_frame(b"are you there", opcode=9))
+        sock.sendall(ws_frame(b"are you there", opcode=9))
         assert peer.frame() == (10, b"are you there")
-        sock.sendall(_frame((1000).to_bytes(2, "big"), opcode=8))
+        sock.sendall(ws_frame((1000).to_bytes(2, "big"), opcode=8))
         opcode, payload = peer.frame()
         assert (opcode, payload[:2]) == (8, (1000).to_bytes(2, "big"))

@@ -21,6 +21,7 @@ import trustme
 from trio_websocket import open_websocket_url
 
 from mqtt_client import CONNACK, StreamDecoder, connect
+from ws_support import server_cert
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,10 +38,7 @@ async def broker(tmp_path: Path, ca: trustme.CA) -> AsyncIterator[Any]:
     """An in-process node with ``ws`` and ``wss`` listeners on free ports."""
     from mqttring import BrokerConfig, MqttRingBroker
 
-    leaf = ca.issue_cert(HOST, "localhost")
-    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    leaf.cert_chain_pems[0].write_to_path(str(cert))
-    leaf.private_key_pem.write_to_path(str(key))
+    cert, key = server_cert(ca, tmp_path)
     config = BrokerConfig(node_id="ws-subprotocols", mqtt=f"{HOST}:0", ws=f"{HOST}:0",
                           wss=f"{HOST}:0", certfile=cert, keyfile=key, data_dir=None,
                           sys_interval=0)
