@@ -54,10 +54,9 @@ our own routes where we became a target, and computing each peer's set, all in s
 ``SETTLE_SLICE`` with a checkpoint between them (one step of 1-4 s with 50k local filters and
 100k routes made nodes fence themselves).  A shard we became a replica of in that view is
 not complete until our own routes are in; a set computed in slices goes out in one step,
-after the local routes added or released meanwhile were looked at again.  Where a local
-filter's route goes is hashed once per filter (``_filter_shards``), and each peer's digest is
-hashed once per view, then kept up to date route by route (``_digest_change``): before, one
-SUBSCRIBE a second made every anti-entropy round hash every local route again.
+after the local routes added or released meanwhile were looked at again.  Which routes
+each peer should hold, and the digests of those sets, are computed by ``RouteSets``
+(``mqttring.cluster.route_sets``), which hashes each filter and each digest once.
 """
 
 from __future__ import annotations
@@ -68,14 +67,13 @@ from typing import Any
 
 import trio
 
-from mqttring.broker.shared import inner_filter
 from mqttring.cluster.errors import PeerUnavailable, RemoteError, RoutesIncomplete
 from mqttring.cluster.links import Links, in_frames
 from mqttring.cluster.messages import RouteAdd, RouteDel, RouteDigest, RoutePull, RouteSync
+from mqttring.cluster.route_sets import ROUTED_STATES, RouteSets, wildcard_targets
 from mqttring.cluster.routes import (
     RouteKey,
     RouteTable,
-    has_wildcard,
     registrar_for,
     route_digest,
     route_shard,
@@ -88,19 +86,11 @@ Answer = Coroutine[Any, Any, None]
 
 log = logging.getLogger("mqttring.cluster.registry")
 
-
-#: Member states whose nodes hold every wildcard route: a joining node may still own the
-#: shards it held last (their last holder, back from a power loss), but until it is up no
-#: peer counts it a target; a leaving one owns shards until it has handed them over.
-ROUTED_STATES = (MemberState.UP, MemberState.LEAVING)
+__all__ = ["ROUTED_STATES", "PendingRoute", "RouteRegistry", "route_key_size",
+           "wildcard_targets"]
 
 #: Routes or local filters looked at between two checkpoints after a view change.
 SETTLE_SLICE = 1000
-
-
-def wildcard_targets(view: ClusterView) -> list[str]:
-    """The nodes a wildcard filter's route is registered at (see ``route_targets``)."""
-    return sorted(n for n, m in view.members.items() if m.state in ROUTED_STATES)
 
 
 def route_key_size(key: RouteKey) -> int:
@@ -174,12 +164,8 @@ class RouteRegistry:
         self._routes_changed = trio.Event()
         #: Bumped whenever the set of locally wanted routes changes.
         self._local_version = 0
-        #: peer -> (view epoch, digest of the routes it should hold for us): kept up to
-        #: date as local routes come and go (``_digest_change``), so that an anti-entropy
-        #: round hashes every route only once per view, not after every SUBSCRIBE.
-        self._digest_cache: dict[str, tuple[int, int]] = {}
-        #: peer -> (view epoch, ``_targets_at`` it): which routes it holds, per view.
-        self._targets_cache: dict[str, tuple[int, tuple[bool, frozenset[int]]]] = {}
+        #: Which of ``local_filters`` each peer should hold, and the digests of those sets.
+        self.sets = RouteSets(node_id, self.local_filters)
         #: peer -> (epoch, next part, routes so far) of a route set arriving in parts.
         self._rsync_parts: dict[str, tuple[int, int, list[RouteKey]]] = {}
         #: peer -> (epoch, homes) of a full set it sent under a newer view than ours.
@@ -195,10 +181,6 @@ class RouteRegistry:
         #: Local route keys added or released while ``settle_view`` computes sets in
         #: slices: looked at again before the sets go out.
         self._touched: set[RouteKey] | None = None
-        #: filter -> ``route_shard`` under ``_shards_under`` (num_shards, pins): where a
-        #: local filter's route goes, hashed once, not at every route set and digest.
-        self._filter_shards: dict[str, int | None] = {}
-        self._shards_under: tuple[int, Any] = (0, None)
 
     # -- this node's subscriptions ----------------------------------------------------------
 
@@ -217,7 +199,7 @@ class RouteRegistry:
         if count:
             return None
         self._local_version += 1
-        self._digest_change(key)
+        self.sets.change(key, self.view())
         if self._touched is not None:
             self._touched.add(key)
         return PendingRoute(self, key[0], self._announce(key, "radd"))
@@ -228,7 +210,7 @@ class RouteRegistry:
         self.local_filters[key] = count + 1
         if count == 0:
             self._local_version += 1
-            self._digest_change(key)
+            self.sets.change(key, self.view())
             if self._touched is not None:
                 self._touched.add(key)
             self.spawn(self._confirm, "radd", key[0], self._announce(key, "radd"))
@@ -240,8 +222,8 @@ class RouteRegistry:
             self.local_filters[key] = count
             return
         if self.local_filters.pop(key, None) is not None:
-            self._digest_change(key)
-            self._filter_shards.pop(key[0], None)  # (recomputed if another target has it)
+            self.sets.change(key, self.view())
+            self.sets.forget_filter(key[0])
         self._local_version += 1
         if self._touched is not None:
             self._touched.add(key)
@@ -442,8 +424,7 @@ class RouteRegistry:
         subscribers too, which ``add_now`` registered only where it was held then."""
         me = self.node_id
         local = self.local_filters
-        for topic_filter, target in self._expected_among(keys, self._targets_at(me, view),
-                                                         view):
+        for topic_filter, target in self.sets.among(keys, self.sets.targets_at(me, view), view):
             if (topic_filter, target) in local:
                 self.routes.add(topic_filter, target, registrar_for(target, me))
 
@@ -465,17 +446,10 @@ class RouteRegistry:
         me = self.node_id
         held = {s for s in range(view.num_shards) if me in view.replicas(s)}
         routes = self.routes
-        pending = list(routes._holders)
+        pending = routes.keys()
         for start in range(0, len(pending), slice_size):
             await trio.lowlevel.checkpoint()
-            dropped = False
-            for key in pending[start:start + slice_size]:
-                if (key in routes._holders and not has_wildcard(key[0])
-                        and view.shard_for_topic(inner_filter(key[0])) not in held):
-                    routes._drop_key(key)
-                    dropped = True
-            if dropped:
-                routes.version += 1
+            routes.drop_exact_among(pending[start:start + slice_size], held, view)
         own = list(self.local_filters)
         for start in range(0, len(own), slice_size):
             await trio.lowlevel.checkpoint()
@@ -501,10 +475,10 @@ class RouteRegistry:
         used = 0
         try:
             local = list(self.local_filters)
-            at = self._peer_targets(node, view)
+            at = self.sets.peer_targets(node, view)
             for start in range(0, len(local), slice_size):
                 await trio.lowlevel.checkpoint()
-                found = self._expected_among(local[start:start + slice_size], at, view)
+                found = self.sets.among(local[start:start + slice_size], at, view)
                 keys.update(found)
                 digest ^= route_digest(found)
                 for key in found:  # ``in_frames``, a slice at a time
@@ -519,7 +493,7 @@ class RouteRegistry:
             if outer is not None:
                 outer.update(touched)
         for key in touched:
-            now = key in self.local_filters and bool(self._expected_among((key,), at, view))
+            now = key in self.local_filters and bool(self.sets.among((key,), at, view))
             if now == (key in keys):
                 continue
             digest ^= route_digest((key,))
@@ -536,7 +510,7 @@ class RouteRegistry:
         if self.view().epoch == view.epoch:
             self._send_parts(node, view, [part for part in parts if part] or [[]])
             # The digest of exactly that set: the next rounds need not hash it all again.
-            self._digest_cache[node] = (view.epoch, digest)
+            self.sets.remember_digest(node, view.epoch, digest)
 
     def _track_life(self, old: ClusterView, new: ClusterView) -> None:
         """Start ``live_since`` when we become a wildcard route target (again, or in a new
@@ -557,41 +531,7 @@ class RouteRegistry:
 
     def expected_at(self, node: str, view: ClusterView) -> set[RouteKey]:
         """The routes ``node`` should hold on our behalf under ``view``."""
-        return set(self._expected_among(self.local_filters, self._targets_at(node, view),
-                                        view))
-
-    def _targets_at(self, node: str, view: ClusterView) -> tuple[bool, frozenset[int]]:
-        """Whether ``node`` holds wildcard routes under ``view``, and the shards whose exact
-        routes it holds: ``node in route_targets(f, view)`` without a walk per filter."""
-        me = self.node_id
-        wildcard = node in (wildcard_targets(view) or [me])
-        shards = frozenset(s for s in range(view.num_shards)
-                           if node in (view.replicas(s) or (me,)))
-        return wildcard, shards
-
-    def _expected_among(self, keys: Iterable[RouteKey], at: tuple[bool, frozenset[int]],
-                        view: ClusterView) -> list[RouteKey]:
-        """Those of ``keys`` whose route goes to the node ``at`` describes."""
-        wildcard, shards = at
-        cache = self._filter_shards_under(view)
-        found = []
-        for key in keys:
-            topic_filter = key[0]
-            if topic_filter in cache:
-                shard = cache[topic_filter]
-            else:
-                shard = cache[topic_filter] = route_shard(topic_filter, view)
-            if wildcard if shard is None else shard in shards:
-                found.append(key)
-        return found
-
-    def _filter_shards_under(self, view: ClusterView) -> dict[str, int | None]:
-        """``_filter_shards``, emptied first if ``view`` places filters differently."""
-        count, pins = self._shards_under
-        if count != view.num_shards or (pins is not view.pins and pins != view.pins):
-            self._filter_shards.clear()
-        self._shards_under = (view.num_shards, view.pins)
-        return self._filter_shards
+        return self.sets.expected_at(node, view)
 
     def sync_to(self, node: str, view: ClusterView | None = None) -> None:
         """Send ``node`` the full set of routes it should hold for us."""
@@ -618,45 +558,17 @@ class RouteRegistry:
 
     def send_digests(self) -> None:
         """One anti-entropy round: a digest of our route set to every peer (computed once
-        per view and peer, then updated route by route: ``_digest_change``)."""
+        per view and peer, then updated route by route: ``RouteSets.change``)."""
         view = self.view()
         homes = sorted(self.held())
         self.homes_known.update(homes)
         for node in self.sync_peers(view):
-            cached = self._digest_cache.get(node)
-            if cached is None or cached[0] != view.epoch:
+            digest = self.sets.digest(node, view)
+            if digest is None:
                 if self._sets_coming == view.epoch:
                     continue  # its full set is on its way, with the digest computed in slices
-                digest = route_digest(self.expected_at(node, view))
-                cached = self._digest_cache[node] = (view.epoch, digest)
-            self.links.send(node, RouteDigest(view.epoch, cached[1], homes))
-
-    def _peer_targets(self, node: str, view: ClusterView) -> tuple[bool, frozenset[int]]:
-        cached = self._targets_cache.get(node)
-        if cached is None or cached[0] != view.epoch:
-            cached = self._targets_cache[node] = (view.epoch, self._targets_at(node, view))
-        return cached[1]
-
-    def _digest_change(self, key: RouteKey) -> None:
-        """A local route ``key`` appeared or went: toggle it in the cached digests of the
-        peers that hold it (a digest is the XOR of its routes' hashes)."""
-        if not self._digest_cache:
-            return
-        view = self.view()
-        cache = self._filter_shards_under(view)
-        topic_filter = key[0]
-        if topic_filter in cache:
-            shard = cache[topic_filter]
-        else:
-            shard = cache[topic_filter] = route_shard(topic_filter, view)
-        hashed = 0
-        for node, (epoch, digest) in list(self._digest_cache.items()):
-            if epoch != view.epoch or node not in view.members:
-                continue  # recomputed whole at the next round
-            wildcard, shards = self._peer_targets(node, view)
-            if wildcard if shard is None else shard in shards:
-                hashed = hashed or route_digest((key,))
-                self._digest_cache[node] = (epoch, digest ^ hashed)
+                digest = self.sets.compute_digest(node, view)
+            self.links.send(node, RouteDigest(view.epoch, digest, homes))
 
     def routes_complete(self, shard: int, view: ClusterView) -> bool:
         """Has every live peer told us its routes since we became this shard's replica, and

@@ -241,13 +241,28 @@ class RouteTable:
             self.remove(topic_filter, target, node)
         self.version += 1
 
+    def keys(self) -> list[RouteKey]:
+        """Every route held, as a list taken now (to walk in slices while it changes)."""
+        return list(self._holders)
+
     def drop_exact_where(self, keep: set[int], view: ClusterView) -> None:
         """Forget exact routes of topics whose shard this node no longer holds."""
-        for key in [k for k in self._holders
-                    if not has_wildcard(k[0]) and view.shard_for_topic(inner_filter(k[0]))
-                    not in keep]:
-            self._drop_key(key)
+        self.drop_exact_among(self.keys(), keep, view)
         self.version += 1
+
+    def drop_exact_among(self, keys: Iterable[RouteKey], keep: set[int],
+                         view: ClusterView) -> None:
+        """``drop_exact_where`` for ``keys`` only (a slice of ``keys()``; those gone since
+        are skipped), so that a view change can do it a slice per loop step."""
+        holders = self._holders
+        dropped = False
+        for key in keys:
+            if (key in holders and not has_wildcard(key[0])
+                    and view.shard_for_topic(inner_filter(key[0])) not in keep):
+                self._drop_key(key)
+                dropped = True
+        if dropped:
+            self.version += 1
 
     def nodes_for(self, topic: str) -> set[str]:
         """Route targets (node ids, or ``s:N`` for the persistent sessions of shard N)."""
