@@ -20,7 +20,6 @@ from mqttring.broker.retained import RetainedStore
 from mqttring.broker.router import Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import SessionManager
-from mqttring.broker.shard_writes import ShardWriter
 from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig
 from mqttring.lsm import LsmStore
@@ -34,9 +33,9 @@ class ClusterMember(Protocol):
     """What a node needs from the cluster it belongs to (built before the broker core)."""
 
     retained: RetainedStore
+    #: Both write through the cluster's replication (a ``ShardWriter``), which the broker
+    #: layer never calls itself.
     session_store: SessionStore
-    #: Writes that must reach a shard's replicas.
-    replicator: ShardWriter
     #: The authenticated RPC server on the cluster address (admin requests go there too).
     admin: RpcServer
 
