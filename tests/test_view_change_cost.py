@@ -32,8 +32,8 @@ from decision_support import NUM_SHARDS, Metadata, RecordingLinks
 from mqttring.broker.retained import RetainedStore
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.shard_writes import LocalShardWriter
-from mqttring.cluster import plane as plane_module
 from mqttring.cluster import registry as registry_module
+from mqttring.cluster import shard_moves
 from mqttring.cluster.messages import RouteDigest, RouteSync
 from mqttring.cluster.plane import DataPlane
 from mqttring.cluster.registry import RouteRegistry, route_key_size
@@ -214,7 +214,7 @@ async def test_taking_shards_over_reads_and_decodes_only_theirs_off_the_loop(
 
 async def test_the_plane_loads_only_the_gained_shards_in_slices(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plane_module, "LOAD_SLICE", 20)
+    monkeypatch.setattr(shard_moves, "LOAD_SLICE", 20)
     with LsmStore(tmp_path / "store") as lsm:
         store = await _stored_sessions(lsm, 300)
         restored: list[list[str]] = []
