@@ -144,6 +144,13 @@ class Limits:
     max_outgoing_buffer: Count = 4 * 1024 * 1024
     #: Subscriptions per client; more are refused with SUBACK 0x80.
     max_subscriptions: Count = 10_000
+    #: Bytes of retained messages (payloads and topic names) one node holds in memory, as
+    #: owner or replica: past it a retained message that would add bytes (a new topic, a
+    #: bigger payload) is delivered but not retained.  0 = no limit.
+    max_retained_bytes: Annotated[int, Meta(ge=0)] = 1024 * 1024 * 1024
+    #: Retained topics one node holds: past it a retained message for a new topic is
+    #: delivered but not retained.  0 = no limit.
+    max_retained_messages: Annotated[int, Meta(ge=0)] = 0
     #: Seconds a queued message for an offline session is kept (0 = forever).
     queued_message_ttl: Seconds = 0.0
     #: QoS 2 messages a session remembers at most (by the identity a cluster gives each QoS

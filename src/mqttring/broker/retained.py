@@ -55,6 +55,7 @@ shards) re-files every topic, in slices too (``reindex``).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -148,6 +149,9 @@ class RetainedStore:
         writer: ShardWriter | None = None,
         shard_for_topic: Callable[[str], int] | None = None,
         epoch: Callable[[], int] | None = None,
+        *,
+        max_bytes: int = 0,
+        max_topics: int = 0,
     ) -> None:
         self._store = store
         self._writer: ShardWriter | None = writer or (
@@ -176,6 +180,17 @@ class RetainedStore:
         #: Topics looked at by ``drop_shards``/``reindex``/``forget_shards`` (tests: the
         #: cost of a view change is that of what it changed).
         self.forget_visits = 0
+        #: ``limits.max_retained_bytes``/``max_retained_messages`` (0: none), checked where
+        #: this node decides what is retained (``update_many``: the owner, or the single
+        #: node); replicated and copied rows follow their owner's decision.
+        self.max_bytes = max_bytes
+        self.max_topics = max_topics
+        #: Payload and topic bytes of the retained messages held ($SYS aside): what
+        #: ``max_bytes`` bounds.
+        self.held_bytes = 0
+        #: Retained messages delivered but not retained for a limit (``_fits``).
+        self.refused = 0
+        self._refusals_logged_at = -math.inf
 
     def __len__(self) -> int:
         return len(self._index)
@@ -213,8 +228,12 @@ class RetainedStore:
                 if part[:1] == _DIGEST_MARK:
                     self._digested[part] = topic
         self._versions[topic] = version
+        old = self._index.get(topic)
+        if old is not None:
+            self.held_bytes -= len(old.payload) + len(topic)
         if payload:
             self._index.set(topic, Message(topic, payload, qos, True, props))
+            self.held_bytes += len(payload) + len(topic)
         else:
             self._index.discard(topic)
         return True
@@ -330,7 +349,10 @@ class RetainedStore:
 
     def _forget(self, topic: str) -> None:
         self._versions.pop(topic, None)
-        self._index.discard(topic)
+        old = self._index.get(topic)
+        if old is not None:
+            self.held_bytes -= len(old.payload) + len(topic)
+            self._index.discard(topic)
         shard = self._topic_shard.pop(topic, None)
         if shard is not None:
             self._unfile(topic, shard)
@@ -409,6 +431,9 @@ class RetainedStore:
                             "kept the newer one", topic, stamp_epoch, self._versions.get(topic))
                 continue
             payload = message.payload or None
+            if payload is not None and (self.max_bytes or self.max_topics) and not self._fits(
+                    topic, payload):
+                continue
             # Always installed: ``_stamp`` returned a version newer than the one held.
             self._apply(topic, payload, message.qos, version, message.props)
             written[topic] = (version, make_row(topic, payload, message.qos, version,
@@ -434,6 +459,34 @@ class RetainedStore:
                 if held is not None and held > version:
                     newer[topic] = (held, self._held_row(topic, held))
             written = newer
+
+    def _fits(self, topic: str, payload: bytes) -> bool:
+        """Whether retaining ``payload`` on ``topic`` keeps this node within its limits.
+
+        Only what *adds* is refused: a new topic past ``max_topics``, more bytes past
+        ``max_bytes``; a clear, or a payload no bigger than the one held, always passes, so
+        a full node can still be emptied and updated in place.  A refused message is still
+        delivered (the caller routes it whatever this says) and keeps the topic's earlier
+        retained message, as EMQX's ``max_retained_messages`` does; one warning a minute
+        says how many were refused."""
+        old = self._index.get(topic)
+        grows = len(payload) + len(topic) - (0 if old is None else len(old.payload) + len(topic))
+        if ((old is not None or not self.max_topics
+             or self._index.count_outside_dollar() < self.max_topics)
+                and (grows <= 0 or not self.max_bytes
+                     or self.held_bytes + grows <= self.max_bytes)):
+            return True
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refusals_logged_at >= 60.0:
+            self._refusals_logged_at = now
+            log.warning("retained message on %r not retained: this node holds %d retained "
+                        "messages, %d bytes (limits.max_retained_messages %d, "
+                        "max_retained_bytes %d); it was delivered. %d refused so far",
+                        topic, self._index.count_outside_dollar(), self.held_bytes,
+                        self.max_topics,
+                        self.max_bytes, self.refused)
+        return False
 
     def _held_row(self, topic: str, version: Version) -> list[Any]:
         """The stored form of what memory holds for ``topic`` (a tombstone if not indexed)."""

@@ -175,7 +175,9 @@ class BrokerNode(BackgroundThread):
                                   passwords=files.passwords, acl_rules=files.acl)
                 retained = plane.retained
             else:
-                retained = RetainedStore(store, config.num_shards)
+                retained = RetainedStore(store, config.num_shards,
+                                         max_bytes=config.limits.max_retained_bytes,
+                                         max_topics=config.limits.max_retained_messages)
                 metrics = self.metrics
 
                 def local_router(core: BrokerCore) -> Router:

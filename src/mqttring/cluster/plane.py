@@ -136,7 +136,9 @@ class DataPlane(ShardMoves):
                                           patience=config.cluster_write_patience)
         self.retained = RetainedStore(store, config.num_shards, self.replicator,
                                       lambda topic: self.current_view().shard_for_topic(topic),
-                                      lambda: self.current_view().epoch)
+                                      lambda: self.current_view().epoch,
+                                      max_bytes=config.limits.max_retained_bytes,
+                                      max_topics=config.limits.max_retained_messages)
         self.session_store = SessionStore(store, config.num_shards, self.replicator)
         #: Shards this node owns and whose persistent sessions are loaded in memory.
         self.held: set[int] = set()

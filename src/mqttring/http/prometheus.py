@@ -125,6 +125,13 @@ class NodeCollector(Collector):
         if broker.retained is not None:
             yield _gauge("retained_messages", "Retained topics held by this node ($SYS aside).",
                          broker.retained.count_user_topics())
+            yield _gauge("retained_bytes", "Payload and topic bytes of the retained messages "
+                         "held by this node (what limits.max_retained_bytes bounds).",
+                         broker.retained.held_bytes)
+            yield CounterMetricFamily("mqttring_retained_refused",
+                                      "Retained messages delivered but not retained: this "
+                                      "node was at limits.max_retained_bytes or "
+                                      "max_retained_messages.", value=broker.retained.refused)
         if broker.store is not None:
             stats = broker.store.stats()
             for key, (name, doc, counter) in _STORE.items():
