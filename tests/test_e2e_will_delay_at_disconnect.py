@@ -23,7 +23,16 @@ from conftest import BrokerHandle
 from mqtt5_support import Raw5
 from mqtt_client import PUBLISH, RawClient
 from mqttring.protocol.codec5 import encode5
-from mqttring.protocol.packets5 import ConnAck5, Connect5, Disconnect5, Will5
+from mqttring.protocol.packets5 import (
+    ConnAck5,
+    Connect5,
+    Disconnect5,
+    Publish5,
+    SubAck5,
+    SubOptions,
+    Subscribe5,
+    Will5,
+)
 from mqttring.protocol.properties import Properties, PropertyId
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,3 +100,31 @@ def test_a_cluster_home_on_another_node(cluster: NodeCluster) -> None:
     view = cluster.settle(("a", "b", "c"))
     _run({name: cluster.port("a") for name in CASES}, cluster.port("c"),
          {name: view.client_homed_at("b", unique(f"wd-{name}")) for name in CASES})
+
+
+def test_a_delayed_wills_expiry_counts_from_its_publication(broker: BrokerHandle) -> None:
+    """A will's Message Expiry Interval is its lifetime from when it is *published*
+    [3.1.3.2.4]: a will delayed 2 s with an expiry of 1 s goes out (with MEI 1), as
+    mosquitto sends it.  A probe found it counted from the close on one node: the will
+    had expired before it was due, and was never published."""
+    topic = unique("wd-mei")
+    sub = Raw5(HOST, broker.port)
+    client = Raw5(HOST, broker.port)
+    try:
+        connack = sub.connect(unique("wd-mei-sub"))
+        assert isinstance(connack, ConnAck5) and connack.reason_code == 0
+        sub.send(encode5(Subscribe5(1, ((topic, SubOptions(0)),))))
+        assert isinstance(sub.recv(), SubAck5)
+        will = Will5(topic, b"gone", 0, False, Properties([
+            (PropertyId.WILL_DELAY_INTERVAL, 2), (PropertyId.MESSAGE_EXPIRY_INTERVAL, 1)]))
+        client.send(encode5(Connect5(unique("wd-mei"), True, 60, will, properties=Properties(
+            [(PropertyId.SESSION_EXPIRY_INTERVAL, 60)]))))
+        connack = client.recv()
+        assert isinstance(connack, ConnAck5) and connack.reason_code == 0
+        client.close()  # no DISCONNECT: the will is due after its delay
+        packet = sub.recv(timeout=15)
+        assert isinstance(packet, Publish5) and packet.payload == b"gone", packet
+        assert packet.properties.get(PropertyId.MESSAGE_EXPIRY_INTERVAL) == 1
+    finally:
+        client.close()
+        sub.close()

@@ -10,6 +10,12 @@ CONNECT of that id, on the node that decides the id) drops one [MQTT-3.1.3-9], a
 The effective delay is the smaller of the will delay and the session expiry interval: a
 will is published when the session ends if that comes first.  The broker core decides that
 and schedules with the result.
+
+What is held is how to *make* the message, not the message: a will's Message Expiry
+Interval is its lifetime from when it is published [3.1.3.2.4], so the message (whose
+expiry deadline is set when it is made) is made when the will falls due.  Made at the
+close, a will delayed 3 s with an expiry of 2 s had expired before it went out, and was
+never published.
 """
 
 from __future__ import annotations
@@ -37,18 +43,19 @@ class DelayedWills:
         #: dropped (it reconnected; the cancel may have come before the old connection's
         #: cleanup scheduled the will).
         self._connected = connected
-        #: client id -> (trio deadline, will message, its ACL check).
-        self._pending: dict[str, tuple[float, Message, Allowed | None]] = {}
+        #: client id -> (trio deadline, what makes the will's message, its ACL check).
+        self._pending: dict[str, tuple[float, Callable[[], Message], Allowed | None]] = {}
         self._changed = trio.Event()
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def schedule(self, client_id: str, message: Message, delay: float,
+    def schedule(self, client_id: str, make: Callable[[], Message], delay: float,
                  allowed: Allowed | None = None) -> None:
-        """``allowed``: asked when the will falls due (an ACL reload may have revoked its
-        topic meanwhile); None: no ACL."""
-        self._pending[client_id] = (trio.current_time() + delay, message, allowed)
+        """``make``: the will's message, made when it falls due (see the module
+        docstring).  ``allowed``: asked then too (an ACL reload may have revoked its topic
+        meanwhile); None: no ACL."""
+        self._pending[client_id] = (trio.current_time() + delay, make, allowed)
         self._changed.set()
 
     def cancel(self, client_id: str) -> bool:
@@ -62,7 +69,8 @@ class DelayedWills:
             now = trio.current_time()
             due = [cid for cid, (deadline, _, _) in self._pending.items() if deadline <= now]
             for cid in due:
-                _, message, allowed = self._pending.pop(cid)
+                _, make, allowed = self._pending.pop(cid)
+                message = make()
                 if self._connected(cid):
                     log.info("delayed will of %r not published: it reconnected", cid)
                     continue

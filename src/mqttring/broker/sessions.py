@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from mqttring.broker.refusals import PublishRefused
@@ -337,7 +338,6 @@ class LocalSessions:
             if access is not None and not self.core.will_allowed_by(access, client_id,
                                                                     will.topic):
                 return
-            message = will_message(will, handler.client_id or "")
             delay = will_delay(will)
             current = self.core.clients.get(handler.client_id or "")
             if delay > 0 and current is not None and current is not handler:
@@ -348,9 +348,11 @@ class LocalSessions:
                 log.info("will of %r on %r delayed %d s: %s", handler.client_id, will.topic,
                          delay, handler.close_reason or "closed without DISCONNECT")
                 self.core.delayed_wills.schedule(
-                    client_id, message, delay, None if access is None else (
+                    client_id, partial(will_message, will, client_id), delay,
+                    None if access is None else (
                         lambda m: self.core.will_allowed_by(access, client_id, m.topic)))
                 return
+            message = will_message(will, client_id)
             log.info("publishing the will of %r on %r: %s", handler.client_id, will.topic,
                      handler.close_reason or "closed without DISCONNECT",
                      extra={"client_id": handler.client_id, "event": "will"})
