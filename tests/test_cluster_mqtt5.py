@@ -324,6 +324,30 @@ def test_a_takeover_through_another_node_publishes_the_will_only_if_the_session_
     assert watcher.get().topic == f"{topic}/second"
 
 
+@pytest.mark.parametrize(("home", "old", "new"), [("a", "a", "c"), ("c", "a", "c"),
+                                                 ("a", "a", "a")])
+def test_a_will_of_delay_0_stays_unpublished_when_the_takeover_resumes_the_session(
+        cluster: NodeCluster, view: ViewInfo, v5: Callable[..., Paho5],
+        home: str, old: str, new: str) -> None:
+    """Wherever the session's home is (the old connection's node, the new one's, both on
+    one node), a takeover that resumes the session publishes no will of delay 0, as on one
+    node and as mosquitto.  The home decided after it had closed the old connection, whose
+    close had started the session's expiry, and counted the session as not resumed: the
+    will went out (MQTT 5 probe)."""
+    cid, topic = view.client_homed_at(home, unique("tw0")), unique("tw0")
+    watcher = v5("b")
+    watcher.connect()
+    watcher.subscribe(f"{topic}/#", 1)
+    session = props(CONNECT, SessionExpiryInterval=60)
+    first = v5(old, cid)
+    first.connect(properties=session, will=(f"{topic}/will", b"gone", 1, False, None))
+    second = v5(new, cid)
+    present, _ = second.connect(clean_start=False, properties=session)
+    assert present and first.disconnects.get(timeout=15) == 0x8E
+    second.publish(f"{topic}/sentinel", b"s", 1)
+    watcher.nothing_before(f"{topic}/sentinel")
+
+
 def test_a_node_leaving_on_sigterm_says_0x8b(fresh_cluster: Callable[..., NodeCluster]
                                              ) -> None:
     """SIGTERM makes a node leave the cluster, then stop: its v5 clients (clean sessions,

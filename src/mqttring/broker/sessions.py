@@ -122,9 +122,9 @@ def takeover_publishes_will(will: Will | Will5, kept: Session | None,
     closed; a fleet's "offline" will must not fire because a device reconnected before the
     broker noticed its old connection was dead (mosquitto, HiveMQ alike).  Taken over by a
     Clean Start, the old session ends, and its will goes out after its delay like any other
-(a delay longer than 0 is then cancelled by that very connection [MQTT-3.1.2-8], as
-mosquitto does).  MQTT 3.1.1
-    has no such rule: the close is not a DISCONNECT, so its will goes out [MQTT-3.1.2-8].
+    (a delay longer than 0 is then cancelled by that very connection [MQTT-3.1.2-8], as
+    mosquitto does).  MQTT 3.1.1 has no such rule: the close is not a DISCONNECT, so its
+    will goes out [MQTT-3.1.2-8].
     ``kept``: the session the old connection had (at the session's home); resumed when the
     new connection does not ``starts_clean`` and it was to outlive its connection
     (persistent, not ending at its close)."""

@@ -107,6 +107,13 @@ class HomeRegistry:
         lock = self._locks.setdefault(client_id, trio.Lock())
         async with lock:
             previous = self.registrations.get(client_id)
+            # Whether a taken-over connection's will goes out is decided on the session
+            # as it is *before* that connection is closed: its close starts the session's
+            # expiry (``ends_at``), after which the session no longer counts as resumed,
+            # and a will of delay 0 went out although the new connection resumed the
+            # session (MQTT 5 probe; one node and mosquitto publish none).
+            will_goes = previous is None or previous.will is None or takeover_publishes_will(
+                previous.will, self.core.sessions.get(client_id), clean or fresh)
             if (previous is not None and previous.token != token
                     and previous.node != self.node_id and previous.will_due is None):
                 # Before the new connection counts: the old one must be closed (confirmed).
@@ -144,8 +151,7 @@ class HomeRegistry:
                         if old.session is not None:
                             await self.core.connection_lost(old)
                 if previous.will is not None and not will_delay(previous.will):
-                    if takeover_publishes_will(previous.will, self.core.sessions.get(
-                            client_id), clean or fresh):
+                    if will_goes:
                         self.wills.publish(client_id, previous.will, "taken over",
                                            previous.username)
                     else:
