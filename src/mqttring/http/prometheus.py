@@ -64,8 +64,8 @@ _STORE = {
                            "Writers that waited for a full memtable to drain.", True),
     "memtable_bytes": ("store_memtable_bytes", "Bytes written and not yet committed.", False),
     "map_size": ("store_map_size_bytes", "Size of the LMDB map.", False),
-    "used_bytes": ("store_used_bytes", "Bytes of the LMDB file in use (up to its last "
-                   "page).", False),
+    "used_bytes": ("store_used_bytes", "High-water mark of the LMDB file (up to its last "
+                   "page used; freed pages are reused, the file never shrinks).", False),
 }
 
 #: Links.stats() key -> (metric name, help, counter?); labelled by peer.
