@@ -419,6 +419,24 @@ def test_disconnect_with_will_message(v5: Callable[..., Paho5]) -> None:
     assert watcher.get().payload == b"sent"
 
 
+@pytest.mark.parametrize("reason", [0x80, 0x83, 0x97])
+def test_only_a_disconnect_with_success_discards_the_will(
+        v5: Callable[..., Paho5], reason: int) -> None:
+    """[MQTT-3.14.4-3], 3.1.2.5: only DISCONNECT 0x00 discards the will; a client that
+    disconnects with an error reason still has its will published (a probe found the will
+    dropped for every reason but 0x04)."""
+    topic = unique("will-err")
+    watcher = v5()
+    watcher.connect()
+    watcher.subscribe(topic, 1)
+    client = v5()
+    client.connect(will=(topic, b"failed", 1, False, None))
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    client.client.disconnect(reasoncode=ReasonCode(DISCONNECT, identifier=reason))
+    assert watcher.get().payload == b"failed"
+
+
 def test_message_expiry_of_queued_and_retained(v5: Callable[..., Paho5]) -> None:
     cid, topic = unique("me"), unique("me")
     sub = v5(cid)

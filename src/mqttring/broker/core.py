@@ -323,8 +323,10 @@ class BrokerCore:
             elif kind is PingRequested:
                 handler.answer_ping(event)  # type: ignore[arg-type]
             elif kind is DisconnectRequested:
-                # MQTT 5 reason 0x04: "disconnect with will message" keeps the will.
-                handler.clean_disconnect = event.reason_code != 0x04  # type: ignore[union-attr]
+                # Only Success (0x00; MQTT 3.1.1's DISCONNECT has no other) discards the will
+                # [MQTT-3.14.4-3]: 0x04 "disconnect with will message" and every error
+                # reason keep it.
+                handler.clean_disconnect = event.reason_code == 0  # type: ignore[union-attr]
             if handler.conn.pending_output:
                 handler.wake()  # what this event answered leaves now, not after the batch
             if handler.conn.closed and not handler.conn.disconnected:
