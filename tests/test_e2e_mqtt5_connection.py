@@ -25,6 +25,7 @@ from mqttring.protocol.codec5 import encode5
 from mqttring.protocol.packets import ConnAck, Connect
 from mqttring.protocol.packets5 import (
     ConnAck5,
+    Connect5,
     Disconnect5,
     PubAck5,
     Publish5,
@@ -314,3 +315,35 @@ def test_an_expired_inflight_message_is_resent_with_expiry_0(
     assert isinstance(resent, Publish5) and resent.dup and resent.payload == b"soon"
     assert resent.packet_id == first.packet_id
     assert resent.properties.get(P.MESSAGE_EXPIRY_INTERVAL) == 0
+
+
+def test_the_connack_fits_the_clients_maximum_packet_size(
+        broker: BrokerHandle, raw5: Callable[[BrokerHandle], Raw5]) -> None:
+    """[MQTT-3.1.2-24] covers the CONNACK too: within a small Maximum Packet Size it leaves
+    out what the client assumes anyway (a probe's 20-byte limit got a 24-byte CONNACK);
+    when what it must say (an assigned client id) cannot fit, the client gets no CONNACK
+    and the connection closes, as with mosquitto."""
+    small = raw5(broker)
+    small.send(encode5(Connect5(unique("mps"), True, 60, properties=Properties(
+        [(P.MAXIMUM_PACKET_SIZE, 20)]))))
+    data = b""
+    small.sock.settimeout(WAIT)
+    while len(data) < 2 or len(data) < 2 + data[1]:
+        chunk = small.sock.recv(256)
+        assert chunk, "closed before the CONNACK"
+        data += chunk
+    assert len(data) <= 20, f"{len(data)}-byte CONNACK for a 20-byte limit"
+    small.decoder.feed(data)
+    connack = small.recv()
+    assert isinstance(connack, ConnAck5) and connack.reason_code == 0
+    assert connack.properties.get(P.RECEIVE_MAXIMUM) is not None, "what it must say stays"
+    small.send(encode5(Subscribe5(1, (("mps/t", SubOptions(0)),))))
+    assert isinstance(small.recv(), SubAck5), "a usable connection"
+    assigned = raw5(broker)
+    assigned.send(encode5(Connect5("", True, 60, properties=Properties(
+        [(P.MAXIMUM_PACKET_SIZE, 24)]))))
+    assigned.sock.settimeout(WAIT)
+    received = b""
+    while chunk := assigned.sock.recv(256):
+        received += chunk
+    assert received == b"", "an assigned id does not fit 24 bytes: no CONNACK, just the close"

@@ -117,6 +117,16 @@ _V5_REFUSALS = {
 }
 
 
+#: CONNACK properties at the value a client assumes when they are absent (section 3.2.2.3):
+#: left out first when the CONNACK must shrink to the client's Maximum Packet Size.
+_CONNACK_DEFAULTS: dict[PropertyId, PropValue] = {
+    PropertyId.RETAIN_AVAILABLE: 1,
+    PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
+    PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
+    PropertyId.SHARED_SUBSCRIPTION_AVAILABLE: 1,
+}
+
+
 class ServerConnection:
     """Sans-IO protocol machine for one client connection."""
 
@@ -465,7 +475,16 @@ class ServerConnection:
         if self._v5 is None:
             self._out += encode_packet(ConnAck(present, ConnectReturnCode.ACCEPTED))
         else:
-            self._out += encode5(ConnAck5(present, 0, self._connack_properties(session)))
+            connack = self._fitted_connack(present, session)
+            if connack is None:
+                # What the client must be told does not fit its own limit: it gets no
+                # CONNACK and the connection closes, as mosquitto does [MQTT-3.1.2-24].
+                self.protocol_error = ProtocolViolation(
+                    "MQTT-3.1.2-24", "the CONNACK does not fit the client's Maximum Packet "
+                    f"Size ({self._v5.client_max_packet} bytes)")
+                self.state = ConnState.CLOSED
+                return []
+            self._out += connack
         session.attach(self._out, now)
         try:
             return self._drain()
@@ -476,6 +495,31 @@ class ServerConnection:
             self.protocol_error = exc
             self.disconnect(exc.reason_code, str(exc))
             return []
+
+    def _fitted_connack(self, present: bool, session: Session) -> bytes | None:
+        """The CONNACK within the client's Maximum Packet Size [MQTT-3.1.2-24], or None.
+
+        Too big, it first leaves out what the client assumes anyway (availabilities at
+        their default, 1), then what it may do without: Response Information (optional
+        for a server) and Topic Alias Maximum (absent means 0: the client sends no
+        aliases).  What it must say (Receive Maximum and Maximum Packet Size below the
+        defaults, an assigned client id, a changed expiry or keep alive) stays: if that
+        does not fit either, None.  A probe's CONNECT with a maximum of 20 bytes got a
+        24-byte CONNACK."""
+        assert self._v5 is not None
+        props = self._connack_properties(session)
+        data = encode5(ConnAck5(present, 0, props))
+        limit = self._v5.client_max_packet
+        if not limit or len(data) <= limit:
+            return data
+        items = [item for item in props.items if _CONNACK_DEFAULTS.get(item[0]) != item[1]]
+        for optional in (PropertyId.RESPONSE_INFORMATION, PropertyId.TOPIC_ALIAS_MAXIMUM):
+            data = encode5(ConnAck5(present, 0, Properties(items)))
+            if len(data) <= limit:
+                return data
+            items = [item for item in items if item[0] is not optional]
+        data = encode5(ConnAck5(present, 0, Properties(items)))
+        return data if len(data) <= limit else None
 
     def _connack_properties(self, session: Session) -> Properties:
         """What a v5 CONNACK tells the client about this server (section 3.2.2.3)."""
