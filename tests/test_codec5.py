@@ -230,7 +230,12 @@ def _props_for(packet: str) -> st.SearchStrategy[Properties]:
     @st.composite
     def build(draw: st.DrawFn) -> Properties:
         chosen = draw(st.lists(st.sampled_from(allowed), unique=True, max_size=4))
-        items = [(PropertyId(p), draw(_value(PROPERTY_SPECS[p][0]))) for p in chosen]
+        if packet == "CONNECT" and P.AUTHENTICATION_DATA in chosen \
+                and P.AUTHENTICATION_METHOD not in chosen:
+            chosen.remove(P.AUTHENTICATION_DATA)  # a Protocol Error (3.1.2.11.10)
+        # A Response Topic is a topic name: not empty, no wildcards [MQTT-3.3.2-14].
+        items = [(PropertyId(p), draw(_topic if p == P.RESPONSE_TOPIC
+                                      else _value(PROPERTY_SPECS[p][0]))) for p in chosen]
         items += [(P.USER_PROPERTY, draw(st.tuples(_text, _text)))
                   for _ in range(draw(st.integers(0, 2)))]
         return Properties(items)

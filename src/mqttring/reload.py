@@ -39,6 +39,7 @@ LIVE_SETTINGS: dict[str, str] = {
     "limits.publish_window_bytes": "for connections accepted after the reload",
     "limits.max_keepalive": "for connections accepted after the reload",
     "limits.topic_alias_maximum_out": "for connections accepted after the reload",
+    "limits.max_user_properties": "for connections accepted after the reload",
     "response_information": "for connections accepted after the reload",
     "limits.max_inflight": "for sessions created after the reload",
     "limits.max_queued": "for sessions created after the reload",

@@ -98,7 +98,8 @@ def _auth_settings(config: BrokerConfig) -> tuple[object, ...]:
 
 def _limits5(config: BrokerConfig) -> ServerLimits5:
     return ServerLimits5(topic_alias_maximum_out=config.limits.topic_alias_maximum_out,
-                         response_information=config.response_information)
+                         response_information=config.response_information,
+                         max_user_properties=config.limits.max_user_properties)
 
 
 def _session_limits(config: BrokerConfig) -> SessionLimits:

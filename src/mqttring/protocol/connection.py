@@ -45,6 +45,7 @@ from mqttring.protocol.connection5 import (
     V5Link,
     keepalive_refused,
 )
+from mqttring.protocol.decoder5 import ConnectRefused5
 from mqttring.protocol.errors import MQTTError, ProtocolViolation
 from mqttring.protocol.events import (
     ConnectRequested,
@@ -154,7 +155,8 @@ class ServerConnection:
                  limits5: ServerLimits5 = DEFAULT_LIMITS5,
                  max_keepalive: int = NO_KEEPALIVE_LIMIT,
                  max_client_id_bytes: int = 65535) -> None:
-        self._decoder: PacketDecoder = PacketDecoder(max_packet_size)
+        self._decoder: PacketDecoder = PacketDecoder(max_packet_size,
+                                                     limits5.max_user_properties)
         #: The MQTT 5.0 side of the connection once a v5 CONNECT arrived; None: 3.1.1.
         self._v5: V5Link | None = None
         self.limits5 = limits5
@@ -204,6 +206,12 @@ class ServerConnection:
                 # parses no further): CONNACK 1, then the close [MQTT-3.1.2-2], as mosquitto
                 # answers it and as the other unsupported levels are answered (``refuse``).
                 self.refuse(ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION)
+            elif self.state is ConnState.AWAIT_CONNECT and isinstance(exc, ConnectRefused5):
+                # A v5 CONNECT refused as it was decoded (too many user properties, 0x97;
+                # Authentication Data without a method, 0x82): say why [MQTT-3.2.2-7].
+                self._out += encode_with_reason(ConnAck5(False, exc.reason_code), True, 0,
+                                                exc.detail)
+                self.state = ConnState.CLOSED
             raise
 
     @property
@@ -442,7 +450,8 @@ class ServerConnection:
         self.connect = packet
         self._v5 = V5Link(packet, self.limits5, max_keepalive=self.max_keepalive)
         # What follows the CONNECT is MQTT 5: continue on the v5 decoder.
-        self._decoder = PacketDecoder5.take_over(self._decoder)
+        self._decoder = PacketDecoder5.take_over(self._decoder,
+                                                 self.limits5.max_user_properties)
         if PropertyId.AUTHENTICATION_METHOD in packet.properties:
             # Enhanced authentication (section 4.12): no method is supported here.
             self.refuse_v5(ReasonCode.BAD_AUTHENTICATION_METHOD)

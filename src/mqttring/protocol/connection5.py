@@ -56,7 +56,7 @@ from mqttring.protocol.packets5 import (
     Subscribe5,
     Unsubscribe5,
 )
-from mqttring.protocol.properties import PropertyId
+from mqttring.protocol.properties import DEFAULT_MAX_USER_PROPERTIES, PropertyId
 from mqttring.protocol.session5 import PublishProps
 
 if TYPE_CHECKING:
@@ -81,6 +81,9 @@ class ServerLimits5:
     #: Response Information for clients that request it (``response_information``); "":
     #: never sent.
     response_information: str = ""
+    #: User Properties accepted in one packet or will (``limits.max_user_properties``):
+    #: enforced while decoding (``decoder5``), more is refused with 0x97 (Quota exceeded).
+    max_user_properties: int = DEFAULT_MAX_USER_PROPERTIES
 
 
 DEFAULT_LIMITS5 = ServerLimits5()

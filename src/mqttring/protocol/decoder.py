@@ -106,7 +106,8 @@ def _expect_end(offset: int, stop: int, what: str) -> None:
         raise MalformedPacket(RULE_LENGTH, f"{stop - offset} trailing bytes after {what}")
 
 
-def _decode_connect(flags: int, buf: bytes, start: int, stop: int) -> Packet:
+def _decode_connect(flags: int, buf: bytes, start: int, stop: int,
+                    max_user_properties: int | None = None) -> Packet:
     name, offset = _read_str(buf, start, stop, "CONNECT protocol name")
     if offset + 4 > stop:
         raise _truncated("CONNECT variable header")
@@ -127,7 +128,10 @@ def _decode_connect(flags: int, buf: bytes, start: int, stop: int) -> Packet:
         # decoder does not depend on the v5 one at import time).
         from mqttring.protocol.decoder5 import decode_connect5
 
-        return decode_connect5(connect_flags, keepalive, buf, offset, stop)  # type: ignore[return-value]
+        if max_user_properties is None:
+            return decode_connect5(connect_flags, keepalive, buf, offset, stop)  # type: ignore[return-value]
+        return decode_connect5(connect_flags, keepalive, buf, offset, stop,  # type: ignore[return-value]
+                               max_user_properties)
     if name == "MQTT" and level != 4:
         # Another revision (MQTT 5 puts properties here): its payload is not ours to parse.
         # The session only needs the level to refuse it with CONNACK 1 [MQTT-3.1.2-2]; flags
@@ -318,9 +322,14 @@ class PacketDecoder:
     copy, not one per chunk.
     """
 
-    __slots__ = ("_buf", "_chunks", "_max", "_mqtt31", "_need", "_parked", "_pos")
+    __slots__ = ("_buf", "_chunks", "_max", "_max_user", "_mqtt31", "_need", "_parked",
+                 "_pos")
 
-    def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH) -> None:
+    def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH,
+                 max_user_properties: int | None = None) -> None:
+        #: User properties a v5 CONNECT (and its will) may carry (``decoder5``); None: its
+        #: default, ``properties.DEFAULT_MAX_USER_PROPERTIES``.
+        self._max_user = max_user_properties
         self._buf = b""
         self._pos = 0
         self._max = max_packet_size
@@ -478,6 +487,8 @@ class PacketDecoder:
                 RULE_FLAGS,
                 f"invalid fixed header flags {first & 0x0F:#06b} for type {packet_type}",
             )
+        if decoder is _decode_connect:
+            return _decode_connect(first & 0x0F, buf, start, stop, self._max_user)
         return decoder(first & 0x0F, buf, start, stop)
 
     def _long_length(self, buf: bytes, pos: int, end: int) -> tuple[int, int]:

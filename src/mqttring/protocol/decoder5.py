@@ -11,8 +11,10 @@ CONNECT are decoded as v5.
 Framing (fixed header, remaining length, size limit, buffering) is the 3.1.1 decoder's,
 inherited; ``next_packet`` repeats its few lines of framing and dispatches every type through
 ``_DECODERS5``.  The invariants of ``decoder`` hold: no input is copied more than twice, and
-every way the bytes can be wrong raises the ``MalformedPacket`` family, whose
-``reason_code`` is what the connection puts in its DISCONNECT.
+every way the bytes can be wrong raises the ``MQTTError`` family, whose ``reason_code`` is
+what the connection puts in its DISCONNECT.  One more bound is ours, not the protocol's:
+``max_user_properties`` (``limits.max_user_properties``) is handed to every property set
+and checked as it is read, so no packet costs more to refuse than that many properties.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from mqttring.protocol.decoder import (
     _read_u16,
     _truncated,
 )
-from mqttring.protocol.errors import InvalidTopic, MalformedPacket, PacketTooLarge
+from mqttring.protocol.errors import InvalidTopic, MalformedPacket, MQTTError, PacketTooLarge
 from mqttring.protocol.packets import PingReq, PingResp
 from mqttring.protocol.packets5 import (
     Auth5,
@@ -49,15 +51,34 @@ from mqttring.protocol.packets5 import (
     Unsubscribe5,
     Will5,
 )
-from mqttring.protocol.properties import check_reason, decode_properties
+from mqttring.protocol.properties import (
+    DEFAULT_MAX_USER_PROPERTIES,
+    PropertyId,
+    QuotaExceeded,
+    check_reason,
+    decode_properties,
+)
 from mqttring.protocol.topics import validate_topic_filter, validate_topic_name
 
-__all__ = ["PacketDecoder5", "decode5", "decode_connect5"]
+__all__ = ["ConnectRefused5", "PacketDecoder5", "decode5", "decode_connect5"]
 
 
-def decode_connect5(connect_flags: int, keepalive: int, buf: bytes, offset: int, stop: int
-                    ) -> Connect5:
-    """The rest of a v5 CONNECT, from just after the keep-alive (section 3.1.2.11 on)."""
+class ConnectRefused5(MQTTError):
+    """A v5 CONNECT refused while it is decoded, for a reason its client is told in a
+    CONNACK (``reason_code``) before the close, as section 3.1.4 allows: too many user
+    properties (0x97, ``limits.max_user_properties``) or Authentication Data without an
+    Authentication Method (0x82).  Other faults of a CONNECT close without a CONNACK, as
+    mosquitto does; these two are ours to explain (a limit the client cannot know of) or
+    named by the specification as a Protocol Error of the CONNECT."""
+
+
+def decode_connect5(connect_flags: int, keepalive: int, buf: bytes, offset: int, stop: int,
+                    max_user_properties: int = DEFAULT_MAX_USER_PROPERTIES) -> Connect5:
+    """The rest of a v5 CONNECT, from just after the keep-alive (section 3.1.2.11 on).
+
+    ``max_user_properties`` bounds the CONNECT's and the will's user properties each
+    (``limits.max_user_properties``); more raises ``ConnectRefused5`` with 0x97.
+    """
     if connect_flags & 0x01:
         raise MalformedPacket("MQTT-3.1.2-3", "reserved CONNECT flag must be 0")
     will_flag = connect_flags & 0x04
@@ -70,11 +91,21 @@ def decode_connect5(connect_flags: int, keepalive: int, buf: bytes, offset: int,
             raise MalformedPacket("MQTT-3.1.2-13", "will retain must be 0 without the will flag")
     elif will_qos == 3:
         raise MalformedPacket("MQTT-3.1.2-12", "will QoS must not be 3")
-    properties, offset = decode_properties(buf, offset, stop, "CONNECT")
-    client_id, offset = _read_str(buf, offset, stop, "client identifier")
-    will = None
+    try:
+        properties, offset = decode_properties(buf, offset, stop, "CONNECT",
+                                               max_user_properties)
+        if (PropertyId.AUTHENTICATION_DATA in properties
+                and PropertyId.AUTHENTICATION_METHOD not in properties):
+            raise ConnectRefused5("MQTT-3.1.2.11.10", "Authentication Data without an "
+                                  "Authentication Method", 0x82)
+        client_id, offset = _read_str(buf, offset, stop, "client identifier")
+        will = None
+        if will_flag:
+            will_props, offset = decode_properties(buf, offset, stop, "WILL",
+                                                   max_user_properties)
+    except QuotaExceeded as exc:
+        raise ConnectRefused5(exc.rule, exc.detail, exc.reason_code) from None
     if will_flag:
-        will_props, offset = decode_properties(buf, offset, stop, "WILL")
         will_topic, offset = _read_str(buf, offset, stop, "will topic")
         validate_topic_name(will_topic)
         will_payload, offset = _read_bin(buf, offset, stop, "will payload")
@@ -90,17 +121,17 @@ def decode_connect5(connect_flags: int, keepalive: int, buf: bytes, offset: int,
                     password, properties)
 
 
-def _decode_connect(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+def _decode_connect(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
     name, offset = _read_str(buf, start, stop, "CONNECT protocol name")
     if offset + 4 > stop:
         raise _truncated("CONNECT variable header")
     if name != "MQTT" or buf[offset] != 5:
         raise MalformedPacket("MQTT-3.1.2-1", f"not an MQTT 5 CONNECT: {name!r}")
     keepalive = (buf[offset + 2] << 8) | buf[offset + 3]
-    return decode_connect5(buf[offset + 1], keepalive, buf, offset + 4, stop)
+    return decode_connect5(buf[offset + 1], keepalive, buf, offset + 4, stop, max_user)
 
 
-def _decode_connack(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+def _decode_connack(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
     if stop - start < 2:
         raise _truncated("CONNACK variable header")
     ack_flags, code = buf[start], buf[start + 1]
@@ -109,12 +140,12 @@ def _decode_connack(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
     check_reason("CONNACK", code)
     if ack_flags and code:
         raise MalformedPacket("MQTT-3.2.2-6", "session present must be 0 when refusing")
-    props, offset = decode_properties(buf, start + 2, stop, "CONNACK")
+    props, offset = decode_properties(buf, start + 2, stop, "CONNACK", max_user)
     _expect_end(offset, stop, "CONNACK")
     return ConnAck5(bool(ack_flags), code, props)
 
 
-def _decode_publish(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+def _decode_publish(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
     qos = (flags >> 1) & 0x03
     if qos == 3:
         raise MalformedPacket("MQTT-3.3.1-4", "PUBLISH QoS must not be 3")
@@ -131,14 +162,14 @@ def _decode_publish(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
         if not packet_id:
             raise ProtocolError5("MQTT-2.2.1-3", "PUBLISH packet identifier must not be 0")
         offset += 2
-    props, offset = decode_properties(buf, offset, stop, "PUBLISH")
+    props, offset = decode_properties(buf, offset, stop, "PUBLISH", max_user)
     return Publish5(topic, buf[offset:stop], qos, bool(flags & 0x01), dup, packet_id, props)
 
 
 def _ack_decoder(cls: type[PubAck5 | PubRec5 | PubRel5 | PubComp5]) -> _Decoder:
     name = cls.__name__[:-1].upper()
 
-    def decode_ack(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+    def decode_ack(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
         packet_id = _read_u16(buf, start, stop, f"{name} packet identifier")
         if not packet_id:
             raise ProtocolError5("MQTT-2.2.1-3", "packet identifier must not be 0")
@@ -148,16 +179,16 @@ def _ack_decoder(cls: type[PubAck5 | PubRec5 | PubRel5 | PubComp5]) -> _Decoder:
         check_reason(name, code)
         if stop - start == 3:
             return cls(packet_id, code)
-        props, offset = decode_properties(buf, start + 3, stop, name)
+        props, offset = decode_properties(buf, start + 3, stop, name, max_user)
         _expect_end(offset, stop, name)
         return cls(packet_id, code, props)
 
     return decode_ack
 
 
-def _decode_subscribe(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+def _decode_subscribe(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
     packet_id = _read_u16(buf, start, stop, "SUBSCRIBE packet identifier")
-    props, offset = decode_properties(buf, start + 2, stop, "SUBSCRIBE")
+    props, offset = decode_properties(buf, start + 2, stop, "SUBSCRIBE", max_user)
     topics: list[tuple[str, SubOptions]] = []
     while offset < stop:
         topic_filter, offset = _read_str(buf, offset, stop, "SUBSCRIBE topic filter")
@@ -177,9 +208,9 @@ def _zero_id() -> int:
 
 
 def _decode_suback_like(name: str, cls: type[SubAck5 | UnsubAck5]) -> _Decoder:
-    def decode(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+    def decode(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
         packet_id = _read_u16(buf, start, stop, f"{name} packet identifier")
-        props, offset = decode_properties(buf, start + 2, stop, name)
+        props, offset = decode_properties(buf, start + 2, stop, name, max_user)
         codes = tuple(buf[offset:stop])
         for code in codes:
             check_reason(name, code)
@@ -188,9 +219,9 @@ def _decode_suback_like(name: str, cls: type[SubAck5 | UnsubAck5]) -> _Decoder:
     return decode
 
 
-def _decode_unsubscribe(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+def _decode_unsubscribe(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
     packet_id = _read_u16(buf, start, stop, "UNSUBSCRIBE packet identifier")
-    props, offset = decode_properties(buf, start + 2, stop, "UNSUBSCRIBE")
+    props, offset = decode_properties(buf, start + 2, stop, "UNSUBSCRIBE", max_user)
     topics: list[str] = []
     while offset < stop:
         topic_filter, offset = _read_str(buf, offset, stop, "UNSUBSCRIBE topic filter")
@@ -202,14 +233,14 @@ def _decode_unsubscribe(flags: int, buf: bytes, start: int, stop: int) -> Packet
 
 
 def _reason_and_props(name: str, cls: type[Disconnect5 | Auth5]) -> _Decoder:
-    def decode(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+    def decode(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
         if stop == start:  # remaining length 0: success/normal, no properties
             return cls()
         code = buf[start]
         check_reason(name, code)
         if stop - start == 1:
             return cls(code)
-        props, offset = decode_properties(buf, start + 1, stop, name)
+        props, offset = decode_properties(buf, start + 1, stop, name, max_user)
         _expect_end(offset, stop, name)
         return cls(code, props)
 
@@ -219,7 +250,7 @@ def _reason_and_props(name: str, cls: type[Disconnect5 | Auth5]) -> _Decoder:
 def _empty(cls: type[PingReq | PingResp]) -> _Decoder:
     instance = cls()
 
-    def decode(flags: int, buf: bytes, start: int, stop: int) -> Packet5:
+    def decode(flags: int, buf: bytes, start: int, stop: int, max_user: int) -> Packet5:
         if stop != start:
             raise MalformedPacket(RULE_LENGTH, f"{cls.__name__.upper()} must be empty")
         return instance
@@ -238,7 +269,9 @@ class ProtocolError5(MalformedPacket):
     default_reason_code = 0x82
 
 
-_Decoder = Callable[[int, bytes, int, int], Packet5]
+#: ``(flags, buf, start, stop, max_user)``: the last bounds each property set's user
+#: properties (``PacketDecoder5.max_user_properties``).
+_Decoder = Callable[[int, bytes, int, int, int], Packet5]
 
 _DECODERS5: list[_Decoder | None] = [
     None, _decode_connect, _decode_connack, _decode_publish,
@@ -255,15 +288,23 @@ class PacketDecoder5(PacketDecoder):
     """``PacketDecoder`` for a connection that negotiated MQTT 5.0.
 
     ``max_packet_size`` bounds the remaining length, as in the 3.1.1 decoder; exceeding it
-    raises ``PacketTooLarge`` (reason code 0x95).
+    raises ``PacketTooLarge`` (reason code 0x95).  ``max_user_properties`` bounds the user
+    properties of each property set (``limits.max_user_properties``); one more raises
+    ``QuotaExceeded`` (0x97) before the rest of the set is read.
     """
 
-    __slots__ = ()
+    __slots__ = ("max_user_properties",)
+
+    def __init__(self, max_packet_size: int = 268_435_455,
+                 max_user_properties: int = DEFAULT_MAX_USER_PROPERTIES) -> None:
+        super().__init__(max_packet_size)
+        self.max_user_properties = max_user_properties
 
     @classmethod
-    def take_over(cls, old: PacketDecoder) -> PacketDecoder5:
+    def take_over(cls, old: PacketDecoder,
+                  max_user_properties: int = DEFAULT_MAX_USER_PROPERTIES) -> PacketDecoder5:
         """A v5 decoder continuing exactly where ``old`` stopped (bytes after CONNECT)."""
-        new = cls(old._max)
+        new = cls(old._max, max_user_properties)
         new._buf, new._pos, new._chunks = old._buf, old._pos, old._chunks
         new._parked, new._need = old._parked, old._need
         return new
@@ -302,12 +343,13 @@ class PacketDecoder5(PacketDecoder):
             raise MalformedPacket(
                 RULE_FLAGS, f"invalid fixed header flags {first & 0x0F:#06b} for type "
                             f"{packet_type}")
-        return decoder(first & 0x0F, buf, start, stop)
+        return decoder(first & 0x0F, buf, start, stop, self.max_user_properties)
 
 
-def decode5(data: bytes, max_packet_size: int = 268_435_455) -> Packet5:
+def decode5(data: bytes, max_packet_size: int = 268_435_455,
+            max_user_properties: int = DEFAULT_MAX_USER_PROPERTIES) -> Packet5:
     """Exactly one v5 packet from ``data``; incomplete input or leftovers are malformed."""
-    decoder = PacketDecoder5(max_packet_size)
+    decoder = PacketDecoder5(max_packet_size, max_user_properties)
     decoder.feed(data)
     packet = decoder.next_packet()
     if packet is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqttring.protocol.errors import MalformedPacket
+from mqttring.protocol.errors import MalformedPacket, ProtocolViolation
 from mqttring.protocol.packets import PingReq, PingResp, _check_packet_id, _check_qos
 from mqttring.protocol.properties import NO_PROPERTIES, Properties, PropertyId
 
@@ -57,6 +57,12 @@ class Connect5:
     def __post_init__(self) -> None:
         if not 0 <= self.keepalive <= 0xFFFF:
             raise MalformedPacket("MQTT-3.1.2-10", f"keepalive out of range: {self.keepalive}")
+        props = self.properties
+        if (PropertyId.AUTHENTICATION_DATA in props
+                and PropertyId.AUTHENTICATION_METHOD not in props):
+            # What ``decode_connect5`` refuses (CONNACK 0x82) is never built either.
+            raise ProtocolViolation("MQTT-3.1.2.11.10", "Authentication Data without an "
+                                    "Authentication Method")
 
     @property
     def session_expiry(self) -> int:

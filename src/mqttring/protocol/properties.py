@@ -7,10 +7,13 @@ pairs.  ``PROPERTY_SPECS`` is Table 2-4 of the specification as data: each ident
 type, the packets (and the will) that may carry it, and whether it may appear more than
 once.  ``decode_properties`` checks every rule that depends only on the set itself (unknown
 identifier, wrong packet, duplicate of a unique property, value out of range, malformed
-UTF-8 or a length running past the set) and raises the codec's own ``MalformedPacket`` /
-``ProtocolViolation`` carrying the reason code the specification assigns (0x81 malformed,
-0x82 protocol error).  Rules that need connection state (a topic alias above the maximum
-the server announced) belong to ``mqttring.protocol.connection``.
+UTF-8 or a length running past the set, a wildcard or empty Response Topic) and raises the
+codec's own ``MalformedPacket`` / ``ProtocolViolation`` carrying the reason code the
+specification assigns (0x81 malformed, 0x82 protocol error).  It also enforces the one
+limit of ours on a set, ``max_user`` (``limits.max_user_properties``), while reading, so
+that no packet costs more to refuse than that many properties (``QuotaExceeded``, 0x97).
+Rules that need connection state (a topic alias above the maximum the server announced)
+belong to ``mqttring.protocol.connection``.
 
 ``Properties`` keeps identifier/value pairs in wire order (user properties are ordered and
 repeatable [MQTT-3.3.2-18]); it is immutable and compares by value, so packets holding it
@@ -26,7 +29,7 @@ from collections.abc import Iterable
 from enum import IntEnum
 from struct import Struct
 
-from mqttring.protocol.errors import MalformedPacket, ProtocolViolation
+from mqttring.protocol.errors import MalformedPacket, MQTTError, ProtocolViolation
 
 _U16 = Struct(">H")
 _U32 = Struct(">I")
@@ -197,6 +200,30 @@ PROPERTY_SPECS: dict[int, tuple[PropType, frozenset[str], bool]] = {
     P.SHARED_SUBSCRIPTION_AVAILABLE: (T.BYTE, frozenset({"CONNACK"}), False),
 }
 
+#: ``PROPERTY_SPECS`` as the decoder reads it: identifier -> (member, type, packets, may
+#: repeat), so that decoding a property builds no ``PropertyId`` from an int.
+_DECODE_SPECS: dict[int, tuple[PropertyId, PropType, frozenset[str], bool]] = {
+    int(ident): (PropertyId(ident), *spec) for ident, spec in PROPERTY_SPECS.items()
+}
+
+#: Default of ``limits.max_user_properties`` (``mqttring.config.Limits``): User
+#: Properties accepted in one packet (or will).  The specification sets no bound, yet
+#: each costs the decoder a few microseconds and a tuple: 140,000 of them fit the default
+#: 1 MiB packet and held the event loop for seconds.  Clients seen in practice send a
+#: handful (tracing ids, content metadata); 128 leaves room for that many times over and
+#: bounds a refused packet's cost to well under a millisecond.
+DEFAULT_MAX_USER_PROPERTIES = 128
+
+
+class QuotaExceeded(MQTTError):
+    """An implementation limit of this broker, not a rule of the protocol, refused the
+    packet: the peer is told Quota exceeded (0x97), which section 2.4 defines as "an
+    implementation or administrative imposed limit has been exceeded"; 0x95 (Packet too
+    large) would be wrong, since the packet fits the Maximum Packet Size we announced."""
+
+    default_reason_code = 0x97
+
+
 #: Byte properties whose value must be 0 or 1 (a 2 is a protocol error, section 3.x).
 _BOOLEAN_BYTES = frozenset({
     P.PAYLOAD_FORMAT_INDICATOR, P.REQUEST_PROBLEM_INFORMATION, P.REQUEST_RESPONSE_INFORMATION,
@@ -218,6 +245,14 @@ class Properties:
 
     def __init__(self, items: Iterable[tuple[PropertyId | int, PropValue]] = ()) -> None:
         object.__setattr__(self, "items", tuple((PropertyId(k), v) for k, v in items))
+
+    @classmethod
+    def _trusted(cls, items: tuple[tuple[PropertyId, PropValue], ...]) -> Properties:
+        """A set over pairs whose keys are ``PropertyId`` already (``decode_properties``):
+        ``__init__`` would convert each key again, a cost per property."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "items", items)
+        return self
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Properties is immutable")
@@ -279,7 +314,12 @@ def encode_vbi(value: int) -> bytes:
 
 
 def decode_vbi(buf: bytes, offset: int, stop: int, what: str) -> tuple[int, int]:
-    """``(value, next offset)``; at most 4 bytes [MQTT-1.5.5-1], never past ``stop``."""
+    """``(value, next offset)``; at most 4 bytes, never past ``stop``.
+
+    The encoding must be the shortest one [MQTT-1.5.5-1]: a last byte of 0 after a
+    continuation byte (``80 00`` for 0) is refused as malformed, as the decoder already
+    refuses it in the Remaining Length, so that one value has one encoding everywhere.
+    """
     value = 0
     shift = 0
     for _ in range(4):
@@ -289,6 +329,9 @@ def decode_vbi(buf: bytes, offset: int, stop: int, what: str) -> tuple[int, int]
         offset += 1
         value |= (byte & 0x7F) << shift
         if byte < 128:
+            if not byte and shift:
+                raise MalformedPacket("MQTT-1.5.5-1", f"{what}: variable byte integer not "
+                                                      "in its shortest encoding")
             return value, offset
         shift += 7
     raise MalformedPacket("MQTT-1.5.5-1", f"{what}: variable byte integer longer than 4 bytes")
@@ -362,6 +405,8 @@ def encode_property_body(props: Properties, packet: str) -> bytes:
     for prop, value in props.items:
         kind, where, repeats = PROPERTY_SPECS[prop]
         _check_place(prop, where, repeats, packet, seen)
+        if prop is P.RESPONSE_TOPIC and isinstance(value, str):
+            _check_response_topic(value)
         parts.append(bytes((prop,)))
         parts.append(_enc_value(prop, kind, value))
     return b"".join(parts)
@@ -402,9 +447,32 @@ def _dec_str(buf: bytes, offset: int, stop: int, what: str) -> tuple[str, int]:
     return value, end
 
 
-def decode_properties(buf: bytes, offset: int, stop: int, packet: str
-                      ) -> tuple[Properties, int]:
-    """The property set at ``offset`` of ``packet``: ``(properties, offset after it)``."""
+def _check_response_topic(topic: str) -> None:
+    """A Response Topic is a topic name that a responder will publish to: never empty
+    [MQTT-4.7.3-1], never a wildcard [MQTT-3.3.2-14].  The client broke a rule of the
+    protocol, so both are a Protocol Error (0x82); mosquitto 2.0.11 relays them."""
+    if not topic:
+        raise ProtocolViolation("MQTT-4.7.3-1", "the Response Topic must not be empty")
+    if "+" in topic or "#" in topic:
+        raise ProtocolViolation("MQTT-3.3.2-14", "the Response Topic must not contain "
+                                                 f"wildcards: {topic!r}")
+
+
+def decode_properties(buf: bytes, offset: int, stop: int, packet: str,
+                      max_user: int | None = None) -> tuple[Properties, int]:
+    """The property set at ``offset`` of ``packet``: ``(properties, offset after it)``.
+
+    ``max_user``: the most User Properties (and, in a PUBLISH, Subscription Identifiers,
+    the other property that may repeat) accepted in the set; one more raises
+    ``QuotaExceeded`` (0x97) as soon as it is read, so a refused set costs at most
+    ``max_user`` properties' work, however many the packet holds.  None: no limit (for
+    sets this node encoded itself, such as a stored will's).
+
+    The loop is the hot path of every v5 packet and of an attacker's 100,000-property
+    PUBLISH alike: identifiers come from ``_DECODE_SPECS`` (no enum built per property),
+    a one-byte identifier skips ``decode_vbi``, a user property is decoded inline, and the
+    result is wrapped without re-checking each identifier (``Properties._trusted``).
+    """
     length, offset = decode_vbi(buf, offset, stop, f"{packet} property length")
     end = offset + length
     if end > stop:
@@ -412,38 +480,86 @@ def decode_properties(buf: bytes, offset: int, stop: int, packet: str
                                             "the packet's end")
     if not length:
         return NO_PROPERTIES, end
+    limit = MAX_VBI if max_user is None else max_user
+    users = sub_ids = 0
     items: list[tuple[PropertyId, PropValue]] = []
+    append = items.append
     seen: set[int] = set()
+    specs = _DECODE_SPECS
     while offset < end:
         # The identifier is a Variable Byte Integer, but every defined one fits a byte.
-        ident, offset = decode_vbi(buf, offset, end, "property identifier")
-        spec = PROPERTY_SPECS.get(ident)
+        ident = buf[offset]
+        if ident < 0x80:
+            offset += 1
+        else:
+            ident, offset = decode_vbi(buf, offset, end, "property identifier")
+        spec = specs.get(ident)
         if spec is None:
             raise MalformedPacket("MQTT-2.2.2.2", f"unknown property identifier {ident:#x}")
-        prop = PropertyId(ident)
-        kind, where, repeats = spec
-        _check_place(prop, where, repeats, packet, seen)
+        prop, kind, where, repeats = spec
         value: PropValue
+        if kind is T.STRING_PAIR:
+            # User Property (every packet and the will may carry it, any number of times).
+            users += 1
+            if users > limit:
+                raise QuotaExceeded("MQTT-2.2.2.2", f"more than {limit} user properties in "
+                                                    f"{packet} (limits.max_user_properties)")
+            if packet not in where:
+                raise MalformedPacket("MQTT-2.2.2.2", f"{prop.name} is not allowed in {packet}")
+            if offset + 2 > end:
+                raise MalformedPacket("MQTT-2.2.2", "user property name runs past the "
+                                                    "property set")
+            mid = offset + 2 + ((buf[offset] << 8) | buf[offset + 1])
+            if mid + 2 > end:
+                raise MalformedPacket("MQTT-2.2.2", "user property runs past the property set")
+            after = mid + 2 + ((buf[mid] << 8) | buf[mid + 1])
+            if after > end:
+                raise MalformedPacket("MQTT-2.2.2", "user property value runs past the "
+                                                    "property set")
+            try:
+                key = buf[offset + 2:mid].decode("utf-8")
+                val = buf[mid + 2:after].decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedPacket("MQTT-1.5.4-1", "user property is not well-formed "
+                                                      "UTF-8") from None
+            if "\x00" in key or "\x00" in val:
+                raise MalformedPacket("MQTT-1.5.4-2", "user property must not contain U+0000")
+            append((prop, (key, val)))
+            offset = after
+            continue
+        _check_place(prop, where, repeats, packet, seen)
         if kind is T.BYTE:
             if offset >= end:
                 raise MalformedPacket("MQTT-2.2.2", f"{prop.name} runs past the property set")
             value = buf[offset]
             offset += 1
+            _check_int(prop, value)
         elif kind is T.U16:
             if offset + 2 > end:
                 raise MalformedPacket("MQTT-2.2.2", f"{prop.name} runs past the property set")
             value = (buf[offset] << 8) | buf[offset + 1]
             offset += 2
+            _check_int(prop, value)
         elif kind is T.U32:
             if offset + 4 > end:
                 raise MalformedPacket("MQTT-2.2.2", f"{prop.name} runs past the property set")
             value = _U32.unpack_from(buf, offset)[0]
             offset += 4
+            _check_int(prop, value)
         elif kind is T.VBI:
+            # Subscription Identifier, the one repeatable property besides User Property
+            # (in a PUBLISH: one per matching subscription).
+            sub_ids += 1
+            if sub_ids > limit:
+                raise QuotaExceeded("MQTT-2.2.2.2", f"more than {limit} subscription "
+                                    f"identifiers in {packet} (limits.max_user_properties)")
             value, offset = decode_vbi(buf, offset, end, prop.name)
+            _check_int(prop, value)
         elif kind is T.STRING:
             value, offset = _dec_str(buf, offset, end, prop.name)
-        elif kind is T.BINARY:
+            if prop is P.RESPONSE_TOPIC:
+                _check_response_topic(value)
+        else:  # T.BINARY
             if offset + 2 > end:
                 raise MalformedPacket("MQTT-2.2.2", f"{prop.name} runs past the property set")
             stop_bin = offset + 2 + ((buf[offset] << 8) | buf[offset + 1])
@@ -451,11 +567,5 @@ def decode_properties(buf: bytes, offset: int, stop: int, packet: str
                 raise MalformedPacket("MQTT-2.2.2", f"{prop.name} runs past the property set")
             value = bytes(buf[offset + 2:stop_bin])
             offset = stop_bin
-        else:
-            key, offset = _dec_str(buf, offset, end, "user property name")
-            val, offset = _dec_str(buf, offset, end, "user property value")
-            value = (key, val)
-        if isinstance(value, int):
-            _check_int(prop, value)
-        items.append((prop, value))
-    return Properties(items), end
+        append((prop, value))
+    return Properties._trusted(tuple(items)), end
