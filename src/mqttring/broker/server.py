@@ -496,7 +496,8 @@ class BrokerNode(BackgroundThread):
         """A plain ``ws`` connection, on its socket (``broker/websocket.py``); as
         ``_tls_connection``, its errors end it alone."""
         assert self.core is not None
-        transport = PlainWebSocketTransport(sock, self.config.limits.max_packet_size)
+        transport = PlainWebSocketTransport(sock, self.config.limits.max_packet_size,
+                                            self.config.limits.max_outgoing_buffer)
         try:
             if await transport.accept(self.config.limits.connect_timeout):
                 await ClientHandler(self.core, transport, self._timers()).run()
@@ -523,7 +524,8 @@ class BrokerNode(BackgroundThread):
         """
         assert self.core is not None
         limits = self.config.limits
-        transport = TlsWebSocketTransport(stream, peer, identity, limits.max_packet_size)
+        transport = TlsWebSocketTransport(stream, peer, identity, limits.max_packet_size,
+                                          limits.max_outgoing_buffer)
         if await transport.accept(limits.connect_timeout):
             await ClientHandler(self.core, transport, self._timers()).run()
         # (Closes the socket even if cancelled; the TLS goodbye gets a second at most.)

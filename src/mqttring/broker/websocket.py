@@ -31,6 +31,17 @@ is the TLS stream's, as for ``mqtts``).  Also:
   after ``connect_timeout``, over ``ws`` and ``wss`` alike).
 * Every write goes through one buffer (``_outbox``), so a pong or a close frame written by
   the reader never lands inside a data frame the writer is half-way through.
+* The reader's own output (pongs, close frames) is bounded as the connection's output is
+  (``max_output``, ``limits.max_outgoing_buffer``): once it has queued that much that the
+  socket has not taken, it stops reading until the socket takes the buffer (``_drain``),
+  the back-pressure a TCP client feels when the node stops reading.  Frames the writer
+  queued do not count: a subscriber slow to read its deliveries is still read (its acks),
+  as over TCP.
+  Until 2026-11-29 a client that sent PING frames and never read made the node buffer
+  every PONG (a probe's 40 MB of PINGs grew the node by 32 MiB; ``ws`` and ``wss`` alike);
+  such a client is closed by its keep-alive timeout now, as a silent one over TCP.
+* An upgrade over HTTP/1.0 is refused with 400: RFC 6455 4.1 needs HTTP/1.1 at least (h11,
+  which wsproto uses, takes both).
 
 ``wss`` (``TlsWebSocketTransport``) used trio-websocket until 2026-11-29; it shares all of
 the above now, over the TLS stream.
@@ -75,6 +86,11 @@ MESSAGE_TOO_BIG = 1009
 #: "mqttv3.1" too, as mosquitto: what MQTT.js and older paho offer for MQTT 3.1.
 MQTT_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
+#: Bytes of the reader's own output (pongs, close frames) the socket has not taken yet
+#: before the reader stops reading: the default of ``limits.max_outgoing_buffer``, for a
+#: transport built without the configured one.
+DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
+
 #: The end of an HTTP request's head, as h11 (which wsproto uses) finds it: a blank line,
 #: with or without its CR.
 _END_OF_HEAD = re.compile(b"\n\r?\n")
@@ -85,6 +101,14 @@ def _end_of_head(head: bytes | bytearray, start: int) -> int | None:
     ``start``), or None while the head is incomplete."""
     found = _END_OF_HEAD.search(head, start)
     return None if found is None else found.end()
+
+
+def _http_version(head: bytes | bytearray) -> bytes:
+    """The HTTP version of the request line at the start of ``head`` (b"HTTP/1.1"); h11
+    skips blank lines before it, and so does this."""
+    head = bytes(head).lstrip(b"\r\n")
+    line = head[:head.find(b"\n")].rstrip(b"\r")
+    return line.rpartition(b" ")[2]
 
 
 def _valid_key(request: Request) -> bool:
@@ -153,13 +177,18 @@ class _WsprotoTransport:
     """What ``ws`` and ``wss`` share: the handshake and the frames, over a byte transport
     each subclass brings (a ``TcpTransport``, a ``TlsTransport``)."""
 
-    __slots__ = ("_eof", "_outbox", "_sizes", "peer", "ws")
+    __slots__ = ("_control", "_eof", "_max_output", "_outbox", "_sizes", "peer", "ws")
 
     secure = False
     identity: str | None = None
 
-    def __init__(self, peer: str, max_packet_size: int | None) -> None:
+    def __init__(self, peer: str, max_packet_size: int | None,
+                 max_output: int = DEFAULT_MAX_OUTPUT) -> None:
         self.peer = peer
+        #: Bytes of control frames queued since the outbox was last taken whole, and how
+        #: many make the reader stop reading until it is (``_drain``).
+        self._control = 0
+        self._max_output = max_output
         self.ws = WSConnection(ConnectionType.SERVER)
         #: Encoded frames not yet taken by the socket, in order.
         self._outbox = bytearray()
@@ -216,7 +245,7 @@ class _WsprotoTransport:
                 try:
                     ws.receive_data(data)
                     request = next((e for e in ws.events() if isinstance(e, Request)), None)
-                    subprotocol = None if request is None else self._check(request)
+                    subprotocol = None if request is None else self._check(request, head)
                 except RemoteProtocolError as exc:  # not a WebSocket upgrade, or not ours
                     log.debug("websocket upgrade from %s refused: %s", self.peer, exc)
                     if exc.event_hint is not None:
@@ -240,9 +269,15 @@ class _WsprotoTransport:
         return False
 
     @staticmethod
-    def _check(request: Request) -> str | None:
-        """The subprotocol to answer ``request`` with; raises ``RemoteProtocolError`` (with
-        a 400 to send) for an upgrade this broker refuses where wsproto does not."""
+    def _check(request: Request, head: bytes | bytearray) -> str | None:
+        """The subprotocol to answer ``request`` (whose bytes begin ``head``) with; raises
+        ``RemoteProtocolError`` (with a 400 to send) for an upgrade this broker refuses where
+        wsproto does not."""
+        version = _http_version(head)
+        if version != b"HTTP/1.1":
+            raise RemoteProtocolError(
+                f"a WebSocket upgrade needs HTTP/1.1, not {version[:20]!r}",
+                event_hint=RejectConnection(status_code=400))
         if not _valid_key(request):
             raise RemoteProtocolError("Sec-WebSocket-Key is not 16 bytes in base64",
                                       event_hint=RejectConnection(status_code=400))
@@ -276,11 +311,25 @@ class _WsprotoTransport:
                 return data
             if self._eof:
                 return b""
+            if self._control > self._max_output:
+                await self._drain()
+                continue
             raw = await self.read()
             if not raw:
                 self._eof = True
                 return b""
             self._received(raw)
+
+    async def _drain(self) -> None:
+        """Write the queued frames before reading more: what the reader answers (a pong
+        for each PING) is bounded by what the peer reads, not by what it sends.  A peer
+        that never reads keeps the reader here until its keep-alive timeout ends it."""
+        try:
+            await self._write_queued()
+        except trio.BrokenResourceError:
+            self._outbox.clear()
+            self._eof = True  # the peer is gone: nothing more to read either
+        self._control = 0
 
     def _take_events(self) -> bytes:
         ws = self.ws
@@ -306,9 +355,11 @@ class _WsprotoTransport:
 
     def _send_control(self, event: Event) -> None:
         try:
-            self.queue(self.ws.send(event))
+            frame = self.ws.send(event)
         except LocalProtocolError:
             return  # closing already
+        self._outbox += frame
+        self._control += len(frame)
         self._control_queued()
 
     def queue(self, data: bytes) -> None:
@@ -332,7 +383,11 @@ class _WsprotoTransport:
             self._send_control(CloseConnection(
                 MESSAGE_TOO_BIG if sizes is not None and sizes.over else NORMAL_CLOSURE))
         if self._outbox:
-            with (trio.move_on_after(1), trio.CancelScope(shield=True),
+            # One second, shielded from the connection's own cancellation.  Not a shield
+            # inside ``move_on_after(1)``: that shielded the write from its own deadline,
+            # and a peer that had stopped reading held the connection's task (its socket,
+            # and the node's shutdown) for ever, until 2026-11-29.
+            with (trio.CancelScope(deadline=trio.current_time() + 1, shield=True),
                   contextlib.suppress(trio.BrokenResourceError)):
                 await self._write_queued()
         await self._close_inner()
@@ -341,11 +396,17 @@ class _WsprotoTransport:
 class PlainWebSocketTransport(_WsprotoTransport):
     """A ``ws`` connection: MQTT bytes in binary frames over the plain socket."""
 
-    __slots__ = ("tcp",)
+    __slots__ = ("_flushed", "_flushing", "tcp")
 
-    def __init__(self, sock: socket.socket, max_packet_size: int | None = None) -> None:
+    def __init__(self, sock: socket.socket, max_packet_size: int | None = None,
+                 max_output: int = DEFAULT_MAX_OUTPUT) -> None:
         self.tcp = TcpTransport(sock)
-        super().__init__(f"ws:{self.tcp.peer}", max_packet_size)
+        super().__init__(f"ws:{self.tcp.peer}", max_packet_size, max_output)
+        #: A task (the writer, or the reader in ``_drain``) waits for the socket to take
+        #: the outbox: trio lets one task at a time wait for a socket to be writable ...
+        self._flushing = False
+        #: ... and the other waits for it here (made when needed) if it must.
+        self._flushed: trio.Event | None = None
 
     async def read(self) -> bytes:
         """The socket's next bytes (b"": closed), read once epoll reports them."""
@@ -364,21 +425,45 @@ class PlainWebSocketTransport(_WsprotoTransport):
                 return False
             except OSError:
                 outbox.clear()  # the peer is gone: the reader finds out
+                self._control = 0
                 return True
             del outbox[:sent]
+        self._control = 0
         return True
 
     async def _write_queued(self) -> None:
+        """Write the outbox, or wait while the other task (the writer, the reader's
+        ``_drain``) writes it: both write from its start, so whoever waits for the socket
+        takes the other's frames too.  No lock: it would cost every write a scheduler pass."""
         sock = self.tcp.sock
-        try:
-            while not self.flush_now():
+        while not self.flush_now():
+            if self._flushing:
+                if self._flushed is None:
+                    self._flushed = trio.Event()
+                await self._flushed.wait()
+                continue  # written, or that task gave up (cancelled): carry on
+            self._flushing = True
+            try:
                 await trio.lowlevel.wait_writable(sock)
-        except (OSError, trio.ClosedResourceError) as exc:
-            raise trio.BrokenResourceError(str(exc)) from exc
+            except (OSError, trio.ClosedResourceError) as exc:
+                raise trio.BrokenResourceError(str(exc)) from exc
+            finally:
+                self._flushing = False
+                event, self._flushed = self._flushed, None
+                if event is not None:
+                    event.set()
 
     async def _close_inner(self) -> None:
-        """As ``TcpTransport.aclose``: what we sent last is read before the close."""
-        await self.tcp.aclose()
+        """As ``TcpTransport.aclose``: what we sent last is read before the close.  Closed
+        even if cancelled in its linger (the caller's second spent on a peer that stopped
+        reading): ``TcpTransport.aclose`` would leave the socket open then."""
+        try:
+            await self.tcp.aclose()
+        finally:
+            sock = self.tcp.sock
+            if sock.fileno() != -1:
+                trio.lowlevel.notify_closing(sock)
+                sock.close()
 
 
 class TlsWebSocketTransport(_WsprotoTransport):
@@ -393,8 +478,9 @@ class TlsWebSocketTransport(_WsprotoTransport):
     secure = True
 
     def __init__(self, stream: trio.SSLStream[trio.SocketStream], peer: str,
-                 identity: str | None, max_packet_size: int | None = None) -> None:
-        super().__init__(f"wss:{peer}", max_packet_size)
+                 identity: str | None, max_packet_size: int | None = None,
+                 max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+        super().__init__(f"wss:{peer}", max_packet_size, max_output)
         self.tls = TlsTransport(stream, peer, identity)
         self.identity = identity  # type: ignore[misc]
         self._writing = trio.Lock()
@@ -417,6 +503,7 @@ class TlsWebSocketTransport(_WsprotoTransport):
             while outbox:
                 chunk = bytes(outbox)
                 outbox.clear()
+                self._control = 0  # the reader may queue as much again while it goes
                 await self.tls.send(chunk)
 
     async def _close_inner(self) -> None:

@@ -138,11 +138,13 @@ _PORT = re.compile(r":[0-9]{1,5}")
 
 
 def _limit(request: Request) -> int:
+    """``limit``: ASCII digits only.  Python's ``int`` also reads other scripts' digits
+    ("\u0663" is 3), a sign, ``_`` and spaces around, none of which a client means."""
     raw = request.query_params.get("limit", str(DEFAULT_LIMIT))
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"limit must be an integer, got {raw!r}") from None
+    if not (raw.isascii() and raw.isdigit()):
+        raise BadRequest(f"limit must be an integer (ASCII digits), got {raw[:20]!r}")
+    # (Not int() of any length: over 4300 digits it raises a ValueError of its own.)
+    value = int(raw) if len(raw) <= 9 else MAX_LIMIT + 1
     if not 1 <= value <= MAX_LIMIT:
         raise BadRequest(f"limit must be in 1..{MAX_LIMIT}")
     return value
@@ -220,11 +222,25 @@ async def _json_body(request: Request, max_bytes: int) -> dict[str, Any]:
         if len(body) > max_bytes:
             raise too_large
     try:
-        data = json.loads(body)
+        data = json.loads(body, object_pairs_hook=_unique_keys)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting
+        if isinstance(exc, BadRequest):
+            raise
         raise BadRequest(f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
+    return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: ``json`` keeps the last of a key given
+    twice, where another reader may keep the first (a proxy that checked "topic" and this
+    node could read two topics from one body)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise BadRequest(f"body gives the key {twice[:100]!r} twice")
     return data
 
 
@@ -251,7 +267,11 @@ def parse_publish(data: dict[str, Any], max_payload: int) -> Message:
     if not isinstance(payload, str):
         raise BadRequest("payload must be a string (see encoding)")
     if encoding == "utf8":
-        raw = payload.encode("utf-8", "surrogatepass")
+        try:
+            raw = payload.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\udc80"): no UTF-8 for it
+            raise BadRequest("payload holds a lone surrogate, which UTF-8 cannot encode "
+                             "(send other bytes with encoding base64)") from None
     elif encoding == "base64":
         try:
             raw = base64.b64decode(payload, validate=True)
@@ -372,7 +392,9 @@ def build_app(broker: MqttRingBroker) -> ASGIApp:
         if request.method == "DELETE":
             raise BadRequest("name the topic to delete: DELETE /api/v1/retained?topic="
                              "<percent-encoded topic>")
-        topic_filter = request.query_params.get("filter", "#")
+        topic_filter = _exact_param(request, "filter")  # not UTF-8: refused, as topic=
+        if topic_filter is None:
+            topic_filter = "#"
         try:
             validate_topic_filter(topic_filter)
         except InvalidTopic as exc:
