@@ -107,6 +107,12 @@ class SessionClose(FrozenMessage, tag="sclose"):
     #: ``session_expiry`` (a DISCONNECT may have changed that since the registration, which
     #: holds the delay bounded by CONNECT's).  None: the registered will's own.
     will_delay: int | None = None
+    #: The connection was never accepted at its edge (it closed, or its edge gave up,
+    #: while its ``sopen`` was on its way or being answered): no will is owed.  A home
+    #: that does not hold ``token`` yet remembers it for a while and refuses that
+    #: ``sopen`` if it comes later (the two run as separate tasks, in either order), or
+    #: it would attach the session to a connection that no longer exists.
+    abandoned: bool = False
 
 
 class SessionKick(FrozenMessage, tag="skick"):

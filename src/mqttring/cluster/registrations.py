@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from mqttring.cluster.relay import SessionRelay
 from mqttring.cluster.wills import OwedWill, Wills, undelayed, will_from_wire, will_to_wire
 from mqttring.protocol.packets import Will
 from mqttring.protocol.packets5 import Will5
+from mqttring.protocol.session import Session
 from mqttring.raft.view import ClusterView
 
 if TYPE_CHECKING:
@@ -71,8 +73,13 @@ class HomeRegistry:
     replica_registrations: dict[str, Registration]
     by_token: dict[str, ClientHandler]
     _locks: dict[str, trio.Lock]
+    #: Tokens of connections their edge gave up on before this home registered them
+    #: (``SessionClose.abandoned``), with when to forget them (``trio.current_time``).
+    _abandoned: dict[str, float]
     #: Closes a connection of this node (the edge's side, ``ClusterSessions``).
     _kick_token: Callable[..., None]
+    #: ``LocalSessions.session_expiry_at_close`` (``ClusterSessions`` inherits both).
+    session_expiry_at_close: Callable[[Session, int], Awaitable[bool]]
 
     def home(self, client_id: str, view: ClusterView | None = None) -> str | None:
         view = view or self.view()
@@ -99,66 +106,90 @@ class HomeRegistry:
                 raise SessionUnavailable(f"sessions of client shard {shard} still loading")
             await self.wait_for_view_change(0.2)
 
+    @asynccontextmanager
+    async def id_lock(self, client_id: str) -> AsyncIterator[None]:
+        """Hold ``client_id``'s lock: what a home does to the id's registration and to the
+        attachment of its session (register, bind, serve; a close) happens one at a time.
+        The lock is forgotten once nobody holds or waits for it."""
+        lock = self._locks.setdefault(client_id, trio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if self._locks.get(client_id) is lock and not lock.locked() \
+                    and not lock.statistics().tasks_waiting:
+                del self._locks[client_id]
+
     async def register(self, client_id: str, node: str, token: str, will: Will | None,
                        clean: bool, fresh: bool = False, username: str | None = None) -> None:
+        """``register_locked`` under the id's lock."""
+        async with self.id_lock(client_id):
+            await self.register_locked(client_id, node, token, will, clean, fresh, username)
+
+    async def register_locked(self, client_id: str, node: str, token: str,
+                              will: Will | None, clean: bool, fresh: bool = False,
+                              username: str | None = None) -> None:
         """Make connection ``token`` (on ``node``) the one of ``client_id``, closing the
         previous one (takeover).  ``clean``/``fresh``: as ``bind``'s ``clean_session`` and
-        ``fresh``; with both false the new connection resumes the session."""
-        lock = self._locks.setdefault(client_id, trio.Lock())
-        async with lock:
+        ``fresh``; with both false the new connection resumes the session.  The caller
+        holds ``id_lock(client_id)``, and keeps it until the session is bound and attached
+        to this connection (``on_sopen``): a takeover registered in between detached the
+        session from nothing, and this connection attached it afterwards for good."""
+        previous = self.registrations.get(client_id)
+        # Whether a taken-over connection's will goes out is decided on the session
+        # as it is *before* that connection is closed: its close starts the session's
+        # expiry (``ends_at``), after which the session no longer counts as resumed,
+        # and a will of delay 0 went out although the new connection resumed the
+        # session (MQTT 5 probe; one node and mosquitto publish none).
+        will_goes = previous is None or previous.will is None or takeover_publishes_will(
+            previous.will, self.core.sessions.get(client_id), clean or fresh)
+        if (previous is not None and previous.token != token
+                and previous.node != self.node_id and previous.will_due is None):
+            # Before the new connection counts: the old one must be closed (confirmed).
+            await self._kick_remote(client_id, previous)
+            # Its close may have reached us meanwhile and unregistered it, publishing
+            # its will: then it is no longer ours to publish.
             previous = self.registrations.get(client_id)
-            # Whether a taken-over connection's will goes out is decided on the session
-            # as it is *before* that connection is closed: its close starts the session's
-            # expiry (``ends_at``), after which the session no longer counts as resumed,
-            # and a will of delay 0 went out although the new connection resumed the
-            # session (MQTT 5 probe; one node and mosquitto publish none).
-            will_goes = previous is None or previous.will is None or takeover_publishes_will(
-                previous.will, self.core.sessions.get(client_id), clean or fresh)
-            if (previous is not None and previous.token != token
-                    and previous.node != self.node_id and previous.will_due is None):
-                # Before the new connection counts: the old one must be closed (confirmed).
-                await self._kick_remote(client_id, previous)
-                # Its close may have reached us meanwhile and unregistered it, publishing
-                # its will: then it is no longer ours to publish.
-                previous = self.registrations.get(client_id)
-            view = self.view()
-            if view.epoch and view.owner(view.shard_for_client(client_id)) not in (
-                    self.node_id, None):
-                # The view moved while we waited (lock, kick): a registration kept here now
-                # would outlive the view change that demoted this node's others, a stale
-                # lock and will nobody ends.
-                raise SessionUnavailable(f"{self.node_id} is no longer the home of "
-                                         f"{client_id!r}")
-            self.registrations[client_id] = Registration(node, token, will, clean,
-                                                         username=username)
-            self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
-                                                    clean, username=username))
-            if previous is not None and previous.token != token \
-                    and previous.will_due is not None:
-                # Back within its will's delay: no will (section 3.1.3.2.2), no takeover
-                # (that connection is closed already).
-                log.info("delayed will of %r not published: it reconnected", client_id)
-            elif previous is not None and previous.token != token:
-                # Taken over: the old connection ends as the new one begins, so a will with
-                # a Will Delay Interval is not published (the client id is back at once).
-                log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node,
-                         extra={"client_id": client_id, "event": "takeover"})
-                self.relay.detach_proxy(client_id, previous.token)
-                if previous.node == self.node_id:
-                    old = self.by_token.get(previous.token)
-                    if old is not None:
-                        self._kick_token(previous.token)  # closes it, even mid-CONNECT
-                        if old.session is not None:
-                            await self.core.connection_lost(old)
-                if previous.will is not None and not will_delay(previous.will):
-                    if will_goes:
-                        self.wills.publish(client_id, previous.will, "taken over",
-                                           previous.username)
-                    else:
-                        log.info("will of %r not published: its session resumed at once",
-                                 client_id)
-        if self._locks.get(client_id) is lock and not lock.statistics().tasks_waiting:
-            del self._locks[client_id]
+        view = self.view()
+        if view.epoch and view.owner(view.shard_for_client(client_id)) not in (
+                self.node_id, None):
+            # The view moved while we waited (lock, kick): a registration kept here now
+            # would outlive the view change that demoted this node's others, a stale
+            # lock and will nobody ends.
+            raise SessionUnavailable(f"{self.node_id} is no longer the home of "
+                                     f"{client_id!r}")
+        self.registrations[client_id] = Registration(node, token, will, clean,
+                                                     username=username)
+        self._replicate(client_id, WillRegister(client_id, node, token, will_to_wire(will),
+                                                clean, username=username))
+        proxy = self.relay.proxies.get(client_id)
+        if proxy is not None and proxy.token != token:
+            # The session serves the registered connection only: the relay it had (the
+            # taken-over connection's) stops here, before the new one is served.
+            self.relay.detach_proxy(client_id, proxy.token)
+        if previous is not None and previous.token != token \
+                and previous.will_due is not None:
+            # Back within its will's delay: no will (section 3.1.3.2.2), no takeover
+            # (that connection is closed already).
+            log.info("delayed will of %r not published: it reconnected", client_id)
+        elif previous is not None and previous.token != token:
+            # Taken over: the old connection ends as the new one begins, so a will with
+            # a Will Delay Interval is not published (the client id is back at once).
+            log.info("takeover of client %r (%s -> %s)", client_id, previous.node, node,
+                     extra={"client_id": client_id, "event": "takeover"})
+            if previous.node == self.node_id:
+                old = self.by_token.get(previous.token)
+                if old is not None:
+                    self._kick_token(previous.token)  # closes it, even mid-CONNECT
+                    if old.session is not None:
+                        await self.core.connection_lost(old)
+            if previous.will is not None and not will_delay(previous.will):
+                if will_goes:
+                    self.wills.publish(client_id, previous.will, "taken over",
+                                       previous.username)
+                else:
+                    log.info("will of %r not published: its session resumed at once",
+                             client_id)
 
     async def _kick_remote(self, client_id: str, previous: Registration) -> None:
         """Close a taken-over connection on another node, and know it is closed.
@@ -247,6 +278,47 @@ class HomeRegistry:
         if current is None or current.token != token or current.will_due is None:
             return
         await self.unregister(client_id, token, True, "connection closed, after its will delay")
+
+    #: Seconds a home remembers a token its edge gave up on before it was registered
+    #: (``note_abandoned``): longer than an edge waits for the ``sopen`` answer.
+    ABANDONED_FOR = 120.0
+
+    def note_abandoned(self, token: str) -> None:
+        """Remember that connection ``token`` was given up on by its edge (``SessionClose.
+        abandoned``) before this home registered it: its ``sopen`` may still be on its way
+        or waiting for the lock, and must then be refused (``was_abandoned``).  Tokens are
+        unique, so remembering one never refuses another connection; bounded by time."""
+        now = trio.current_time()
+        abandoned = self._abandoned
+        if len(abandoned) >= 1024:
+            for stale in [t for t, until in abandoned.items() if until <= now]:
+                del abandoned[stale]
+        abandoned[token] = now + self.ABANDONED_FOR
+
+    def was_abandoned(self, token: str) -> bool:
+        until = self._abandoned.pop(token, None)
+        return until is not None and until > trio.current_time()
+
+    async def end_unaccepted(self, client_id: str, token: str, expiry: int | None,
+                             reason: str) -> None:
+        """Undo what this home did for connection ``token`` that never became the client
+        id's live one (refused here mid-CONNECT, or given up on by its edge): end its
+        registration if it is still the current one, without a will (its client was never
+        told it connected), and leave its session offline with its expiry running, as the
+        connection's close would have (``expiry``: the Session Expiry Interval it ran on,
+        None: kept).  Nothing if another connection holds the id now."""
+        with trio.CancelScope(shield=True):  # also on the way out of a cancelled open
+            if not await self.unregister(client_id, token, False, reason):
+                return
+            session = self.core.sessions.get(client_id)
+            if session is None or session.output is not None:
+                return  # (attached to a local connection: not this one's to end)
+            if session.clean_session:
+                if self.core.sessions.get(client_id) is session:
+                    self.core.router.forget(session)
+                    del self.core.sessions[client_id]
+            elif expiry is not None:
+                await self.session_expiry_at_close(session, expiry)
 
     def _promotion_pending(self, client_id: str, token: str) -> bool:
         """This node's view made it the home of ``client_id``, and the registration of

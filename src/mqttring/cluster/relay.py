@@ -19,7 +19,11 @@ connected to another node (the *edge*), this module relays between the two:
   durably before a PUBREC).
 
 Every relayed message carries the connection's token; the home serves only the proxy of the
-registered token, so a taken-over connection's late acknowledgements change nothing.
+registered token, so a taken-over connection's late acknowledgements change nothing.  The
+session is attached to a proxy only under the client id's lock, with that connection's
+registration current (``ClusterSessions.on_sopen``; ``serve`` does not await), and a new
+registration detaches any other proxy: the session never stays attached to a connection
+that is gone (it would never expire, and would queue for it without bound).
 
 Kept apart from the registrations because it is a different question: the lock and will
 keeper decide *whether* a connection is the client id's live one; the relay only carries a
@@ -313,10 +317,14 @@ class SessionRelay:
 
     # -- home side --------------------------------------------------------------------------
 
-    async def serve(self, node: str, message: SessionOpen, session: Session,
-                    present: bool) -> None:
+    def serve(self, node: str, message: SessionOpen, session: Session,
+              present: bool) -> None:
         """Serve ``session`` (bound, registered) to the edge that opened it, and answer the
-        ``sopen``: the answer goes out before the session's first bytes (links keep order)."""
+        ``sopen``: the answer goes out before the session's first bytes (links keep order).
+
+        No await: the caller holds the client id's lock (``ClusterSessions.on_sopen``), so
+        that the registration, the bind and this attachment are one step a takeover cannot
+        come between; what may wait (stores) is ``settle``, after the lock."""
         client_id, v5 = message.client_id, message.v5
         # The ACL's view of the client, before attach: queued messages are checked too.
         session.access = self.core.access_for(message.username, client_id)
@@ -334,9 +342,13 @@ class SessionRelay:
         # wall-clock deadline passed while the client was away.
         session.attach(proxy.output, time.time())
         proxy.wake()
+
+    async def settle(self, session: Session) -> None:
+        """What ``serve`` leaves to wait for: the attachment's changes stored, and the
+        PUBRECs of the previous connection not stored yet released once they are."""
         if session.has_changes():
             await self.core.session_store.save_changes([session], Durability.LAZY)
-        if session.held_releases:  # PUBRECs of the previous connection not stored yet
+        if session.held_releases:
             await self.core.session_store.release_when_stored(session, self.core.wake)
 
     def detach_proxy(self, client_id: str, token: str) -> None:

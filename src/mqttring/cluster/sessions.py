@@ -9,7 +9,14 @@ The *home* of a client id is the owner of ``shard(client id)`` in the current vi
   ``(edge node, connection token, will)``.  A registration that replaces a live one tells
   the old edge to close that connection (``skick``) and publishes the old will (takeover).
   Two concurrent CONNECTs with one id on two nodes are thus ordered at the home: exactly one
-  stays live.
+  stays live.  The lock covers the whole of a ``sopen`` (register, bind, and for a
+  persistent session its attachment to the edge's relay) and every ``sclose``: a takeover
+  registered between another connection's registration and its attachment let that
+  connection attach the session afterwards, to a relay nobody read (the session then never
+  expired and queued without bound).  A connection the home refuses after registering it
+  is undone there; one its edge gives up on while its ``sopen`` is out (it closed, or no
+  answer came) is ended by an ``sclose`` marked ``abandoned``, which the home also
+  remembers for a while in case the ``sopen`` comes after it.
 * **Wills** live at the home, so the will of a client whose edge node dies is still
   published: when the view marks a node down, each home publishes the wills registered for
   it.  A clean DISCONNECT (``sclose`` without will) removes the will.  An edge's close is
@@ -118,6 +125,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         #: connected to another node than their home (``mqttring.cluster.relay``).
         self.relay = SessionRelay(core, links, patience)
         self._locks: dict[str, trio.Lock] = {}
+        self._abandoned: dict[str, float] = {}
         #: Closes of this edge's connections on their way to a home on another node, by
         #: client id (the latest): a new connection of the id waits for it (``open``).
         self._closing: dict[str, trio.Event] = {}
@@ -182,17 +190,33 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         until_close = resume_until_close(packet)
         # A session to resume lives at the home (persistent), so ask it as for one.
         clean = packet.clean_session and not until_close
+        expiry = expiry_at_close(handler.conn.v5, self.core.limits.persistent_session_expiry)
         if home is None or home == self.node_id:
             try:
                 await self._await_loaded(client_id)
             except SessionUnavailable:
                 self.by_token.pop(token, None)
                 raise
-            await self.register(client_id, self.node_id, token, will, clean,
-                                fresh_start(packet), packet.username)
-            return await self.bind(client_id, clean, fresh_start(packet), until_close,
-                                   cut_expiry(handler.conn.v5,
-                                              self.core.limits.persistent_session_expiry))
+            async with self.id_lock(client_id):  # registered and bound as one step
+                try:
+                    await self.register_locked(client_id, self.node_id, token, will, clean,
+                                               fresh_start(packet), packet.username)
+                    bound = await self.bind(client_id, clean, fresh_start(packet),
+                                            until_close,
+                                            cut_expiry(handler.conn.v5,
+                                                       self.core.limits.persistent_session_expiry))
+                except BaseException:
+                    self.by_token.pop(token, None)
+                    await self.end_unaccepted(client_id, token, expiry,
+                                              "connection closed before it was accepted")
+                    raise
+                if handler.conn.closed:
+                    # Closed meanwhile: the caller drops it unaccepted, and no close would
+                    # end what was just registered and bound.
+                    self.by_token.pop(token, None)
+                    await self.end_unaccepted(client_id, token, expiry,
+                                              "connection closed before it was accepted")
+            return bound
         link = handler.conn.v5
         v5 = None if link is None else V5Client(
             link.client_max_packet, link.client_receive_max, fresh_start(packet), until_close,
@@ -205,10 +229,23 @@ class ClusterSessions(HomeRegistry, LocalSessions):
                 # The home may wait for its shard to load and for a previous connection to
                 # be closed, each up to ``patience``: never give up before it answers.
                 timeout=2 * self.patience + 5.0, expect=SessionOpened)
-        except (PeerUnavailable, RemoteError) as exc:
+        except RemoteError as exc:  # refused: the home undid what it did for it
             self.relay.drop(client_id, token)
             self.by_token.pop(token, None)
             raise SessionUnavailable(f"home {home} of {client_id!r}: {exc}") from exc
+        except BaseException as exc:
+            # No answer (or this connection was cancelled waiting): the home may register
+            # it and attach its session yet, and no close would ever end that.
+            self._abandon(client_id, token, expiry)
+            if isinstance(exc, PeerUnavailable):
+                raise SessionUnavailable(f"home {home} of {client_id!r}: {exc}") from exc
+            raise
+        if handler.conn.closed:
+            # Closed while its home answered (taken over by a later CONNECT, kicked): the
+            # caller drops it unaccepted, so no close of it reaches the home; end there
+            # what the home just opened for it (nothing if a later one holds the id).
+            self._abandon(client_id, token, expiry)
+            return stand_in or Session(client_id, True), False
         if stand_in is None:
             return await self.bind(client_id, True)
         stand_in.subscriptions = dict(answer.subscriptions)
@@ -216,6 +253,18 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         if answer.kept_options:  # (a copy: its publishes need the origin for No Local)
             stand_in.kept_options = dict(answer.kept_options)
         return stand_in, answer.present
+
+    def _abandon(self, client_id: str, token: str, expiry: int | None) -> None:
+        """Give up on connection ``token`` whose ``sopen`` went to the home: tell the home
+        (``SessionClose.abandoned``, no will), which ends its registration and leaves its
+        session offline with ``expiry`` running if it registered it, or refuses its
+        ``sopen`` if that comes later.  Not awaited; a new connection of the id on this
+        node waits for it, as for a close."""
+        self.relay.drop(client_id, token)
+        self.by_token.pop(token, None)
+        done = self._closing[client_id] = trio.Event()
+        self.spawn(self._end_then_signal, done, client_id, token, False, expiry,
+                   time.time(), 0.0, None, True)
 
     async def close(self, handler: ClientHandler) -> None:
         self.by_token.pop(handler.token, None)
@@ -258,10 +307,10 @@ class ClusterSessions(HomeRegistry, LocalSessions):
     async def _end_then_signal(self, done: trio.Event, client_id: str, token: str,
                                publish_will: bool, session_expiry: int | None,
                                closed_at: float, will_delay_at_least: float,
-                               delay: int | None) -> None:
+                               delay: int | None, abandoned: bool = False) -> None:
         try:
             await self._end_registration(client_id, token, publish_will, session_expiry,
-                                         closed_at, will_delay_at_least, delay)
+                                         closed_at, will_delay_at_least, delay, abandoned)
         finally:
             done.set()
             if self._closing.get(client_id) is done:
@@ -271,11 +320,12 @@ class ClusterSessions(HomeRegistry, LocalSessions):
                                 session_expiry: int | None = None,
                                 closed_at: float | None = None,
                                 will_delay_at_least: float = 0.0,
-                                delay: int | None = None) -> None:
+                                delay: int | None = None, abandoned: bool = False) -> None:
         """End connection ``token``'s registration wherever the view puts its home, and
         know it ended: asked again by each newer view while the home does not answer (it
         may die with the close in flight; the replica taking over holds the registration
-        then), bounded by ``patience`` after the last view change."""
+        then), bounded by ``patience`` after the last view change.  ``abandoned``: the
+        connection was never accepted (``_abandon``)."""
         deadline = trio.current_time() + self.patience
         epoch = self.view().epoch
         while True:
@@ -297,7 +347,8 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             try:
                 await self.links.request(home, SessionClose(0, client_id, token, publish_will,
                                                             session_expiry, closed_at,
-                                                            will_delay_at_least, delay))
+                                                            will_delay_at_least, delay,
+                                                            abandoned))
                 return
             except (PeerUnavailable, RemoteError) as exc:
                 if trio.current_time() >= deadline:
@@ -346,6 +397,14 @@ class ClusterSessions(HomeRegistry, LocalSessions):
     # -- home side (the registrations: ``mqttring.cluster.registrations``) -----------
 
     async def on_sopen(self, node: str, message: SessionOpen) -> None:
+        """Register connection ``message.token``, bind its session and serve it to its
+        edge, as one step under the id's lock: a takeover registered between the
+        registration and the attachment found nothing attached to detach, and the
+        connection it had just replaced attached the session afterwards, to a relay no
+        connection read any more (a "ghost": never expired, queued past ``max_queued``,
+        kept its shared-group turns; the probe of 2026-11-29 left one in 11 of 12 races of
+        two CONNECTs at one edge).  A refusal once registered undoes it all
+        (``end_unaccepted``): the edge refuses the client and will send no close."""
         req, client_id, edge, token, clean = (message.req, message.client_id, message.edge,
                                               message.token, message.clean)
         if self.fenced():
@@ -356,24 +415,36 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             # previous life as the home): we cannot know whose session this is yet.
             self.links.reply(node, req, False, f"{self.node_id} has no cluster view yet")
             return
+        v5 = message.v5
+        cut = v5.cut_expiry if v5 is not None else cut_expiry(
+            None, self.core.limits.persistent_session_expiry)
         try:
             await self._await_loaded(client_id)
-            v5 = message.v5
-            await self.register(client_id, edge, token, will_from_wire(message.will), clean,
-                                v5 is not None and v5.clean_start, message.username)
-            session, present = await self.bind(
-                client_id, clean, v5 is not None and v5.clean_start,
-                v5 is not None and v5.until_close,
-                v5.cut_expiry if v5 is not None
-                else cut_expiry(None, self.core.limits.persistent_session_expiry))
-            if clean:
-                # The clean session itself lives at the edge: nothing stays here but the
-                # registration (the bind above discarded any stored session).
-                if self.core.sessions.get(client_id) is session:
-                    del self.core.sessions[client_id]
-                self.links.reply(node, req, True, SessionOpened(False, [], []))
-                return
-            await self.relay.serve(node, message, session, present)
+            async with self.id_lock(client_id):
+                if self.was_abandoned(token):
+                    raise SessionUnavailable("the connection closed before its session "
+                                             "opened")
+                try:
+                    await self.register_locked(client_id, edge, token,
+                                               will_from_wire(message.will), clean,
+                                               v5 is not None and v5.clean_start,
+                                               message.username)
+                    session, present = await self.bind(
+                        client_id, clean, v5 is not None and v5.clean_start,
+                        v5 is not None and v5.until_close, cut)
+                    if clean:
+                        # The clean session itself lives at the edge: nothing stays here
+                        # but the registration (the bind above discarded any stored one).
+                        if self.core.sessions.get(client_id) is session:
+                            del self.core.sessions[client_id]
+                        self.links.reply(node, req, True, SessionOpened(False, [], []))
+                        return
+                    self.relay.serve(node, message, session, present)
+                except BaseException:
+                    await self.end_unaccepted(client_id, token, cut or None,
+                                              "refused by its home mid-CONNECT")
+                    raise
+            await self.relay.settle(session)
         except (PeerUnavailable, RemoteError, SessionUnavailable, OSError) as exc:
             self.links.reply(node, req, False, str(exc))
         except Exception:
@@ -381,21 +452,26 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             raise
 
     async def on_sclose(self, node: str, message: SessionClose) -> None:
-        if self.home(message.client_id) != self.node_id or self._promotion_pending(
-                message.client_id, message.token):
-            self.links.reply(node, message.req, False,
-                             f"{self.node_id} is not (yet) the home of {message.client_id!r}")
-            return
-        current = await self.unregister(message.client_id, message.token,
-                                        message.publish_will,
-                                        "connection closed without DISCONNECT at its edge",
-                                        message.closed_at, message.will_delay_at_least,
-                                        message.will_delay)
-        self.links.reply(node, message.req, True)
-        session = self.core.sessions.get(message.client_id)
-        if current and message.session_expiry is not None and session is not None:
-            # MQTT 5: the session's expiry runs here, at its home, by wall clock.
-            await self.session_expiry_at_close(session, message.session_expiry)
+        """End connection ``message.token``'s registration, under the id's lock: never
+        between a ``sopen``'s registration and its attachment (``on_sopen``)."""
+        client_id = message.client_id
+        async with self.id_lock(client_id):
+            if self.home(client_id) != self.node_id or self._promotion_pending(
+                    client_id, message.token):
+                self.links.reply(node, message.req, False,
+                                 f"{self.node_id} is not (yet) the home of {client_id!r}")
+                return
+            current = await self.unregister(client_id, message.token, message.publish_will,
+                                            "connection closed without DISCONNECT at its "
+                                            "edge", message.closed_at,
+                                            message.will_delay_at_least, message.will_delay)
+            if not current and message.abandoned:
+                self.note_abandoned(message.token)  # its sopen may come yet: refused
+            self.links.reply(node, message.req, True)
+            session = self.core.sessions.get(client_id)
+            if current and message.session_expiry is not None and session is not None:
+                # MQTT 5: the session's expiry runs here, at its home, by wall clock.
+                await self.session_expiry_at_close(session, message.session_expiry)
 
     # -- membership changes -----------------------------------------------------------------
 
