@@ -157,6 +157,23 @@ def test_unsupported_authentication_method(broker: BrokerHandle, raw5: Callable[
     _still_serving(broker)
 
 
+@pytest.mark.parametrize(("options", "code"), [
+    (0x30, 0x82),  # Retain Handling 3: a Protocol Error (3.8.3.1)
+    (0x03, 0x82),  # Maximum QoS 3: a Protocol Error (3.8.3.1)
+    (0x40, 0x81),  # a reserved bit: a Malformed Packet [MQTT-3.8.3-5]
+])
+def test_bad_subscription_options(broker: BrokerHandle, raw5: Callable[[], Raw5],
+                                  options: int, code: int) -> None:
+    """Retain Handling 3 and QoS 3 are Protocol Errors, a reserved bit a Malformed Packet
+    (a probe got 0x81 for Retain Handling 3, as from mosquitto 2.0.11)."""
+    client = raw5()
+    client.connect(unique("subopt"))
+    body = b"\x00\x01\x00" + b"\x00\x01t" + bytes((options,))
+    client.send(bytes((0x82, len(body))) + body)
+    _disconnected_with(client, code)
+    _still_serving(broker)
+
+
 def test_auth_packet_without_method_is_a_protocol_error(
         broker: BrokerHandle, raw5: Callable[[], Raw5]) -> None:
     client = raw5()

@@ -161,10 +161,11 @@ class SubOptions:
     def from_byte(cls, byte: int) -> SubOptions:
         if byte & 0xC0:
             raise MalformedPacket("MQTT-3.8.3-5", "reserved subscription option bits set")
+        # Both are Protocol Errors by section 3.8.3.1 (0x82), not malformed packets.
         if byte & 0x03 == 3:
-            raise MalformedPacket("MQTT-3.8.3.1", "subscription QoS must not be 3")
+            raise ProtocolViolation("MQTT-3.8.3.1", "subscription QoS must not be 3")
         if (byte >> 4) & 0x03 == 3:
-            raise MalformedPacket("MQTT-3.8.3.1", "retain handling must not be 3")
+            raise ProtocolViolation("MQTT-3.8.3.1", "retain handling must not be 3")
         return cls(byte & 0x03, bool(byte & 0x04), bool(byte & 0x08), (byte >> 4) & 0x03)
 
 
