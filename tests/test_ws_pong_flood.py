@@ -264,3 +264,42 @@ def test_an_upgrade_over_http_1_0_is_refused(node: FloodNode) -> None:
         sock.sendall(_upgrade("1.0"))
         head = _read_until(sock, lambda b: b"\r\n\r\n" in b, "an answer")
         assert head.split(b" ", 2)[1] == b"400", head[:200]
+
+
+def test_a_pingreq_flood_over_tcp_that_never_reads_stalls_too(node: FloodNode) -> None:
+    """The same below WebSocket: MQTT PINGREQs over TCP from a client that never reads its
+    PINGRESPs.  They piled up in the connection's output while its reader read on (+20.8
+    MiB for 24.7 MB of PINGREQs); past twice ``max_outgoing_buffer`` of unread answers the
+    reader stops now, and the flood stalls in the client's send."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect((HOST, node.mqtt))
+    try:
+        sock.sendall(connect("tcp-flood", keepalive=0))
+        decoder = StreamDecoder()
+        while (connack := decoder.next_packet()) is None:
+            data = sock.recv(4096)
+            assert data, "closed before the CONNACK"
+            decoder.feed(data)
+        assert connack.type == CONNACK and connack.return_code == 0, connack
+        before = node.rss_kib()
+        chunk = b"\xc0\x00" * 131072  # 262 KB of PINGREQs
+        sock.settimeout(STALL_SECONDS)
+        sent, outcome = 0, "read all"
+        try:
+            while sent < FLOOD_BYTES:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except TimeoutError:
+            outcome = "stalled"
+        growth = node.rss_kib() - before
+        assert outcome == "stalled", f"the node read all {sent} bytes (+{growth} KiB)"
+        assert growth < 16 * 1024, f"+{growth} KiB after {sent} bytes of PINGREQs"
+    finally:
+        sock.close()
+    client = RawClient(HOST, node.mqtt)  # the node serves on
+    try:
+        assert client.connect("after-tcp-flood").return_code == 0
+    finally:
+        client.close()

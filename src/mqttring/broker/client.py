@@ -465,6 +465,8 @@ class ClientHandler(ReadPath):
                 metrics.bytes_sent += len(data)
                 self._active = True
                 await transport.send(data)
+                if self._progress is not None:
+                    self._signal_progress()  # a reader held by its unread output reads on
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             # The peer went away: end the connection (the reader may be waiting for bytes
             # that will never come); its will is published as for any unclean close.

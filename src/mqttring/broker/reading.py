@@ -105,6 +105,11 @@ class ReadPath:
         flow = core.flow
         window = core.limits.publish_window
         window_bytes = core.limits.publish_window_bytes
+        # Answers the client does not read (PINGRESPs to a PINGREQ flood) stop its reading
+        # past twice the output bound: deliveries alone stay below it (QoS 0 is dropped at
+        # the bound, QoS 1/2 wait in the session), so only such answers reach it.  Read on,
+        # they grew without bound: +20.8 MiB for 24.7 MB of PINGREQs.
+        output_bound = 2 * core.limits.max_outgoing_buffer
         inline = core.router.answers_locally
         transport = self.transport
         if conn.state is ConnState.AWAIT_CONNECT:
@@ -132,6 +137,8 @@ class ReadPath:
             else:
                 if turns:
                     turns.end(self)  # a resume with nothing to read (not its bytes)
+                while conn.pending_output > output_bound and not conn.closed:
+                    await self._wait_progress()  # the writer signals each send
                 self._receiving = True
                 try:
                     data = await transport.receive()
