@@ -296,6 +296,14 @@ def test_a_pingreq_flood_over_tcp_that_never_reads_stalls_too(node: FloodNode) -
         growth = node.rss_kib() - before
         assert outcome == "stalled", f"the node read all {sent} bytes (+{growth} KiB)"
         assert growth < 16 * 1024, f"+{growth} KiB after {sent} bytes of PINGREQs"
+        # Its keep alive (none here) cannot end it while the node does not read it: the
+        # node sheds it after ``slow_subscriber_hold`` (10 s) without a byte read.  Seen
+        # from here as the socket leaving ESTABLISHED (TCP_INFO state 1): the node's FIN,
+        # or its RST, since it closes with our PINGREQs unread.
+        deadline = time.monotonic() + 30
+        while sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 1:
+            assert time.monotonic() < deadline, "a client that reads nothing stays connected"
+            time.sleep(0.2)  # polling the socket's state, bounded
     finally:
         sock.close()
     client = RawClient(HOST, node.mqtt)  # the node serves on

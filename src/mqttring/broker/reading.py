@@ -138,7 +138,17 @@ class ReadPath:
                 if turns:
                     turns.end(self)  # a resume with nothing to read (not its bytes)
                 while conn.pending_output > output_bound and not conn.closed:
-                    await self._wait_progress()  # the writer signals each send
+                    # The writer signals each send; none for the hold (it reads nothing
+                    # of what it is sent): shed like a slow consumer (``flow``), since its
+                    # keep alive cannot run out while this node does not read it.
+                    with trio.move_on_after(max(core.limits.slow_subscriber_hold, 1.0)):
+                        await self._wait_progress()
+                        continue
+                    metrics.slow_subscribers_disconnected += 1
+                    log.info("closing %s: it reads nothing of what it is sent (%d bytes "
+                             "waiting)", transport.peer, conn.pending_output)
+                    self.close_reason = "it reads nothing of what it is sent"
+                    return
                 self._receiving = True
                 try:
                     data = await transport.receive()
