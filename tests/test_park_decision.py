@@ -1,12 +1,11 @@
-"""The park decision of ``ClientHandler`` against a read that slips in before it lands.
+"""The park decision of ``ClientHandler`` (``on_timer``) against bytes that come around it.
 
-The timers decide to park a quiet connection (``on_timer``) and cancel its reader, but the
-reader may already have been handed bytes in the same scheduler batch: it handles them and
-arms its timeouts again (``_arm``) before the cancellation reaches it, and the connection
-then parks.  A 5-node fault run hit this once: the park found the deadline it was to carry
-already taken by that ``_arm`` (an assertion, the connection closed as an internal error).
-A real core, a real socket and a real parking lot; the scheduling race itself is played out
-by calling the steps in that order.
+The timers decide to park a quiet connection and cancel its reader; its task then stops a
+few scheduler passes later.  Bytes may reach the socket just before the decision (reported
+to the reader, not yet read), or between the decision and the task's end.  The lot watches
+the socket from the decision itself (``_enter_lot``), so both are placed in arrival order
+with other connections' bytes (``broker/arrival.py``).  A real core, a real socket and a
+real parking lot; the scheduling races are played out by calling the steps in that order.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from mqttring.protocol.packets import Connect
 from mqttring.protocol.session import Session
 
 KEEPALIVE = 10
+PINGREQ = b"\xc0\x00"
 
 
 def connected_handler(parking: ParkingLot, sock: socket.socket) -> ClientHandler:
@@ -56,32 +56,87 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return server, client
 
 
-async def test_a_read_between_the_park_decision_and_the_park_moves_the_keepalive() -> None:
+def quiet_reader(handler: ClientHandler, nursery: trio.Nursery) -> float:
+    """The state of a connection whose reader waits for bytes; the time of the park look."""
+    handler._nursery = nursery
+    handler._has_task = True
+    handler._receiving = True
+    handler._arm()
+    park_at = handler._timer_at
+    assert park_at < handler._due  # the park look comes before the keepalive
+    return park_at
+
+
+async def test_the_lot_watches_the_socket_from_the_park_decision() -> None:
+    """Bytes that come after the decision, while the task is still stopping, are the lot's
+    to report: it takes their turn in its own pass, and the stopping task serves on with
+    them instead of parking (before, the task took a turn as its reader was cancelled,
+    bytes or not, ahead of bytes other connections received before its own)."""
+    a, b = tcp_pair()
+    with a, b:
+        async with trio.open_nursery() as lot_nursery:
+            lot = ParkingLot(lot_nursery, BrokerMetrics())
+            lot_nursery.start_soon(lot.run)
+            handler = connected_handler(lot, a)
+            async with trio.open_nursery() as reader_nursery:
+                park_at = quiet_reader(handler, reader_nursery)
+                handler.on_timer(park_at, park_at)
+                assert handler._park_requested and reader_nursery.cancel_scope.cancel_called
+                assert lot.holds(handler, a.fileno())  # watched from the decision on
+                assert not lot.turns.holds(handler)  # no bytes: no turn
+                b.send(PINGREQ)
+                with trio.fail_after(5), trio.CancelScope(shield=True):
+                    while lot.holds(handler, a.fileno()):
+                        await trio.sleep(0.001)
+            assert lot.turns.holds(handler)  # taken in the lot's pass that saw the bytes
+            assert not handler._stays_parked()  # serves on, its task not replaced
+            assert len(lot) == 0
+            lot_nursery.cancel_scope.cancel()
+
+
+async def test_bytes_waiting_at_the_decision_keep_the_reader() -> None:
+    """Bytes already in the socket were reported to the reader in their order: the
+    connection does not park, and its reader reads them."""
     a, b = tcp_pair()
     with a, b:
         async with trio.open_nursery() as lot_nursery:
             lot = ParkingLot(lot_nursery, BrokerMetrics())
             handler = connected_handler(lot, a)
             async with trio.open_nursery() as reader_nursery:
-                handler._nursery = reader_nursery
-                handler._receiving = True  # the reader waits for bytes
-                handler._arm()
+                park_at = quiet_reader(handler, reader_nursery)
+                b.send(PINGREQ)
+                with trio.fail_after(5):
+                    await trio.lowlevel.wait_readable(a)
+                again = handler.on_timer(park_at, park_at)
+                assert not handler._park_requested
+                assert not reader_nursery.cancel_scope.cancel_called
+                assert not lot.holds(handler, a.fileno()) and len(lot) == 0
+                assert park_at < again < handler._due  # a new quiet stretch
+            lot_nursery.cancel_scope.cancel()
+
+
+async def test_a_read_after_the_decision_keeps_the_connection_serving() -> None:
+    """A packet read and the timeouts armed again after the decision (the lot's keepalive
+    deadline is then stale): the connection does not park and keeps the keepalive of that
+    read.  A 5-node fault run once parked such a connection with a deadline already taken
+    (an assertion, the connection closed as an internal error)."""
+    a, b = tcp_pair()
+    with a, b:
+        async with trio.open_nursery() as lot_nursery:
+            lot = ParkingLot(lot_nursery, BrokerMetrics())
+            handler = connected_handler(lot, a)
+            async with trio.open_nursery() as reader_nursery:
+                park_at = quiet_reader(handler, reader_nursery)
                 first_due = handler._due
-                park_at = handler._timer_at
-                assert park_at < first_due  # the park look comes before the keepalive
-                # The timers' look: quiet and idle, so park (cancels the reader's scope).
                 handler.on_timer(park_at, park_at)
-                assert handler._park_requested and reader_nursery.cancel_scope.cancel_called
-                # Bytes were handed to the reader in the same batch: it handles them (a
-                # PINGREQ, say) and arms its timeouts again before the cancellation lands
-                # (no checkpoint in between: the shield only lets time pass here).
+                assert lot.holds(handler, a.fileno())
                 with trio.CancelScope(shield=True):
                     await trio.sleep(0.01)
-                handler.conn.packets_received += 1  # that PINGREQ: a whole packet
+                handler.conn.packets_received += 1  # a PINGREQ, a whole packet
                 handler._arm()
                 later_due = handler._due
                 assert later_due > first_due
-            assert handler._park()  # idle again: parks, no assertion, no internal error
-            parked = lot._parked[a.fileno()]
-            assert parked == (handler, later_due)  # the keepalive runs from the last read
+            assert not handler._stays_parked()
+            assert not lot.holds(handler, a.fileno()) and len(lot) == 0
+            assert handler._due == later_due  # the keepalive runs from the last read
             lot_nursery.cancel_scope.cancel()

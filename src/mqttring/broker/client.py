@@ -66,6 +66,7 @@ class ClientHandler(ReadPath):
         "_connect_deadline",
         "_due",
         "_farewell",
+        "_has_task",
         "_nursery",
         "_packets_seen",
         "_park_after",
@@ -110,7 +111,10 @@ class ClientHandler(ReadPath):
         self._timers = timers
         #: Where this connection goes while idle (``mqttring.broker.parking``); None: never.
         self._parking = parking
+        #: Handed to the lot (from the timers' decision until a task takes it back).
         self._parked = False
+        #: A task runs ``run`` (stopping to park counts: the lot starts no second one).
+        self._has_task = False
         #: Arrival order with connections moving in or out of the lot (``broker/arrival.py``).
         self._turns = parking.turns if parking is not None else None
         #: Quiet seconds after which the connection parks (0: never).
@@ -269,23 +273,31 @@ class ClientHandler(ReadPath):
         assert self._parking is not None
         self._parking.resume(self, self.transport.fileno())  # type: ignore[attr-defined]
 
+    @property
+    def has_task(self) -> bool:
+        """A task serves this connection, or is stopping to park it (``ParkingLot.resume``:
+        that task then serves on, and no second one starts)."""
+        return self._has_task
+
     async def run(self) -> None:
         """Serve the connection until it ends, or until it parks (idle: its task ends and
         the parking lot runs this again when there is something to do)."""
         core = self.core
         resumed, self._parked = self._parked, False
+        self._has_task = True
         timed_out = parked = False
         try:
             while True:
                 park, timed_out = await self._serve(resumed)
-                resumed = False
                 if not park:
                     break
-                if self._park():
+                if self._stays_parked():
                     parked = True
                     return
-                # Something arrived between the decision and now: serve on, reading what
-                # came at once if it holds a turn for it (``broker/arrival.py``).
+                # The lot handed it back as its task stopped (its bytes: the lot took a
+                # turn for them, ``broker/arrival.py``; a delivery; a close), or something
+                # came that keeps it busy: serve on, reading what came at once.
+                self._parked = False
                 resumed = self._turns is not None and self._turns.holds(self)
         except Exception:
             # A bug of ours while serving this client: close this connection, say so loudly,
@@ -300,6 +312,12 @@ class ClientHandler(ReadPath):
             raise
         finally:
             self._nursery = None
+            if not parked and self._parked:
+                # Handed to the lot as it stopped for another reason: it closes instead.
+                assert self._parking is not None
+                self._parking.withdraw(self, self.transport.fileno())  # type: ignore[attr-defined]
+                self._parked = False
+            self._has_task = False
             if self._turns is not None:
                 self._turns.end(self)
             if not parked:
@@ -350,20 +368,43 @@ class ClientHandler(ReadPath):
                 and not self.session.held_releases
                 and not self.finished and not self.core.shutting_down)
 
-    def _park(self) -> bool:
-        if self._parking is None or not self._idle():
+    def _enter_lot(self) -> bool:
+        """Hand the socket to the parking lot now, as the timers decide to park it, before
+        its reader is cancelled: no byte can then arrive unwatched.  Bytes that come from
+        now on are the lot's to report, in epoll's order with every other connection's
+        (``broker/arrival.py``); bytes already there were reported to the reader in their
+        order, so it does not park (False) and reads them.  (Until 2026-11-29 the lot took
+        over only once the reader had stopped, and bytes coming in between could not be
+        placed: a publisher parking just as it sent had its PUBLISH handled before an
+        earlier SUBSCRIBE of a parked subscriber, 3 rounds in 150.)
+
+        The keepalive runs on from the last complete packet (``_due``); ``_arm`` takes it
+        back when a task serves the connection again."""
+        assert self._parking is not None
+        fd = self.transport.fileno()  # type: ignore[attr-defined]
+        if not self._parking.park(self, fd, self._due):
             return False
-        if self._parking.turns.holds(self) and self.transport.has_bytes():  # type: ignore[attr-defined]
-            return False  # bytes came as it was parking: ``run`` serves on, them first
-        # The keepalive runs on from the last complete packet: ``_due`` as the last ``_arm``
-        # set it, which may be later than when the timers decided to park (a packet can be
-        # read between that decision and the cancellation reaching the reader).  ``_arm``
-        # takes it back when the lot resumes the connection.
-        self._parked = self._parking.park(self, self.transport.fileno(),  # type: ignore[attr-defined]
-                                          self._due)
-        if self._parked:
-            self._resume_deadline = self._due
-        return self._parked
+        if self.transport.has_bytes():  # type: ignore[attr-defined]
+            self._parking.withdraw(self, fd)
+            return False
+        self._parked = True
+        self._resume_deadline = self._due
+        return True
+
+    def _stays_parked(self) -> bool:
+        """The stretch the timers cancelled to park it has ended: whether the connection
+        stays in the lot (its task ends), or serves on (the lot handed it back meanwhile,
+        or something came as it stopped: output, bytes its reader had already read)."""
+        assert self._parking is not None
+        fd = self.transport.fileno()  # type: ignore[attr-defined]
+        if not self._parking.holds(self, fd):
+            return False
+        # ``_resume_deadline`` taken: a packet was read and the timeouts armed again since
+        # the decision (the lot's deadline is stale); serve on, and park when quiet again.
+        if self._idle() and self._resume_deadline is not None:
+            return True
+        self._parking.withdraw(self, fd)
+        return False
 
     async def _close(self, timed_out: bool) -> None:
         core = self.core
@@ -400,15 +441,15 @@ class ClientHandler(ReadPath):
         byte of a PUBLISH every second with keepalive 2 was never closed."""
         conn = self.conn
         now = trio.current_time()
-        if self._resume_deadline is not None:
-            # Back from the parking lot: the keepalive runs from before it parked.
-            due, self._resume_deadline = self._resume_deadline, None
-        elif conn.state is ConnState.AWAIT_CONNECT:
+        resumed, self._resume_deadline = self._resume_deadline, None
+        if conn.state is ConnState.AWAIT_CONNECT:
             due = self._connect_deadline
         elif restart or conn.packets_received != self._packets_seen:
             self._packets_seen = conn.packets_received
             keepalive = conn.keepalive
             due = now + 1.5 * keepalive if keepalive else math.inf
+        elif resumed is not None:
+            due = resumed  # back from the parking lot: the keepalive runs from before
         else:
             due = self._due  # part of a packet only: the keepalive runs on
         self._due = due
@@ -438,7 +479,7 @@ class ClientHandler(ReadPath):
         if self._park_after:
             park_at = self._quiet_since + self._park_after
             if now >= park_at:
-                if not self._active and self._idle():
+                if not self._active and self._idle() and self._enter_lot():
                     self._park_requested = True
                     nursery.cancel_scope.cancel()  # only the reader runs: it is idle
                     return math.inf

@@ -89,17 +89,33 @@ class ParkingLot:
                 self._wait.deadline = deadline
         return True
 
-    def resume(self, handler: ClientHandler, fd: int) -> None:
-        """Give a parked connection its task back (idempotent)."""
+    def holds(self, handler: ClientHandler, fd: int) -> bool:
+        """``handler`` is parked on ``fd`` (not resumed or withdrawn since)."""
         entry = self._parked.get(fd)
-        if entry is None or entry[0] is not handler:
-            return
+        return entry is not None and entry[0] is handler
+
+    def withdraw(self, handler: ClientHandler, fd: int) -> bool:
+        """Stop watching ``fd`` for ``handler``; False if it was not parked (idempotent)."""
+        if not self.holds(handler, fd):
+            return False
         del self._parked[fd]
         self._metrics.clients_parked -= 1
-        self._metrics.connections_resumed += 1
         # A closed descriptor or a closed lot: nothing is watched any more.
         with contextlib.suppress(OSError, ValueError):
             self._epoll.unregister(fd)
+        return True
+
+    def resume(self, handler: ClientHandler, fd: int) -> None:
+        """Give a parked connection its task back (idempotent).
+
+        A connection is parked from the moment the timers decide it (``ClientHandler``'s
+        ``on_timer``), while its task is still stopping: if that task has not ended yet,
+        it serves on by itself (``ClientHandler.has_task``), and no second one starts."""
+        if not self.withdraw(handler, fd):
+            return
+        self._metrics.connections_resumed += 1
+        if handler.has_task:
+            return
         try:
             self._nursery.start_soon(handler.run)
         except RuntimeError:

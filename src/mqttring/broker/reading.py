@@ -157,17 +157,13 @@ class ReadPath:
                     log.debug("closing %s: %s", transport.peer, exc)
                     self.close_reason = self.close_reason or f"protocol error: {exc}"
                     return
-                except trio.Cancelled:
-                    if self._park_requested and turns is not None:
-                        # No task reads its socket until it is parked (``_park``): bytes
-                        # that come meanwhile go first.
-                        turns.take(self)
-                    raise
                 finally:
                     self._receiving = False
                 if self._park_requested:
-                    # Parked as they came: handled in this cancelled nursery, a cluster
-                    # SUBSCRIBE lost its SUBACK.  ``run`` serves on, starting with them.
+                    # Read as the timers parked it (reported before their decision, in
+                    # this pass): handled in this cancelled nursery, a cluster SUBSCRIBE
+                    # lost its SUBACK.  ``run`` serves on, starting with them, in the turn
+                    # they got here.
                     self._unread = data
                     if turns is not None:
                         turns.take(self)
