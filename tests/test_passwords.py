@@ -4,6 +4,7 @@ by the real ``mosquitto_passwd`` and accepted by a real mosquitto broker."""
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import stat
@@ -50,6 +51,10 @@ def test_our_hash_is_mosquittos_derivation():
     assert f"alice:{hash_password(b'secret', salt=salt).encode()}" == GOLDEN_7
 
 
+#: A well-formed SHA-512 output (64 bytes) for entries whose other fields are under test.
+FULL_DIGEST = base64.b64encode(bytes(range(64))).decode()
+
+
 @pytest.mark.parametrize(("text", "where"), [
     (f"{GOLDEN_7}\nbob\n", ":2: expected username:hash"),
     ("alice:plaintext\n", ":1: user 'alice': the password is not hashed"),
@@ -66,6 +71,14 @@ def test_our_hash_is_mosquittos_derivation():
     ("big:$7$10000001$mZreJ/mvSbx7ktpR$AAAA\n", "iterations must be 1 to 10,000,000"),
     ("zero:$7$0$mZreJ/mvSbx7ktpR$AAAA\n", "iterations must be 1 to 10,000,000"),
     ("neg:$7$-5$mZreJ/mvSbx7ktpR$AAAA\n", "iterations '-5' is not a number"),
+    # A truncated hash let in every password whose hash starts with it (1 byte: 1 guess in
+    # 256), an empty one made every login of the user an internal error; an empty salt.
+    ("dave:$7$101$AAAA$AA==\n", ":1: user 'dave': malformed hash: a $7$ hash must be 64 bytes "
+     "(not 1)"),
+    ("erin:$7$101$AAAA$\n", "a $7$ hash must be 64 bytes (not 0)"),
+    ("erin:$6$AAAA$\n", "a $6$ hash must be 64 bytes (not 0)"),
+    (f"salty:$7$101$${FULL_DIGEST}\n", ":1: user 'salty': malformed hash: the salt is empty"),
+    (f"salty:$6$${FULL_DIGEST}\n", "the salt is empty"),
 ])
 def test_a_bad_line_is_a_typed_error_naming_it(text, where):
     with pytest.raises(PasswordFileError) as err:
@@ -76,7 +89,7 @@ def test_a_bad_line_is_a_typed_error_naming_it(text, where):
 def test_the_iteration_bound_itself_loads():
     from mqttring.security.passwords import MAX_ITERATIONS
 
-    entry = PasswordFile.parse(f"u:$7${MAX_ITERATIONS}$mZreJ/mvSbx7ktpR$AAAA\n").get("u")
+    entry = PasswordFile.parse(f"u:$7${MAX_ITERATIONS}$mZreJ/mvSbx7ktpR${FULL_DIGEST}\n").get("u")
     assert entry is not None and entry.iterations == MAX_ITERATIONS == 10_000_000
 
 
@@ -92,20 +105,71 @@ def test_users_table_is_refused_with_how_to_migrate():
 
 def test_failure_limiter_token_bucket_and_bounded_memory():
     lim = FailureLimiter(burst=3, window=30.0, max_addresses=2)  # one token per 10 s
+
+    def fail(addr: str, now: float) -> bool:
+        assert lim.begin(addr, now)
+        return lim.end(addr, now, failed=True)
+
     assert not lim.blocked("a", 0.0)
-    assert not lim.failed("a", 0.0) and not lim.failed("a", 0.0)
-    assert lim.failed("a", 0.0), "the third failure uses the budget up"
+    assert not fail("a", 0.0) and not fail("a", 0.0)
+    assert fail("a", 0.0), "the third failure uses the budget up"
     assert lim.blocked("a", 1.0) and not lim.blocked("b", 1.0)
+    assert not lim.begin("a", 1.0), "refused unchecked"
     assert not lim.blocked("a", 10.5), "a token came back after 10 s"
-    assert lim.failed("a", 10.5)
+    assert not fail("a", 10.5), "used up again: already announced"
     assert not lim.blocked("a", 100.0) and len(lim) == 0, "refilled entries are forgotten"
+    assert fail("a", 100.0) is False and len(lim) == 1
+    assert lim.begin("a", 100.0) and not lim.end("a", 100.0, failed=False)
     for addr in ("x", "y", "z"):
-        lim.failed(addr, 200.0)
+        fail(addr, 200.0)
     assert len(lim) == 2, "memory is bounded"
     off = FailureLimiter(burst=0, window=1.0)
-    assert not any(off.failed("a", 0.0) for _ in range(100)) and not off.blocked("a", 0.0)
+    assert all(off.begin("a", 0.0) for _ in range(100)) and not off.blocked("a", 0.0)
+    assert not any(off.end("a", 0.0, failed=True) for _ in range(100))
     assert source_address("127.0.0.1:5555") == "127.0.0.1"
     assert source_address("ws:[::1]:80") == "ws:[::1]"
+
+
+def test_a_login_being_verified_holds_a_failure_of_the_budget():
+    """Logins verified at once count against the budget as they begin, not as they end:
+    50 concurrent wrong passwords against a budget of 10 had 31 verified (a black-box
+    probe), the bucket far below zero and the warning logged 17 times."""
+    lim = FailureLimiter(burst=10, window=60.0)
+    let_in = [lim.begin("a", 0.0) for _ in range(50)]
+    assert let_in.count(True) == 10
+    announced = [lim.end("a", 1.0, failed=True) for _ in range(10)]
+    assert announced.count(True) == 1
+    assert not lim.blocked("a", 7.0), "one window's share back after 6 s: never below zero"
+    ok = FailureLimiter(burst=2, window=60.0)
+    for _ in range(5):  # successes give their token back
+        assert ok.begin("b", 0.0) and not ok.end("b", 0.0, failed=False)
+    assert len(ok) == 0
+
+
+async def test_concurrent_wrong_logins_verify_at_most_the_budget(tmp_path, caplog):
+    import logging
+
+    import trio
+
+    from mqttring.security.auth import Authenticator, AuthOutcome
+
+    pw = tmp_path / "pw"
+    pw.write_text(f"alice:{hash_password(b'right', iterations=101).encode()}\n")
+    auth = Authenticator(allow_anonymous=False, password_file=pw, failures_allowed=10,
+                         failure_window=60.0)
+    outcomes: list[AuthOutcome] = []
+
+    async def attempt(i: int) -> None:
+        outcomes.append(await auth.check("alice", f"wrong{i}".encode(), "10.0.0.1:5000"))
+
+    with caplog.at_level(logging.WARNING, logger="mqttring.security"):
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(attempt, i)
+    assert outcomes.count(AuthOutcome.BAD_CREDENTIALS) == 10
+    assert outcomes.count(AuthOutcome.RATE_LIMITED) == 40
+    assert sum("failed logins from 10.0.0.1" in r.message for r in caplog.records) == 1
+    assert await auth.check("alice", b"right", "10.0.0.2:5000") is AuthOutcome.ACCEPTED
 
 
 # --------------------------------------------------------------------------- mqttring passwd
@@ -167,6 +231,31 @@ def test_passwd_refuses_control_characters_in_the_username(tmp_path, capsys, use
                        "characters\n"), err
         assert f.read_bytes() == before
     assert list(PasswordFile.load(f).entries) == ["alice"]
+
+
+@pytest.mark.parametrize(("user", "why"), [
+    ("#m", "must not start with '#'"), (" sp", "must not start or end with whitespace"),
+    ("sp ", "must not start or end with whitespace"),
+    ("u\udcff", "username must be UTF-8"),  # a non-UTF-8 byte of the command line
+])
+def test_passwd_refuses_names_the_file_would_read_otherwise(tmp_path, capsys, user, why):
+    """"#m" was written as a comment (no such user), " sp" as the password of "sp" (the
+    loader strips the line), a non-UTF-8 name ended in a traceback (a black-box probe)."""
+    f = tmp_path / "pw"
+    assert passwd("-c", "-b", str(f), "alice", "one") == 0
+    before = f.read_bytes()
+    assert passwd("-b", str(f), user, "pw") == 1
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err, err
+    assert f.read_bytes() == before
+
+
+def test_passwd_takes_a_password_that_is_not_utf8(tmp_path):
+    """The command line's bytes as given (MQTT passwords are binary): a traceback before."""
+    f = tmp_path / "pw"
+    assert passwd("-c", "-b", str(f), "u1", "\udcff\udcfe") == 0  # argv bytes ff fe
+    entry = PasswordFile.load(f).get("u1")
+    assert entry is not None and entry.verify(b"\xff\xfe")
 
 
 def test_passwd_iterations_are_bounded(tmp_path, capsys):

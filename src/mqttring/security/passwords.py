@@ -93,12 +93,9 @@ class PasswordHash:
                 if not 1 <= iterations <= MAX_ITERATIONS:
                     raise ValueError(f"iterations must be 1 to {MAX_ITERATIONS:,} "
                                      f"(not {iterations:,})")
-                return cls(7, _b64(parts[3]), _b64(parts[4]), iterations)
+                return cls(7, _salt(parts[3]), _digest(parts[4], "$7$"), iterations)
             if parts[1] == "6" and len(parts) == 4:
-                digest = _b64(parts[3])
-                if len(digest) != _SHA512_BYTES:
-                    raise ValueError("a $6$ hash must be 64 bytes")
-                return cls(6, _b64(parts[2]), digest)
+                return cls(6, _salt(parts[2]), _digest(parts[3], "$6$"))
         except (ValueError, binascii.Error) as exc:
             raise ValueError(f"malformed hash: {exc}") from None
         raise ValueError(f"unknown hash type {'$'.join(parts[:2])}$ (expected $7$ or $6$)")
@@ -106,6 +103,23 @@ class PasswordHash:
 
 def _b64(text: str) -> bytes:
     return base64.b64decode(text.encode(), validate=True)
+
+
+def _salt(text: str) -> bytes:
+    salt = _b64(text)
+    if not salt:
+        raise ValueError("the salt is empty")
+    return salt
+
+
+def _digest(text: str, kind: str) -> bytes:
+    """A full SHA-512 output: a shorter stored hash (a truncated line) would let in every
+    password whose hash starts with it (one byte: 1 guess in 256), and an empty one made
+    every login an internal error."""
+    digest = _b64(text)
+    if len(digest) != _SHA512_BYTES:
+        raise ValueError(f"a {kind} hash must be {_SHA512_BYTES} bytes (not {len(digest)})")
+    return digest
 
 
 def hash_password(password: bytes, *, iterations: int = DEFAULT_ITERATIONS,
