@@ -11,6 +11,7 @@ from mqttring.config import ConfigError
 from mqttring.protocol.message import Message
 from mqttring.protocol.session import Session
 from mqttring.security.acl import (
+    Access,
     AccessControl,
     AclFile,
     AclParseError,
@@ -125,6 +126,18 @@ def test_parse_errors_name_the_line(text, where):
     with pytest.raises(AclParseError) as err:
         AclFile.parse(text, "acl")
     assert where in str(err.value) and isinstance(err.value, ConfigError)
+
+
+def test_tabs_separate_words_like_spaces():
+    """"topic deny<TAB>shared/secret" was read as a grant of the filter
+    "deny\tshared/secret" (words split at spaces only), so alice read the secret (a
+    black-box probe).  A filter may still hold spaces after its access word."""
+    acl = AclFile.parse("user\talice\ntopic\tread\tshared/#\ntopic deny\tshared/secret\n"
+                        "topic\t read \t with space/x \n")
+    rules = acl.users["alice"]
+    assert [(r.access, r.filter) for r in rules] == [
+        (Access.READ, "shared/#"), (Access.DENY, "shared/secret"),
+        (Access.READ, "with space/x")]
 
 
 def test_reload_swaps_rules_for_connected_clients_and_keeps_old_on_error(tmp_path):

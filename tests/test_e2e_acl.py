@@ -209,3 +209,26 @@ def test_a_will_whose_topic_a_reload_revoked_is_not_published(tmp_path, caplog):
         assert received(alice, "shared/marker") == []
     finally:
         broker.stop()
+
+
+def test_repeated_denials_are_counted_and_logged_once_clipped(tmp_path, caplog):
+    """A client repeating a denied publish with a 30 KB topic wrote one log line per packet,
+    each holding the whole topic (240 MB of log in 2 s, a black-box probe).  Now every
+    denial is counted (``acl_denials``), the first of the client is logged at info with the
+    topic clipped, the rest at debug; the same for denied subscriptions."""
+    broker, _ = in_process_broker(tmp_path)
+    caplog.set_level(logging.INFO, logger="mqttring")
+    ports = broker.start()
+    try:
+        bob = client(ports.mqtt, "bob-flood", "bob")
+        topic = "denied/" + "x" * 30_000
+        for pid in range(1, 41):
+            pub(bob, topic, b"no", pid=pid)  # acknowledged, as mosquitto, never routed
+        assert bob.subscribe([(topic, 0)]) == [0x80]
+        assert broker.metrics.acl_denials == 41
+        lines = [r.getMessage() for r in caplog.records if "by the ACL" in r.getMessage()]
+        assert len(lines) == 1, lines[:3]
+        assert "denied a publish of 'bob-flood'" in lines[0] and len(lines[0]) < 400
+        assert "(30007 characters)" in lines[0]
+    finally:
+        broker.stop()

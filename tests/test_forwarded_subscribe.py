@@ -32,7 +32,8 @@ class _Handler:
 def _subscriptions(forwarded: Any) -> Subscriptions:
     manager = SimpleNamespace(forward_subscribe=lambda *a: forwarded,
                               forward_unsubscribe=lambda *a: forwarded)
-    return Subscriptions(None, manager, None, None, lambda: 10, lambda c: None)  # type: ignore[arg-type]
+    return Subscriptions(None, manager, None, None, lambda: 10, lambda c: None,  # type: ignore[arg-type]
+                         lambda *denied: None)
 
 
 async def test_a_home_that_cannot_be_reached_closes_the_client_with_0x89() -> None:

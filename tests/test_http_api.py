@@ -104,7 +104,7 @@ def test_without_a_token_only_loopback_hosts_are_served(tmp_path: Path) -> None:
     try:
         with node.http() as client:
             assert client.get("/api/v1/cluster").status_code == 200
-            for host in (f"localhost:{node.http_port}", "[::1]:1", "127.0.0.1"):
+            for host in (f"localhost:{node.http_port}", "[::1]:1", "127.0.0.1", "LocalHost:1"):
                 response = client.get("/api/v1/cluster", headers={"host": host})
                 assert response.status_code == 200, host
             # DNS rebinding: a page of rebind.example resolved to 127.0.0.1 names its host.

@@ -96,7 +96,7 @@ def test_retained_qos0_dropped_on_subscribe_is_not_counted_as_sent() -> None:
         await subscriptions.deliver_retained(session, (("r/#", 0),), [0])
 
     subscriptions = Subscriptions(router, None, None, metrics,  # type: ignore[arg-type]
-                                  lambda: 100, lambda client_id: None)
+                                  lambda: 100, lambda client_id: None, lambda *denied: None)
     trio.run(store_then_subscribe)
     written = publishes_in(session, Message("r/0", PAYLOAD, 0, True))
     assert written == 3

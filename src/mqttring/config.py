@@ -108,7 +108,7 @@ Window16 = Annotated[int, Meta(ge=1, le=65535)]
 
 def is_loopback(host: str) -> bool:
     """Whether a listener bound to ``host`` is reachable from this machine only."""
-    if host == "localhost":
+    if host.lower() == "localhost":  # host names are case-insensitive (RFC 4343)
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

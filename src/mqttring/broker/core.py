@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from mqttring.broker.delayed import DelayedWills
+from mqttring.broker.denials import AclDenials
 from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.refusals import PublishRefused
@@ -60,6 +61,7 @@ from mqttring.broker.sessions import (
 )
 from mqttring.broker.subscribing import Subscriptions
 from mqttring.config import BrokerConfig, ConfigError
+from mqttring.logs import clipped
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
     ConnectRequested,
@@ -119,6 +121,7 @@ RouterFactory = Callable[["BrokerCore"], Router]
 ManagerFactory = Callable[["BrokerCore"], SessionManager]
 
 
+
 class BrokerCore:
     """See the module docstring.
 
@@ -150,6 +153,18 @@ class BrokerCore:
         #: connection, or (cluster) the proxy that ships it to the client's node.
         self.wakers: dict[str, Waker] = {}
         self.shutting_down = False
+        #: The event loop this core serves (built inside it by the node; None when built
+        #: outside one): a reload from another thread closes revoked users' connections
+        #: there.  Until 2026-11-29 the token was the authenticator's, set at its first
+        #: login check: a reload that had swapped in a new authenticator (a changed login
+        #: setting) left it unset, and a later password-file reload closed nobody.
+        try:
+            self._trio_token: trio.lowlevel.TrioToken | None = (
+                trio.lowlevel.current_trio_token())
+        except RuntimeError:
+            self._trio_token = None
+        #: Counts and logs what the ACL denied (the publish and the subscribe paths).
+        self.acl_denied = AclDenials(metrics)
         #: Who may connect (password file, anonymous access, failed-login limit); its
         #: ``reload()`` re-reads the password file.
         self.auth = Authenticator.from_config(config, passwords)
@@ -161,7 +176,8 @@ class BrokerCore:
         self.manager: SessionManager = manager(self)
         #: SUBSCRIBE and UNSUBSCRIBE, from the packet to the SUBACK and retained messages.
         self.subscriptions = Subscriptions(self.router, self.manager, session_store, metrics,
-                                           lambda: self.limits.max_subscriptions, self.wake)
+                                           lambda: self.limits.max_subscriptions, self.wake,
+                                           self.acl_denied)
         #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the
         #: node's nursery (``mqttring.broker.server``).
         self.delayed_wills = DelayedWills(self.router.publish, self.clients.__contains__)
@@ -182,12 +198,11 @@ class BrokerCore:
             revoked = _revoked_users(self.auth, auth)
         if old.acl_file != config.acl_file:
             acl = AccessControl(config.acl_file) if config.acl_file is not None else None
-        token = self.auth.trio_token
         self.config, self.auth, self.acl = config, auth, acl
         if revoked:
             # Another password file (its path changed): the entries to compare are the old
             # file's and the new one's, not the new one's with itself (``reload_security``).
-            self._close_revoked(revoked, token)
+            self._close_revoked(revoked)
         self.limits = config.limits
         self.limits5 = _limits5(config)
         self.session_limits = _session_limits(config)
@@ -260,16 +275,13 @@ class BrokerCore:
                     revoked = changed
 
         if revoked:
-            self._close_revoked(revoked, auth.trio_token)
+            self._close_revoked(revoked)
         if errors:
             raise errors[0]
 
-    def _close_revoked(self, revoked: frozenset[str],
-                       token: trio.lowlevel.TrioToken | None) -> None:
+    def _close_revoked(self, revoked: frozenset[str]) -> None:
         """Close this node's connections of the users in ``revoked`` (their password-file
-        entry was removed or changed), on the event loop, from whichever thread this is;
-        ``token``: the loop's, when this is another thread (None: no login was ever
-        checked, so nobody to close)."""
+        entry was removed or changed), on the event loop, from whichever thread this is."""
 
         def disconnect() -> None:
             by_certificate = self.config.use_identity_as_username
@@ -286,8 +298,8 @@ class BrokerCore:
             trio.lowlevel.current_trio_token()
         except RuntimeError:  # a worker thread (SIGHUP) or an embedder's own thread
             try:
-                if token is not None:
-                    trio.from_thread.run_sync(disconnect, trio_token=token)
+                if self._trio_token is not None:
+                    trio.from_thread.run_sync(disconnect, trio_token=self._trio_token)
             except trio.RunFinishedError:
                 pass  # the node stopped meanwhile: every connection is closed anyway
         else:
@@ -381,7 +393,7 @@ class BrokerCore:
                 # A rate-limited address was logged once when it went over; not every CONNECT.
                 log.log(logging.DEBUG if outcome is AuthOutcome.RATE_LIMITED else logging.INFO,
                         "refusing client %r from %s: %s (user %r)", packet.client_id,
-                        handler.transport.peer, outcome.value, packet.username,
+                        handler.transport.peer, outcome.value, clipped(packet.username),
                         extra={"client_id": packet.client_id, "event": "refused"})
                 conn.refuse(_CONNACK_FOR[outcome])
                 return []
@@ -394,7 +406,7 @@ class BrokerCore:
                 packet.will.topic):
             # As mosquitto: a will the client could not publish itself refuses the CONNECT.
             log.info("refusing client %r from %s: the ACL denies its will topic %r",
-                     client_id, handler.transport.peer, packet.will.topic)
+                     client_id, handler.transport.peer, clipped(packet.will.topic))
             conn.refuse(ConnectReturnCode.NOT_AUTHORIZED)
             return []
         handler.client_id = client_id
@@ -536,7 +548,7 @@ class BrokerCore:
         if access.may_write(topic):
             return True
         log.info("will of %r on %r not published: the ACL no longer lets it write there",
-                 client_id, topic, extra={"client_id": client_id, "event": "will-denied"})
+                 client_id, clipped(topic), extra={"client_id": client_id, "event": "will-denied"})
         return False
 
     def _writable(self, handler: ClientHandler, access: ClientAccess,
@@ -548,9 +560,9 @@ class BrokerCore:
         if len(allowed) != len(messages):
             for m in messages:
                 if not access.may_write(m.topic):
-                    log.info("denied a publish of %r on %r by the ACL (not routed)",
-                             handler.client_id, m.topic)
+                    self.acl_denied(handler.client_id, "a publish", m.topic)
         return allowed
+
 
     # -- disconnects ------------------------------------------------------------------------
 

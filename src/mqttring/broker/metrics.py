@@ -39,6 +39,9 @@ class BrokerMetrics:
     #: TLS connections closed before their handshake completed: plaintext or garbage on a
     #: TLS port, a client certificate the CA did not sign, a stall past connect_timeout.
     tls_handshake_failures: int = 0
+    #: Publishes and subscriptions the ACL denied (the first of each connection is logged
+    #: at info, the rest at debug: a client repeating one could flood the log).
+    acl_denials: int = 0
     #: Connections closed because of an error in mqttring itself (logged with a traceback).
     internal_errors: int = 0
     #: Publishes not acknowledged because the cluster could not accept them (faults); the

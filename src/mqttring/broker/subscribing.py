@@ -24,6 +24,7 @@ from mqttring.broker.router import Registration, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import Forwarded, SessionManager, SessionUnavailable
 from mqttring.broker.shared import is_shared, parse_shared
+from mqttring.logs import clipped
 from mqttring.protocol.connection import SubscribeRequested, UnsubscribeRequested
 from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.message import Message
@@ -74,7 +75,8 @@ class RetainedReplay(Message):
 class Subscriptions:
     def __init__(self, router: Router, manager: SessionManager, session_store: SessionStore,
                  metrics: BrokerMetrics, max_subscriptions: Callable[[], int],
-                 wake: Callable[[str], None]) -> None:
+                 wake: Callable[[str], None],
+                 acl_denied: Callable[[str | None, str, str], None]) -> None:
         self.router = router
         self.manager = manager
         self.session_store = session_store
@@ -82,6 +84,8 @@ class Subscriptions:
         #: ``limits.max_subscriptions`` as it is now (a SIGHUP may change it).
         self.max_subscriptions = max_subscriptions
         self.wake = wake
+        #: Counts and logs a subscription the ACL denied (``mqttring.broker.denials``).
+        self.acl_denied = acl_denied
 
     def subscribe_early(self, handler: ClientHandler, event: SubscribeRequested
                         ) -> EarlySubscribe:
@@ -153,13 +157,13 @@ class Subscriptions:
                 try:
                     checked = parse_shared(topic_filter).filter  # ACLs see the inner filter
                 except InvalidTopic as exc:
-                    log.info("refused a subscription of %r: %s", session.client_id, exc)
+                    log.info("refused a subscription of %r: %s", session.client_id,
+                             clipped(str(exc)))
                     codes.append(SUBACK_FAILURE if v5 is None else 0x8F)  # filter invalid
                     continue
             if access is not None and not access.may_subscribe(checked):
                 # mosquitto checks a subscription against read rules; SUBACK 0x80.
-                log.info("refused a subscription of %r to %r by the ACL", session.client_id,
-                         topic_filter)
+                self.acl_denied(session.client_id, "a subscription", topic_filter)
                 codes.append(SUBACK_FAILURE if v5 is None else 0x87)
                 continue
             if (

@@ -33,6 +33,7 @@ _COUNTERS = {
     "messages_dropped": ("messages_dropped", "Messages dropped for slow or away clients."),
     "protocol_errors": ("protocol_errors", "Connections closed for a protocol violation."),
     "internal_errors": ("internal_errors", "Connections closed for an error in mqttring."),
+    "acl_denials": ("acl_denials", "Publishes and subscriptions denied by the ACL."),
     "publishes_refused": ("publishes_refused", "Publishes not accepted by the cluster."),
     "publishes_held": ("publishes_held", "Publishes held back for a congested subscriber."),
     "slow_subscribers_disconnected": ("slow_subscribers_disconnected",

@@ -92,15 +92,19 @@ class AclFile:
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            keyword, _, rest = line.partition(" ")
-            rest = rest.strip()
+            # Words are separated by any whitespace, tabs too: read as spaces only, the
+            # line "topic deny<TAB>shared/secret" granted the filter "deny\tshared/secret"
+            # instead of denying (a black-box probe; mosquitto 2.0 reads it so too).
+            keyword, *tail_words = line.split(None, 1)
+            rest = tail_words[0].strip() if tail_words else ""
             where = f"{source}:{number}"
             if keyword == "user":
                 if not rest:
                     raise AclParseError(f"{where}: 'user' needs a username")
                 current = users.setdefault(rest, [])
             elif keyword in ("topic", "pattern"):
-                word, _, tail = rest.partition(" ")
+                word, *tail_words = rest.split(None, 1) or [""]
+                tail = tail_words[0] if tail_words else ""
                 if word in _ACCESS_WORDS:
                     access, topic_filter = _ACCESS_WORDS[word], tail.strip()
                 elif tail.strip():

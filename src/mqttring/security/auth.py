@@ -38,6 +38,7 @@ from pathlib import Path
 import trio
 
 from mqttring.config import BrokerConfig
+from mqttring.logs import clipped
 from mqttring.security.passwords import PasswordFile
 from mqttring.security.ratelimit import FailureLimiter, source_address
 
@@ -86,9 +87,6 @@ class Authenticator:
         self._key = secrets.token_bytes(32)  # cache keys: useless outside this process
         self._threads = trio.CapacityLimiter(HASH_THREADS)
         self._snapshot: _Snapshot | None = None
-        #: The event loop that checks logins (set at each ``check``): a reload from any
-        #: thread closes revoked users' connections there (``BrokerCore``).
-        self.trio_token: trio.lowlevel.TrioToken | None = None
         if password_file is not None:
             self._snapshot = _Snapshot(
                 PasswordFile.load(password_file) if passwords is None else passwords)
@@ -126,7 +124,6 @@ class Authenticator:
 
     async def check(self, username: str | None, password: bytes | None,
                     peer: str) -> AuthOutcome:
-        self.trio_token = trio.lowlevel.current_trio_token()
         if username is None:
             return AuthOutcome.ACCEPTED if self.allow_anonymous else AuthOutcome.NOT_AUTHORIZED
         snapshot = self._snapshot
@@ -135,32 +132,46 @@ class Authenticator:
             # when anonymous clients are let in.
             return AuthOutcome.ACCEPTED if self.allow_anonymous else AuthOutcome.NOT_AUTHORIZED
         addr = source_address(peer)
-        if self.limiter.blocked(addr, self._clock()):
+        if not self.limiter.begin(addr, self._clock()):
             log.debug("refusing a login for %r from %s unchecked: too many failures",
-                      username, peer)
+                      clipped(username), peer)
             return AuthOutcome.RATE_LIMITED
+        try:
+            good = await self._verify(snapshot, username, password)
+        except BaseException:  # cancelled (the client left): nothing was learnt
+            self.limiter.end(addr, self._clock(), failed=False)
+            raise
+        if good:
+            self.limiter.end(addr, self._clock(), failed=False)
+            return AuthOutcome.ACCEPTED
+        if self.limiter.end(addr, self._clock(), failed=True):
+            log.warning("failed logins from %s reached %d within %.0f s: refusing its "
+                        "CONNECTs unchecked for a while (last user %r)", addr,
+                        self.limiter.burst, self.limiter.burst / self.limiter.rate,
+                        clipped(username))
+        return AuthOutcome.BAD_CREDENTIALS
+
+    async def _verify(self, snapshot: _Snapshot, username: str,
+                      password: bytes | None) -> bool:
+        """Whether ``password`` is ``username``'s in ``snapshot`` (and still is in the file
+        in force once the hash is done)."""
         if password is None:
             # No password field is not an empty password: a user of the file whose
             # password is "" must still send it (mosquitto refuses this CONNECT too).
-            good = False
-        else:
-            key = (username, hmac.new(self._key, password, hashlib.sha256).digest())
-            if key in snapshot.ok:
-                return AuthOutcome.ACCEPTED
-            entry = snapshot.passwords.get(username)
-            good = entry is not None and await trio.to_thread.run_sync(
-                entry.verify, password, limiter=self._threads)
-            current = self._snapshot
-            if good and current is not snapshot and (
-                    current is None or current.passwords.get(username) != entry):
-                good = False  # a reload removed or changed the entry while we hashed
+            return False
+        key = (username, hmac.new(self._key, password, hashlib.sha256).digest())
+        if key in snapshot.ok:
+            return True
+        entry = snapshot.passwords.get(username)
+        good = entry is not None and await trio.to_thread.run_sync(
+            entry.verify, password, limiter=self._threads)
+        current = self._snapshot
+        if good and current is not snapshot and (
+                current is None or current.passwords.get(username) != entry):
+            return False  # a reload removed or changed the entry while we hashed
         if good:
             if len(snapshot.ok) >= CACHE_SIZE:
                 snapshot.ok.clear()
             snapshot.ok[key] = None
-            return AuthOutcome.ACCEPTED
-        if self.limiter.failed(addr, self._clock()):
-            log.warning("failed logins from %s reached %d within %.0f s: refusing its "
-                        "CONNECTs unchecked for a while (last user %r)", addr,
-                        self.limiter.burst, self.limiter.burst / self.limiter.rate, username)
-        return AuthOutcome.BAD_CREDENTIALS
+        return good
+

