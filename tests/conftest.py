@@ -443,6 +443,25 @@ def raw(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         client.close()
 
 
+@pytest.fixture
+def raw5(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """``make(target=None) -> Raw5``, an MQTT 5 socket client (default target: the
+    ``broker`` fixture); sockets closed at teardown."""
+    from mqtt5_support import Raw5
+
+    clients: list[Raw5] = []
+
+    def make(target: BrokerHandle | None = None) -> Raw5:
+        t = target or request.getfixturevalue("broker")
+        client = Raw5(t.host, t.port)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
 # --------------------------------------------------------------------------- processes
 
 

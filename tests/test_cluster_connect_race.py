@@ -34,6 +34,7 @@ import trio.testing
 
 from cluster_support import HOST, NodeCluster, unique
 from decision_support import NUM_SHARDS, Metadata, RecordingLinks
+from mqtt_client import connect, encode_remaining_length, mqtt_string, packet
 from mqttring.broker.core import BrokerCore
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.retained import RetainedStore
@@ -71,40 +72,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
 
 # -- raw MQTT: exact control over what is sent when, with nothing waited for in between ----
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _str(s: str) -> bytes:
-    data = s.encode()
-    return struct.pack("!H", len(data)) + data
-
-
 def connect_packet(client_id: str, v5: bool) -> bytes:
     """CONNECT, clean session / clean start 0, keepalive 0; v5 with Session Expiry
     Interval ``EXPIRY``."""
-    header = _str("MQTT") + bytes([5 if v5 else 4, 0]) + struct.pack("!H", 0)
+    header = mqtt_string("MQTT") + bytes([5 if v5 else 4, 0]) + struct.pack("!H", 0)
     if v5:
         props = b"\x11" + struct.pack("!I", EXPIRY)
-        header += _varint(len(props)) + props
-    body = header + _str(client_id)
-    return b"\x10" + _varint(len(body)) + body
+        header += encode_remaining_length(len(props)) + props
+    return packet(0x10, header + mqtt_string(client_id))
 
 
 def subscribe_packet(packet_id: int, topic_filter: str, qos: int, v5: bool) -> bytes:
-    body = (struct.pack("!H", packet_id) + (b"\x00" if v5 else b"") + _str(topic_filter)
-            + bytes([qos]))
-    return b"\x82" + _varint(len(body)) + body
+    return packet(0x82, struct.pack("!H", packet_id) + (b"\x00" if v5 else b"")
+                  + mqtt_string(topic_filter) + bytes([qos]))
 
 
 def publish_packet(topic: str, payload: bytes, packet_id: int, v5: bool) -> bytes:
-    body = _str(topic) + struct.pack("!H", packet_id) + (b"\x00" if v5 else b"") + payload
-    return b"\x32" + _varint(len(body)) + body
+    return packet(0x32, mqtt_string(topic) + struct.pack("!H", packet_id)
+                  + (b"\x00" if v5 else b"") + payload)
 
 
 def read_packets(sock: socket.socket, buffer: bytearray) -> list[int]:
@@ -246,8 +231,7 @@ def test_racing_connects_leave_no_session_that_outlives_its_expiry(
 
 def _publisher_connect() -> bytes:
     """A clean 3.1.1 publisher's CONNECT."""
-    body = _str("MQTT") + bytes([4, 0x02]) + struct.pack("!H", 0) + _str(unique("race-pub"))
-    return b"\x10" + _varint(len(body)) + body
+    return connect(unique("race-pub"), keepalive=0)
 
 
 # -- the home's decisions, without processes ----------------------------------------------

@@ -3,7 +3,7 @@ connection closed, nothing routed, and the node still serving everyone else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -20,20 +20,6 @@ from mqttring.protocol.packets5 import (
     PubRel5,
 )
 from mqttring.protocol.properties import Properties, PropertyId
-
-
-@pytest.fixture
-def raw5(broker: BrokerHandle) -> Iterator[Callable[[], Raw5]]:
-    made: list[Raw5] = []
-
-    def make() -> Raw5:
-        client = Raw5(broker.host, broker.port)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def _publish(topic: bytes, raw_props: bytes, payload: bytes = b"x", qos: int = 0) -> bytes:

@@ -13,7 +13,7 @@ import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,20 +38,6 @@ from mqttring.protocol.properties import Properties, PropertyId
 
 P = PropertyId
 PUBLISH, CONNECT = 3, 1
-
-
-@pytest.fixture
-def raw5() -> Iterator[Callable[[BrokerHandle], Raw5]]:
-    made: list[Raw5] = []
-
-    def make(target: BrokerHandle) -> Raw5:
-        client = Raw5(target.host, target.port)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def subscribed(client: Raw5, topic_filter: str, qos: int = 1) -> None:

@@ -6,7 +6,7 @@ node goes on serving everyone else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -16,20 +16,6 @@ from mqttring.protocol.packets5 import ConnAck5, Disconnect5
 from mqttring.protocol.properties import PropertyId
 
 LIMIT = 128  # the default of limits.max_user_properties
-
-
-@pytest.fixture
-def raw5(broker: BrokerHandle) -> Iterator[Callable[[], Raw5]]:
-    made: list[Raw5] = []
-
-    def make() -> Raw5:
-        client = Raw5(broker.host, broker.port)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def _vbi(value: int) -> bytes:
