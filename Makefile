@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint cluster bench faults clean
+.PHONY: run test test-long lint cluster bench faults clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ run: $(VENV)/.installed
 test: $(VENV)/.test-installed
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# The randomized searches that `make test` keeps short, run long (~15 minutes on 2 cores):
+# random programs against a 3-node cluster and one broker side by side, SIGKILL rounds
+# against the store.
+test-long: $(VENV)/.test-installed
+	MQTTRING_MODEL_EXAMPLES=200 $(BIN)/python -m pytest -q tests/test_cluster_model.py
+	LSM_CRASH_SECONDS=300 $(BIN)/python -m pytest -q tests/test_lsm_crash.py
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check src tests benchmarks

@@ -42,12 +42,18 @@ from ws_support import server_cert, ws_frame
 pytestmark = pytest.mark.timeout(120)
 
 HOST = "127.0.0.1"
-#: Bytes of PING frames the flood offers at most: six times the default
-#: ``max_outgoing_buffer`` (4 MiB), which bounds the node's outbox.
+#: The node's ``max_outgoing_buffer``, which bounds its outbox: smaller than the default
+#: 4 MiB so that the floods stall after about a second of the node's reading, not ten.
+OUTGOING_BUFFER = 512 * 1024
+#: The node's ``slow_subscriber_hold`` (default 10 s): how long a client that reads nothing
+#: keeps its connection.
+HOLD_SECONDS = 2
+#: Bytes of PING frames the flood offers at most: well past what the kernel's socket
+#: buffers take (several MB on loopback) and the node's bound.
 FLOOD_BYTES = 24_000_000
 #: A send blocked this long means the node stopped reading (it reads 64 KiB a pass).
 STALL_SECONDS = 3.0
-#: The node's RSS may grow by this much over the flood: the outbox's 4 MiB and change.
+#: The node's RSS may grow by this much over the flood: the outbox's bound and change.
 #: Unbounded, the 24 MB flood grew it by about 20 MiB.
 MAX_GROWTH_KIB = 12 * 1024
 
@@ -84,12 +90,16 @@ def _wait_ready(proc: subprocess.Popen[bytes], ready: Path, log: Path) -> dict[s
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FloodNode]:
-    """A node process with ``ws`` and ``wss`` listeners and the default limits."""
+    """A node process with ``ws`` and ``wss`` listeners, ``OUTGOING_BUFFER`` and
+    ``HOLD_SECONDS``."""
     tmp = Path(tmp_path_factory.mktemp("ws-flood"))
     ca = trustme.CA()
     cert, key = server_cert(ca, tmp)
     ready, log = tmp / "ready.json", tmp / "node.log"
-    cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "ws-flood",
+    config = tmp / "node.toml"
+    config.write_text(f"[limits]\nmax_outgoing_buffer = {OUTGOING_BUFFER}\n"
+                      f"slow_subscriber_hold = {HOLD_SECONDS}\n")
+    cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "ws-flood", "--config", str(config),
            "--mqtt", f"{HOST}:0", "--ws", f"{HOST}:0", "--wss", f"{HOST}:0",
            "--certfile", str(cert), "--keyfile", str(key),
            "--data-dir", str(tmp / "data"), "--sys-interval", "0",
@@ -297,7 +307,7 @@ def test_a_pingreq_flood_over_tcp_that_never_reads_stalls_too(node: FloodNode) -
         assert outcome == "stalled", f"the node read all {sent} bytes (+{growth} KiB)"
         assert growth < 16 * 1024, f"+{growth} KiB after {sent} bytes of PINGREQs"
         # Its keep alive (none here) cannot end it while the node does not read it: the
-        # node sheds it after ``slow_subscriber_hold`` (10 s) without a byte read.  Seen
+        # node sheds it after ``slow_subscriber_hold`` (``HOLD_SECONDS``) without a byte read.  Seen
         # from here as the socket leaving ESTABLISHED (TCP_INFO state 1): the node's FIN,
         # or its RST, since it closes with our PINGREQs unread.
         deadline = time.monotonic() + 30
