@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from mqttring.broker.core_config import limits5, login_settings, session_limits
 from mqttring.broker.delayed import DelayedWills
 from mqttring.broker.denials import AclDenials
 from mqttring.broker.flow import FlowControl
@@ -72,49 +73,19 @@ from mqttring.protocol.connection import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
-from mqttring.protocol.connection5 import ServerLimits5
-from mqttring.protocol.message import Message
+from mqttring.protocol.message import Message, with_origin
 from mqttring.protocol.packets import Connect, ConnectReturnCode, Will
 from mqttring.protocol.packets5 import Connect5, Will5
-from mqttring.protocol.session import Session, SessionLimits
-from mqttring.protocol.session5 import (
-    NO_LOCAL,
-    ClientLimits5,
-    PublishProps,
-    V5Session,
-)
+from mqttring.protocol.session import Session
+from mqttring.protocol.session5 import ClientLimits5, V5Session
 from mqttring.security.acl import AccessControl, AclFile, ClientAccess
-from mqttring.security.auth import Authenticator, AuthOutcome
+from mqttring.security.auth import Authenticator, AuthOutcome, revoked_users
 from mqttring.security.passwords import PasswordFile
 
 if TYPE_CHECKING:
     from mqttring.broker.client import ClientHandler
 
 log = logging.getLogger("mqttring.broker")
-
-
-def _auth_settings(config: BrokerConfig) -> tuple[object, ...]:
-    return (config.allow_anonymous, config.password_file, config.auth_failures_allowed,
-            config.auth_failure_window)
-
-
-def _limits5(config: BrokerConfig) -> ServerLimits5:
-    return ServerLimits5(topic_alias_maximum_out=config.limits.topic_alias_maximum_out,
-                         response_information=config.response_information,
-                         max_user_properties=config.limits.max_user_properties)
-
-
-def _session_limits(config: BrokerConfig) -> SessionLimits:
-    return SessionLimits(
-        max_inflight=config.limits.max_inflight,
-        max_queued=config.limits.max_queued,
-        max_output=config.limits.max_outgoing_buffer,
-        message_ttl=config.limits.queued_message_ttl,
-        hold_when_online=config.limits.slow_subscriber_hold > 0,
-        qos2_dedup_window=config.limits.qos2_dedup_window,
-        # A retry's copy comes within the edge's patience, then the owner's, of the first.
-        qos2_dedup_seconds=2 * config.cluster_write_patience,
-    )
 
 
 RouterFactory = Callable[["BrokerCore"], Router]
@@ -142,8 +113,8 @@ class BrokerCore:
         self.config = config
         self.limits = config.limits
         #: What a v5 connection announces and may use (``ServerConnection``).
-        self.limits5 = _limits5(config)
-        self.session_limits = _session_limits(config)
+        self.limits5 = limits5(config)
+        self.session_limits = session_limits(config)
         self.flow = FlowControl(config.limits.slow_subscriber_hold, metrics, self.shed)
         self.session_store = session_store
         self.metrics = metrics
@@ -193,9 +164,9 @@ class BrokerCore:
         old = self.config
         auth, acl = self.auth, self.acl
         revoked = frozenset[str]()
-        if _auth_settings(old) != _auth_settings(config):
+        if login_settings(old) != login_settings(config):
             auth = Authenticator.from_config(config)
-            revoked = _revoked_users(self.auth, auth)
+            revoked = revoked_users(self.auth, auth)
         if old.acl_file != config.acl_file:
             acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.config, self.auth, self.acl = config, auth, acl
@@ -204,8 +175,8 @@ class BrokerCore:
             # file's and the new one's, not the new one's with itself (``reload_security``).
             self._close_revoked(revoked)
         self.limits = config.limits
-        self.limits5 = _limits5(config)
-        self.session_limits = _session_limits(config)
+        self.limits5 = limits5(config)
+        self.session_limits = session_limits(config)
 
     # -- plumbing used by the router --------------------------------------------------------
 
@@ -600,27 +571,3 @@ class Waker(Protocol):
     def wake(self) -> None: ...
 
     def kick(self, reason: str = ..., code: int | None = ...) -> None: ...
-
-
-def with_origin(messages: list[Message], client_id: str, options: dict[str, int]
-                ) -> list[Message]:
-    """The 3.1.1 publishes of a client whose session kept v5 options, tagged with its id
-    when any option says No Local: v5 messages always carry it, 3.1.1 ones do not (their
-    ``props`` stays None so they cost nothing), yet No Local must know the client's own
-    messages [MQTT-3.8.3-3].  Untouched otherwise."""
-    if not any(bits & NO_LOCAL for bits in options.values()):
-        return messages
-    origin = PublishProps(b"", 0.0, client_id)
-    return [m if m.props is not None
-            else Message(m.topic, m.payload, m.qos, m.retain, origin, m.mid)
-            for m in messages]
-
-
-def _revoked_users(old: Authenticator, new: Authenticator) -> frozenset[str]:
-    """The users of ``old``'s password file whose entry ``new``'s lacks or has changed; none
-    when either has no password file (no file: usernames prove nothing either way)."""
-    before, after = old.passwords, new.passwords
-    if before is None or after is None:
-        return frozenset()
-    return frozenset(user for user, entry in before.entries.items()
-                     if after.get(user) != entry)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from random import getrandbits
 
 from mqttring.protocol.codec import encode_publish
-from mqttring.protocol.session5 import PublishProps
+from mqttring.protocol.session5 import NO_LOCAL, PublishProps
 
 
 def new_mid() -> int:
@@ -93,3 +93,17 @@ class Message:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def with_origin(messages: list[Message], client_id: str, options: dict[str, int]
+                ) -> list[Message]:
+    """The 3.1.1 publishes of a client whose session kept v5 options, tagged with its id
+    when any option says No Local: v5 messages always carry it, 3.1.1 ones do not (their
+    ``props`` stays None so they cost nothing), yet No Local must know the client's own
+    messages [MQTT-3.8.3-3].  Untouched otherwise."""
+    if not any(bits & NO_LOCAL for bits in options.values()):
+        return messages
+    origin = PublishProps(b"", 0.0, client_id)
+    return [m if m.props is not None
+            else Message(m.topic, m.payload, m.qos, m.retain, origin, m.mid)
+            for m in messages]

@@ -175,3 +175,12 @@ class Authenticator:
             snapshot.ok[key] = None
         return good
 
+
+def revoked_users(old: Authenticator, new: Authenticator) -> frozenset[str]:
+    """The users of ``old``'s password file whose entry ``new``'s lacks or has changed; none
+    when either has no password file (no file: usernames prove nothing either way)."""
+    before, after = old.passwords, new.passwords
+    if before is None or after is None:
+        return frozenset()
+    return frozenset(user for user, entry in before.entries.items()
+                     if after.get(user) != entry)
