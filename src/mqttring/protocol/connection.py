@@ -37,7 +37,7 @@ from enum import Enum, auto
 
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.codec import encode as encode_packet
-from mqttring.protocol.codec5 import PacketDecoder5, encode5
+from mqttring.protocol.codec5 import PacketDecoder5
 from mqttring.protocol.connection5 import (
     DEFAULT_LIMITS5,
     NO_KEEPALIVE_LIMIT,
@@ -85,9 +85,7 @@ from mqttring.protocol.packets5 import (
 )
 from mqttring.protocol.properties import (
     VALID_REASONS,
-    Properties,
     PropertyId,
-    PropValue,
     ReasonCode,
 )
 from mqttring.protocol.reasons5 import encode_with_reason
@@ -115,16 +113,6 @@ _V5_REFUSALS = {
     ConnectReturnCode.SERVER_UNAVAILABLE: ReasonCode.SERVER_UNAVAILABLE,
     ConnectReturnCode.BAD_USERNAME_OR_PASSWORD: ReasonCode.BAD_USER_NAME_OR_PASSWORD,
     ConnectReturnCode.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
-}
-
-
-#: CONNACK properties at the value a client assumes when they are absent (section 3.2.2.3):
-#: left out first when the CONNACK must shrink to the client's Maximum Packet Size.
-_CONNACK_DEFAULTS: dict[PropertyId, PropValue] = {
-    PropertyId.RETAIN_AVAILABLE: 1,
-    PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
-    PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
-    PropertyId.SHARED_SUBSCRIPTION_AVAILABLE: 1,
 }
 
 
@@ -484,7 +472,9 @@ class ServerConnection:
         if self._v5 is None:
             self._out += encode_packet(ConnAck(present, ConnectReturnCode.ACCEPTED))
         else:
-            connack = self._fitted_connack(present, session)
+            assert self.connect is not None
+            connack = self._v5.connack(present, self.connect, session.client_id,
+                                       self._decoder.max_packet_size)
             if connack is None:
                 # What the client must be told does not fit its own limit: it gets no
                 # CONNACK and the connection closes, as mosquitto does [MQTT-3.1.2-24].
@@ -504,57 +494,6 @@ class ServerConnection:
             self.protocol_error = exc
             self.disconnect(exc.reason_code, str(exc))
             return []
-
-    def _fitted_connack(self, present: bool, session: Session) -> bytes | None:
-        """The CONNACK within the client's Maximum Packet Size [MQTT-3.1.2-24], or None.
-
-        Too big, it first leaves out what the client assumes anyway (availabilities at
-        their default, 1), then what it may do without: Response Information (optional
-        for a server) and Topic Alias Maximum (absent means 0: the client sends no
-        aliases).  What it must say (Receive Maximum and Maximum Packet Size below the
-        defaults, an assigned client id, a changed expiry or keep alive) stays: if that
-        does not fit either, None.  A probe's CONNECT with a maximum of 20 bytes got a
-        24-byte CONNACK."""
-        assert self._v5 is not None
-        props = self._connack_properties(session)
-        data = encode5(ConnAck5(present, 0, props))
-        limit = self._v5.client_max_packet
-        if not limit or len(data) <= limit:
-            return data
-        items = [item for item in props.items if _CONNACK_DEFAULTS.get(item[0]) != item[1]]
-        for optional in (PropertyId.RESPONSE_INFORMATION, PropertyId.TOPIC_ALIAS_MAXIMUM):
-            data = encode5(ConnAck5(present, 0, Properties(items)))
-            if len(data) <= limit:
-                return data
-            items = [item for item in items if item[0] is not optional]
-        data = encode5(ConnAck5(present, 0, Properties(items)))
-        return data if len(data) <= limit else None
-
-    def _connack_properties(self, session: Session) -> Properties:
-        """What a v5 CONNACK tells the client about this server (section 3.2.2.3)."""
-        limits = self.limits5
-        items: list[tuple[PropertyId, PropValue]] = [
-            (PropertyId.RECEIVE_MAXIMUM, limits.receive_maximum),
-            # A whole packet within this limit has a remaining length below it too.
-            (PropertyId.MAXIMUM_PACKET_SIZE, self._decoder.max_packet_size),
-            (PropertyId.TOPIC_ALIAS_MAXIMUM, limits.topic_alias_maximum),
-            (PropertyId.RETAIN_AVAILABLE, 1),
-            (PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE, 1),
-            (PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE, int(limits.subscription_identifiers)),
-            (PropertyId.SHARED_SUBSCRIPTION_AVAILABLE, int(limits.shared_subscriptions)),
-        ]
-        assert self.connect is not None and self._v5 is not None
-        if self._v5.session_expiry != self.connect.session_expiry:  # type: ignore[union-attr]
-            # The server overrode the client's Session Expiry Interval [MQTT-3.2.2-21].
-            items.append((PropertyId.SESSION_EXPIRY_INTERVAL, self._v5.session_expiry))
-        if not self.connect.client_id:
-            items.append((PropertyId.ASSIGNED_CLIENT_IDENTIFIER, session.client_id))
-        if self._v5.server_keepalive is not None:
-            items.append((PropertyId.SERVER_KEEP_ALIVE, self._v5.server_keepalive))
-        if self._v5.response_wanted and limits.response_information:
-            # Only on request [MQTT-3.1.2-28]; what it means is the operator's convention.
-            items.append((PropertyId.RESPONSE_INFORMATION, limits.response_information))
-        return Properties(items)
 
     def refuse(self, code: ConnectReturnCode) -> None:
         """Send CONNACK with a non-zero code [MQTT-3.2.2-4] and close [MQTT-3.2.2-5]."""

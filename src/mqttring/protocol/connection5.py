@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mqttring.protocol.codec5 import encode5
 from mqttring.protocol.errors import ProtocolViolation
 from mqttring.protocol.events import (
     DisconnectRequested,
@@ -46,6 +47,7 @@ from mqttring.protocol.events import (
 from mqttring.protocol.message import Message
 from mqttring.protocol.packets5 import (
     Auth5,
+    ConnAck5,
     Connect5,
     Disconnect5,
     PubAck5,
@@ -56,7 +58,12 @@ from mqttring.protocol.packets5 import (
     Subscribe5,
     Unsubscribe5,
 )
-from mqttring.protocol.properties import DEFAULT_MAX_USER_PROPERTIES, PropertyId
+from mqttring.protocol.properties import (
+    DEFAULT_MAX_USER_PROPERTIES,
+    Properties,
+    PropertyId,
+    PropValue,
+)
 from mqttring.protocol.session5 import PublishProps
 
 if TYPE_CHECKING:
@@ -89,6 +96,17 @@ class ServerLimits5:
 DEFAULT_LIMITS5 = ServerLimits5()
 
 
+#: CONNACK properties at the value a client assumes when they are absent (section 3.2.2.3):
+#: left out first when the CONNACK must shrink to the client's Maximum Packet Size
+#: (``V5Link.connack``).
+_CONNACK_DEFAULTS: dict[PropertyId, PropValue] = {
+    PropertyId.RETAIN_AVAILABLE: 1,
+    PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
+    PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
+    PropertyId.SHARED_SUBSCRIPTION_AVAILABLE: 1,
+}
+
+
 class V5Link:
     """See the module docstring."""
 
@@ -116,6 +134,58 @@ class V5Link:
         self.keepalive, self.server_keepalive = server_keepalive(connect.keepalive,
                                                                  max_keepalive)
         self.clock = clock
+
+    def connack(self, present: bool, connect: Connect5, client_id: str,
+                max_packet_size: int) -> bytes | None:
+        """The CONNACK accepting ``connect``, within the client's Maximum Packet Size
+        [MQTT-3.1.2-24], or None.
+
+        Too big, it first leaves out what the client assumes anyway (availabilities at
+        their default, 1), then what it may do without: Response Information (optional
+        for a server) and Topic Alias Maximum (absent means 0: the client sends no
+        aliases).  What it must say (Receive Maximum and Maximum Packet Size below the
+        defaults, an assigned client id, a changed expiry or keep alive) stays: if that
+        does not fit either, None.  A probe's CONNECT with a maximum of 20 bytes got a
+        24-byte CONNACK."""
+        props = self._connack_properties(connect, client_id, max_packet_size)
+        data = encode5(ConnAck5(present, 0, props))
+        limit = self.client_max_packet
+        if not limit or len(data) <= limit:
+            return data
+        items = [item for item in props.items if _CONNACK_DEFAULTS.get(item[0]) != item[1]]
+        for optional in (PropertyId.RESPONSE_INFORMATION, PropertyId.TOPIC_ALIAS_MAXIMUM):
+            data = encode5(ConnAck5(present, 0, Properties(items)))
+            if len(data) <= limit:
+                return data
+            items = [item for item in items if item[0] is not optional]
+        data = encode5(ConnAck5(present, 0, Properties(items)))
+        return data if len(data) <= limit else None
+
+    def _connack_properties(self, connect: Connect5, client_id: str,
+                            max_packet_size: int) -> Properties:
+        """What a v5 CONNACK tells the client about this server (section 3.2.2.3)."""
+        limits = self.limits
+        items: list[tuple[PropertyId, PropValue]] = [
+            (PropertyId.RECEIVE_MAXIMUM, limits.receive_maximum),
+            # A whole packet within this limit has a remaining length below it too.
+            (PropertyId.MAXIMUM_PACKET_SIZE, max_packet_size),
+            (PropertyId.TOPIC_ALIAS_MAXIMUM, limits.topic_alias_maximum),
+            (PropertyId.RETAIN_AVAILABLE, 1),
+            (PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE, 1),
+            (PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE, int(limits.subscription_identifiers)),
+            (PropertyId.SHARED_SUBSCRIPTION_AVAILABLE, int(limits.shared_subscriptions)),
+        ]
+        if self.session_expiry != connect.session_expiry:
+            # The server overrode the client's Session Expiry Interval [MQTT-3.2.2-21].
+            items.append((PropertyId.SESSION_EXPIRY_INTERVAL, self.session_expiry))
+        if not connect.client_id:
+            items.append((PropertyId.ASSIGNED_CLIENT_IDENTIFIER, client_id))
+        if self.server_keepalive is not None:
+            items.append((PropertyId.SERVER_KEEP_ALIVE, self.server_keepalive))
+        if self.response_wanted and limits.response_information:
+            # Only on request [MQTT-3.1.2-28]; what it means is the operator's convention.
+            items.append((PropertyId.RESPONSE_INFORMATION, limits.response_information))
+        return Properties(items)
 
     def on_publish(self, conn: ServerConnection, packet: Publish5) -> PublishReceived | None:
         props = packet.properties
