@@ -10,7 +10,10 @@ about half of the messages.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -163,27 +166,50 @@ def test_pipelined_subscribes_are_each_handled_before_a_later_publish(
     assert not missed, f"{len(missed)} of {ROUNDS} messages missed: {missed[:5]}"
 
 
-def test_order_holds_when_the_subscriber_was_parked_and_the_publisher_was_not(tmp_path, uid):
-    """The same when B's connection sat idle in the parking lot (its bytes resume it) and
-    A's had its task: a resumed connection's bytes are handled as soon as an active one's
-    would be.  Found by Paho's ``client_test5.py`` (``test_request_response`` after
-    ``test_redelivery_on_reconnect``: its 0.5 s waits put B in the lot and A just outside)."""
+@contextlib.contextmanager
+def parking_pair(tmp_path, uid, name: str, park: float
+                 ) -> Iterator[tuple[Any, RawClient, RawClient, str]]:
+    """A node of its own with ``park_idle_after = park``, publisher A and subscriber B
+    connected, B subscribed to a barrier topic: (broker, A, B, barrier)."""
     from mqttring import BrokerConfig, Limits, MqttRingBroker
 
     broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path,
-                                         sys_interval=0, limits=Limits(park_idle_after=0.1)))
+                                         sys_interval=0, limits=Limits(park_idle_after=park)))
     port = broker.start().mqtt
     clients: list[RawClient] = []
     try:
         pub, sub = (RawClient("127.0.0.1", port) for _ in range(2))
         clients += [pub, sub]
-        pub.send(connect(uid("parked-pub")))
+        pub.send(connect(uid(f"{name}-pub")))
         pub.expect(CONNACK)
-        sub.send(connect(uid("parked-sub")))
+        sub.send(connect(uid(f"{name}-sub")))
         sub.expect(CONNACK)
-        barrier = uid("parked-barrier")
+        barrier = uid(f"{name}-barrier")
         sub.send(subscribe(1, [(barrier, 0)]))
         sub.expect(SUBACK)
+        yield broker, pub, sub, barrier
+    finally:
+        for client in clients:
+            client.close()
+        broker.stop()
+
+
+def missed_by_barrier(pub: RawClient, sub: RawClient, barrier: str, topics: list[str],
+                      seen: list[str]) -> list[str]:
+    """A publishes to the barrier; what B got up to it joins ``seen`` (A's messages reach B
+    in order [MQTT-4.6.0-6]); the topics B never got."""
+    pub.send(publish(barrier, b"end"))
+    while (got := sub.expect(PUBLISH)).topic != barrier:
+        seen.append(got.topic)
+    return [t for t in topics if t not in seen]
+
+
+def test_order_holds_when_the_subscriber_was_parked_and_the_publisher_was_not(tmp_path, uid):
+    """The same when B's connection sat idle in the parking lot (its bytes resume it) and
+    A's had its task: a resumed connection's bytes are handled as soon as an active one's
+    would be.  Found by Paho's ``client_test5.py`` (``test_request_response`` after
+    ``test_redelivery_on_reconnect``: its 0.5 s waits put B in the lot and A just outside)."""
+    with parking_pair(tmp_path, uid, "parked", 0.1) as (broker, pub, sub, barrier):
         topics = [uid(f"parked-{i}") for i in range(20)]
         seen: list[str] = []
         for i, topic in enumerate(topics):
@@ -198,15 +224,8 @@ def test_order_holds_when_the_subscriber_was_parked_and_the_publisher_was_not(tm
             # B's, which no scheduling can order); B stays in the lot.
             time.sleep(GAP)
             _round(pub, sub, topic, i + 2, seen)
-        pub.send(publish(barrier, b"end"))
-        while (got := sub.expect(PUBLISH)).topic != barrier:
-            seen.append(got.topic)
-        missed = [t for t in topics if t not in seen]
+        missed = missed_by_barrier(pub, sub, barrier, topics, seen)
         assert not missed, f"{len(missed)} of {len(topics)} messages missed; seen {seen}"
-    finally:
-        for client in clients:
-            client.close()
-        broker.stop()
 
 
 def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, uid):
@@ -219,24 +238,9 @@ def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, 
     turns, once in 200 in CI: the publisher parking too, the next test's case)."""
     import random
 
-    from mqttring import BrokerConfig, Limits, MqttRingBroker
-
     park = 0.1
-    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path,
-                                         sys_interval=0, limits=Limits(park_idle_after=park)))
-    port = broker.start().mqtt
-    clients: list[RawClient] = []
     rng = random.Random(7)
-    try:
-        pub, sub = (RawClient("127.0.0.1", port) for _ in range(2))
-        clients += [pub, sub]
-        pub.send(connect(uid("parking-pub")))
-        pub.expect(CONNACK)
-        sub.send(connect(uid("parking-sub")))
-        sub.expect(CONNACK)
-        barrier = uid("parking-barrier")
-        sub.send(subscribe(1, [(barrier, 0)]))
-        sub.expect(SUBACK)
+    with parking_pair(tmp_path, uid, "parking", park) as (broker, pub, sub, barrier):
         topics = [uid(f"parking-{i}") for i in range(120)]
         seen: list[str] = []
         for i, topic in enumerate(topics):
@@ -249,16 +253,9 @@ def test_order_holds_when_the_subscriber_parks_as_its_subscribe_comes(tmp_path, 
             time.sleep(0.4 * park)
             _round(pub, sub, topic, i + 2, seen)
             _settle(pub, sub, seen)
-        pub.send(publish(barrier, b"end"))
-        while (got := sub.expect(PUBLISH)).topic != barrier:
-            seen.append(got.topic)
-        missed = [t for t in topics if t not in seen]
+        missed = missed_by_barrier(pub, sub, barrier, topics, seen)
         assert not missed, f"{len(missed)} of {len(topics)} messages missed: {missed[:5]}"
         assert broker.metrics.connections_resumed > 0  # the lot did take part
-    finally:
-        for client in clients:
-            client.close()
-        broker.stop()
 
 
 def test_order_holds_when_the_publisher_parks_as_its_publish_comes(tmp_path, uid):
@@ -269,24 +266,9 @@ def test_order_holds_when_the_publisher_parks_as_its_publish_comes(tmp_path, uid
     missed.  The lot now watches A's socket from the decision on (``_enter_lot``)."""
     import random
 
-    from mqttring import BrokerConfig, Limits, MqttRingBroker
-
     park = 0.1
-    broker = MqttRingBroker(BrokerConfig(mqtt="127.0.0.1:0", ws=None, data_dir=tmp_path,
-                                         sys_interval=0, limits=Limits(park_idle_after=park)))
-    port = broker.start().mqtt
-    clients: list[RawClient] = []
     rng = random.Random(11)
-    try:
-        pub, sub = (RawClient("127.0.0.1", port) for _ in range(2))
-        clients += [pub, sub]
-        pub.send(connect(uid("parking-pub")))
-        pub.expect(CONNACK)
-        sub.send(connect(uid("parking-sub")))
-        sub.expect(CONNACK)
-        barrier = uid("parking-barrier")
-        sub.send(subscribe(1, [(barrier, 0)]))
-        sub.expect(SUBACK)
+    with parking_pair(tmp_path, uid, "parking", park) as (broker, pub, sub, barrier):
         topics = [uid(f"parking-{i}") for i in range(120)]
         seen: list[str] = []
         for i, topic in enumerate(topics):
@@ -296,16 +278,9 @@ def test_order_holds_when_the_publisher_parks_as_its_publish_comes(tmp_path, uid
             pub.expect(PINGRESP)
             time.sleep(rng.uniform(0.85 * park, 1.2 * park))  # A at its park decision
             _round(pub, sub, topic, i + 2, seen)
-        pub.send(publish(barrier, b"end"))
-        while (got := sub.expect(PUBLISH)).topic != barrier:
-            seen.append(got.topic)
-        missed = [t for t in topics if t not in seen]
+        missed = missed_by_barrier(pub, sub, barrier, topics, seen)
         assert not missed, f"{len(missed)} of {len(topics)} messages missed: {missed[:5]}"
         assert broker.metrics.connections_resumed > len(topics)  # both took part
-    finally:
-        for client in clients:
-            client.close()
-        broker.stop()
 
 
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])

@@ -10,7 +10,9 @@ real parking lot; the scheduling races are played out by calling the steps in th
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -56,6 +58,22 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return server, client
 
 
+@contextlib.asynccontextmanager
+async def lot_with_handler(run_lot: bool = False
+                           ) -> AsyncIterator[tuple[ParkingLot, ClientHandler, socket.socket,
+                                                    socket.socket]]:
+    """A parking lot (its task running if ``run_lot``) and a connected handler on a real
+    TCP pair: (lot, handler, the node's socket, the client's)."""
+    a, b = tcp_pair()
+    with a, b:
+        async with trio.open_nursery() as lot_nursery:
+            lot = ParkingLot(lot_nursery, BrokerMetrics())
+            if run_lot:
+                lot_nursery.start_soon(lot.run)
+            yield lot, connected_handler(lot, a), a, b
+            lot_nursery.cancel_scope.cancel()
+
+
 def quiet_reader(handler: ClientHandler, nursery: trio.Nursery) -> float:
     """The state of a connection whose reader waits for bytes; the time of the park look."""
     handler._nursery = nursery
@@ -72,47 +90,36 @@ async def test_the_lot_watches_the_socket_from_the_park_decision() -> None:
     to report: it takes their turn in its own pass, and the stopping task serves on with
     them instead of parking (before, the task took a turn as its reader was cancelled,
     bytes or not, ahead of bytes other connections received before its own)."""
-    a, b = tcp_pair()
-    with a, b:
-        async with trio.open_nursery() as lot_nursery:
-            lot = ParkingLot(lot_nursery, BrokerMetrics())
-            lot_nursery.start_soon(lot.run)
-            handler = connected_handler(lot, a)
-            async with trio.open_nursery() as reader_nursery:
-                park_at = quiet_reader(handler, reader_nursery)
-                handler.on_timer(park_at, park_at)
-                assert handler._park_requested and reader_nursery.cancel_scope.cancel_called
-                assert lot.holds(handler, a.fileno())  # watched from the decision on
-                assert not lot.turns.holds(handler)  # no bytes: no turn
-                b.send(PINGREQ)
-                with trio.fail_after(5), trio.CancelScope(shield=True):
-                    while lot.holds(handler, a.fileno()):
-                        await trio.sleep(0.001)
-            assert lot.turns.holds(handler)  # taken in the lot's pass that saw the bytes
-            assert not handler._stays_parked()  # serves on, its task not replaced
-            assert len(lot) == 0
-            lot_nursery.cancel_scope.cancel()
+    async with lot_with_handler(True) as (lot, handler, a, b):
+        async with trio.open_nursery() as reader_nursery:
+            park_at = quiet_reader(handler, reader_nursery)
+            handler.on_timer(park_at, park_at)
+            assert handler._park_requested and reader_nursery.cancel_scope.cancel_called
+            assert lot.holds(handler, a.fileno())  # watched from the decision on
+            assert not lot.turns.holds(handler)  # no bytes: no turn
+            b.send(PINGREQ)
+            with trio.fail_after(5), trio.CancelScope(shield=True):
+                while lot.holds(handler, a.fileno()):
+                    await trio.sleep(0.001)
+        assert lot.turns.holds(handler)  # taken in the lot's pass that saw the bytes
+        assert not handler._stays_parked()  # serves on, its task not replaced
+        assert len(lot) == 0
 
 
 async def test_bytes_waiting_at_the_decision_keep_the_reader() -> None:
     """Bytes already in the socket were reported to the reader in their order: the
     connection does not park, and its reader reads them."""
-    a, b = tcp_pair()
-    with a, b:
-        async with trio.open_nursery() as lot_nursery:
-            lot = ParkingLot(lot_nursery, BrokerMetrics())
-            handler = connected_handler(lot, a)
-            async with trio.open_nursery() as reader_nursery:
-                park_at = quiet_reader(handler, reader_nursery)
-                b.send(PINGREQ)
-                with trio.fail_after(5):
-                    await trio.lowlevel.wait_readable(a)
-                again = handler.on_timer(park_at, park_at)
-                assert not handler._park_requested
-                assert not reader_nursery.cancel_scope.cancel_called
-                assert not lot.holds(handler, a.fileno()) and len(lot) == 0
-                assert park_at < again < handler._due  # a new quiet stretch
-            lot_nursery.cancel_scope.cancel()
+    async with (lot_with_handler() as (lot, handler, a, b),
+                trio.open_nursery() as reader_nursery):
+        park_at = quiet_reader(handler, reader_nursery)
+        b.send(PINGREQ)
+        with trio.fail_after(5):
+            await trio.lowlevel.wait_readable(a)
+        again = handler.on_timer(park_at, park_at)
+        assert not handler._park_requested
+        assert not reader_nursery.cancel_scope.cancel_called
+        assert not lot.holds(handler, a.fileno()) and len(lot) == 0
+        assert park_at < again < handler._due  # a new quiet stretch
 
 
 async def test_a_read_after_the_decision_keeps_the_connection_serving() -> None:
@@ -120,23 +127,18 @@ async def test_a_read_after_the_decision_keeps_the_connection_serving() -> None:
     deadline is then stale): the connection does not park and keeps the keepalive of that
     read.  A 5-node fault run once parked such a connection with a deadline already taken
     (an assertion, the connection closed as an internal error)."""
-    a, b = tcp_pair()
-    with a, b:
-        async with trio.open_nursery() as lot_nursery:
-            lot = ParkingLot(lot_nursery, BrokerMetrics())
-            handler = connected_handler(lot, a)
-            async with trio.open_nursery() as reader_nursery:
-                park_at = quiet_reader(handler, reader_nursery)
-                first_due = handler._due
-                handler.on_timer(park_at, park_at)
-                assert lot.holds(handler, a.fileno())
-                with trio.CancelScope(shield=True):
-                    await trio.sleep(0.01)
-                handler.conn.packets_received += 1  # a PINGREQ, a whole packet
-                handler._arm()
-                later_due = handler._due
-                assert later_due > first_due
-            assert not handler._stays_parked()
-            assert not lot.holds(handler, a.fileno()) and len(lot) == 0
-            assert handler._due == later_due  # the keepalive runs from the last read
-            lot_nursery.cancel_scope.cancel()
+    async with lot_with_handler() as (lot, handler, a, _):
+        async with trio.open_nursery() as reader_nursery:
+            park_at = quiet_reader(handler, reader_nursery)
+            first_due = handler._due
+            handler.on_timer(park_at, park_at)
+            assert lot.holds(handler, a.fileno())
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.01)
+            handler.conn.packets_received += 1  # a PINGREQ, a whole packet
+            handler._arm()
+            later_due = handler._due
+            assert later_due > first_due
+        assert not handler._stays_parked()
+        assert not lot.holds(handler, a.fileno()) and len(lot) == 0
+        assert handler._due == later_due  # the keepalive runs from the last read
