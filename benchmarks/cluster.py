@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,27 @@ def wait_settled(node: BrokerHandle, timeout: float = 60.0) -> float:
             return time.monotonic() - start
         time.sleep(0.2)
     raise ProtocolFailure(f"cluster still catching up after {timeout:.0f} s")
+
+
+def topic_owners(node: BrokerHandle) -> Callable[[str], str | None]:
+    """Which node owns a topic's shard, by the cluster's current view (asked once): lets a
+    benchmark place its streams' topics instead of leaving the split to the hash."""
+    from mqttring.ring.hashing import shard_of
+    from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
+
+    key = derive_key(str(node.extra["secret"]), RPC_KEY_PURPOSE)
+    view = trio.run(call_once, str(node.extra["cluster"]), key, "bench", "status", {}, 5.0)["view"]
+    shards, count, pins = view["shards"], view["num_shards"], view.get("pins") or {}
+
+    def owner(topic: str) -> str | None:
+        levels = topic.split("/")
+        for n in range(len(levels), 0, -1):  # a pinned subtree wins (``ClusterView``)
+            if (pinned := pins.get("/".join(levels[:n]))) is not None:
+                return shards[pinned][0][0] if shards[pinned][0] else None
+        replicas = shards[shard_of(topic, count)][0]
+        return replicas[0] if replicas else None
+
+    return owner
 
 
 def read_counters(node: BrokerHandle, timeout: float = 3.0) -> dict[str, int]:

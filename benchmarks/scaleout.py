@@ -8,7 +8,8 @@ One run, one machine, three set-ups, the same load on each:
   cluster, one port shared with ``SO_REUSEPORT``);
 * **mqttring, 2 nodes, A to B** (two nodes started apart, one cluster): every publisher on
   node A, every subscriber on node B, so every message crosses the cluster (half of them
-  accepted by A as their owner and delivered to B, half forwarded to B as the owner).
+  accepted by A as their owner and delivered to B, half forwarded to B as the owner: the
+  streams' topics are placed so, ``placed_topics``).
 
 The load is K independent streams, each a publisher and a subscriber on a topic of its own
 (``bench/<run>/so<qos>/<k>``), at QoS 0 and then QoS 1.  Every client connects to the one
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,12 +111,13 @@ class PairHandle(BrokerHandle):
 
 
 def start_pair() -> BrokerHandle:
-    from benchmarks.cluster import start_nodes, wait_settled
+    from benchmarks.cluster import start_nodes, topic_owners, wait_settled
 
     h = PairHandle("mqttring-2n-a2b", version=mqttring_version())
     try:
         h.nodes = start_nodes(2, secrets.token_hex(16), sys_interval=0)
         wait_settled(h.nodes[0])
+        h.extra["owner_of"] = topic_owners(h.nodes[0])
     except Exception as exc:  # a benchmark reports why a set-up did not run
         h.stop()
         h.unavailable = f"2-node cluster did not start: {exc}"
@@ -132,11 +135,36 @@ def start_node() -> BrokerHandle:
     return start_mqttring()
 
 
+def placed_topics(topics: list[str], owner_of: Callable[[str], str | None],
+                  owners: list[str]) -> list[str]:
+    """``topics`` renamed (a suffix) so that stream k's topic is owned by ``owners[k % n]``.
+
+    With the hash left to decide, four streams' owners are a coin toss each: one run of the
+    pair had every topic owned by A (no forwarded ``Pub`` at all), the next one in four, and
+    the two paths cost differently, so runs of one code differed by a fifth.  Placed, every
+    run takes both paths equally (the split the module docstring describes).
+    """
+    placed = []
+    for k, topic in enumerate(topics):
+        want = owners[k % len(owners)]
+        for attempt in range(10_000):
+            candidate = f"{topic}-{attempt}"
+            if owner_of(candidate) == want:
+                placed.append(candidate)
+                break
+        else:
+            raise RuntimeError(f"no topic near {topic!r} is owned by {want}")
+    return placed
+
+
 def streams_run(broker: BrokerHandle, p: Params, qos: int, streams: int,
                 run_id: str) -> dict[str, Any]:
     """K publisher/subscriber pairs on distinct topics, plus the latency probe."""
     tag = f"{run_id}-so{qos}"
     topics = [f"bench/{run_id}/so{qos}/{k}" for k in range(streams)]
+    owner_of = broker.extra.get("owner_of")
+    if callable(owner_of):
+        topics = placed_topics(topics, owner_of, ["node1", "node2"])
     sub_target = broker.extra.get("sub_target", broker)
     assert isinstance(sub_target, BrokerHandle)
     subs = [_base(sub_target, "sub", tag, p, filters=[[t] for t in topics], qos=qos)]
