@@ -454,9 +454,14 @@ class BrokerCore:
         is closed and the client resends what it has no acknowledgement for)."""
         self.metrics.messages_received += len(events)
         by_qos = self.metrics.received_by_qos
+        messages = []
+        system = False  # one pass for the counts, the list and the $SYS check below
         for event in events:
-            by_qos[event.message.qos] += 1
-        messages = [e.message for e in events]
+            message = event.message
+            by_qos[message.qos] += 1
+            messages.append(message)
+            if message.topic[:4] == "$SYS":
+                system = True
         session = handler.session
         access = session.access if session is not None else None
         denied: set[int] = set()
@@ -469,7 +474,7 @@ class BrokerCore:
         # Clients may not write the broker's own $SYS tree; such a message is acknowledged
         # (refusing it would only make the client resend) and not routed.  After the ACL:
         # one that denies it is told so (MQTT 5: 0x87), as for any other topic.
-        if any(m.topic.startswith("$SYS") for m in messages):
+        if system:
             messages = [m for m in messages if not m.topic.startswith("$SYS")]
         if session is not None and session.kept_options and messages:
             messages = with_origin(messages, session.client_id, session.kept_options)
@@ -492,16 +497,15 @@ class BrokerCore:
                         handler.client_id, exc)
             handler.kick(f"publishes not accepted: {exc}", 0x89)  # MQTT 5: server busy
             return
-        ack = handler.conn.ack_publish
         if denied and handler.conn.v5 is not None:
             # MQTT 5 can say it (as mosquitto does): 0x87 not authorized, and for QoS 2 the
             # exchange ends there (a 3.1.1 client is told success, as before).
+            ack = handler.conn.ack_publish
             for event in events:
                 ack(event.packet_id, event.message.qos,
                     0x87 if id(event.message) in denied else 0)
             return
-        for event in events:
-            ack(event.packet_id, event.message.qos)
+        handler.conn.ack_publishes(events)
 
     def access_for(self, username: str | None, client_id: str) -> ClientAccess | None:
         """The ACL's view of one client (None: no ACL file, anything goes)."""

@@ -197,7 +197,8 @@ class ReadPath:
                     return
                 continue
             for event in received:
-                if type(event) is PingRequested:
+                kind = type(event)
+                if kind is PingRequested:
                     if not (self._pending or self._accepting) or not core.limits.pingresp_wait:
                         self.answer_ping(event)  # nothing ahead of it to answer first
                         continue
@@ -206,13 +207,15 @@ class ReadPath:
                     if turns:
                         turns.end(self)  # its acceptor has the first events: no wait on it
                     await self._wait_progress()
-                self._read_ahead(event)
-                self._pending.append(event)
-                self._busy += 1
-                if type(event) is PublishReceived:
+                if kind is PublishReceived:  # ``_read_ahead``'s case for it, inline
+                    self._unregistered += 1
                     size = len(event.message.payload)  # type: ignore[union-attr]
                     self._busy_bytes += size
                     self._pending_bytes += size
+                else:
+                    self._read_ahead(event)
+                self._pending.append(event)
+                self._busy += 1
                 if not self._accepting:
                     self._accepting = True
                     assert self._nursery is not None

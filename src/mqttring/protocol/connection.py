@@ -32,7 +32,7 @@ The session (``Session``) is separate: it survives this connection when CleanSes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum, auto
 
 from mqttring.protocol.codec import PacketDecoder
@@ -526,6 +526,27 @@ class ServerConnection:
                 self._answer_held(held)
             return
         self._ack_publish(packet_id, qos, reason_code)
+
+    def ack_publishes(self, events: Iterable[PublishReceived]) -> None:
+        """``ack_publish`` for each of ``events`` with success, in order: the acceptance of
+        a batch of publishes.  A 3.1.1 connection's PUBACKs are written in one loop here,
+        two calls fewer per message than one ``ack_publish`` each (the QoS 1 stream's path);
+        anything else takes ``ack_publish``."""
+        if self._v5 is not None or self._qos2_unanswered:
+            for event in events:
+                self.ack_publish(event.packet_id, event.message.qos)
+            return
+        if self.state is ConnState.CLOSED and not self._answering:
+            return
+        out = self._out
+        session = self.session
+        for message, packet_id in events:
+            qos = message.qos
+            if not qos or packet_id is None:
+                continue
+            if qos == 2 and session is not None:
+                session.inbound_qos2_acknowledged(packet_id)  # a resend is not routed again
+            out += bytes((0x40 if qos == 1 else 0x50, 2, packet_id >> 8, packet_id & 0xFF))
 
     def _ack_publish(self, packet_id: int, qos: int, reason_code: int) -> None:
         if qos == 2 and reason_code < 0x80 and self.session is not None:
