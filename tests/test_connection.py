@@ -192,3 +192,27 @@ def test_malformed_puback_on_an_open_connection_breaks_its_rule(wire: bytes, rul
         conn.receive_data(encode(Publish("a", b"x", 1, packet_id=1)) + wire)
     assert isinstance(info.value, MalformedPacket)
     assert info.value.rule == rule
+
+
+def test_a_batch_of_publishes_is_acknowledged_in_order_as_one_by_one():
+    """``ack_publishes`` (the core's path for a batch) answers as ``ack_publish`` would for
+    each: PUBACK/PUBREC in the PUBLISHes' order, nothing for QoS 0, and a QoS 2 id then
+    known as answered (its resend is acknowledged, not routed again)."""
+    sent = [Publish("t", b"a", 1, packet_id=3), Publish("t", b"b", 0),
+            Publish("u", b"c", 1, packet_id=1), Publish("t", b"d", 2, packet_id=9),
+            Publish("t", b"e", 1, packet_id=2)]
+    batch, one_by_one = connected(), connected()
+    events = batch.receive_data(b"".join(encode(p) for p in sent))
+    assert [type(e) for e in events] == [PublishReceived] * 5
+    batch.ack_publishes(events)
+    for event in one_by_one.receive_data(b"".join(encode(p) for p in sent)):
+        one_by_one.ack_publish(event.packet_id, event.message.qos)
+    answers = read(batch)
+    assert answers == read(one_by_one) == [PubAck(3), PubAck(1), PubRec(9), PubAck(2)]
+    assert batch.receive_data(encode(Publish("t", b"d", 2, dup=True, packet_id=9))) == []
+    assert read(batch) == [PubRec(9)]
+    # Without a QoS 2 among them: the loop of its own.
+    plain = connected()
+    plain.ack_publishes(plain.receive_data(b"".join(
+        encode(Publish("t", bytes([i]), 1, packet_id=i + 1)) for i in range(40))))
+    assert read(plain) == [PubAck(i + 1) for i in range(40)]
