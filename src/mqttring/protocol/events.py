@@ -1,4 +1,5 @@
-"""Events a ``ServerConnection`` hands to the broker (both protocol versions).
+"""Events a ``ServerConnection`` hands to the broker, and its states (both protocol
+versions).
 
 Their own module so that the 3.1.1 machine (``connection``) and its v5 half
 (``connection5``) build the same events without importing each other in a cycle;
@@ -8,14 +9,24 @@ Their own module so that the 3.1.1 machine (``connection``) and its v5 half
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum, auto
 from typing import NamedTuple
 
 from mqttring.protocol.message import Message
 from mqttring.protocol.packets import Connect
 from mqttring.protocol.packets5 import Connect5
 
-__all__ = ["ConnectRequested", "DisconnectRequested", "Event", "PingRequested",
+__all__ = ["ConnState", "ConnectRequested", "DisconnectRequested", "Event", "PingRequested",
            "PublishReceived", "SubscribeRequested", "UnsubscribeRequested"]
+
+
+class ConnState(Enum):
+    """Where a connection is: CONNECT awaited, being decided, connected, closed."""
+
+    AWAIT_CONNECT = auto()
+    CONNECTING = auto()
+    CONNECTED = auto()
+    CLOSED = auto()
 
 
 # -- events handed to the broker ------------------------------------------------------------
