@@ -49,9 +49,7 @@ from mqttring.cluster.delivery import (
     ByNode,
     Deliveries,
     Item,
-    in_frames,
     message_runs,
-    message_size,
     resolve,
 )
 from mqttring.cluster.errors import (
@@ -70,12 +68,10 @@ from mqttring.cluster.messages import (
     PubEntry,
     Redispatch,
     RetainedQuery,
-    RetainedRow,
-    RetainedRows,
     SharedDone,
 )
 from mqttring.cluster.registry import PendingRoute, RouteRegistry
-from mqttring.cluster.routes import route_shard
+from mqttring.cluster.retained_query import RetainedQueries
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack
@@ -161,6 +157,10 @@ class ClusterRouter:
                                     deliveries.deliver, view, links, self.view_changes,
                                     local.copies, metrics, patience=deliveries.patience,
                                     request_timeout=deliveries.request_timeout)
+        #: Retained messages for new subscriptions, from their owners (``retained_query``).
+        self.retained_queries = RetainedQueries(node_id, local, retained, links, view,
+                                                registry, self.view_changes,
+                                                deliveries.patience)
 
     def route(self, topic: str, view: ClusterView) -> Route:
         """The topic's shard, its owner and {node: the sessions there to deliver to} under
@@ -486,16 +486,6 @@ class ClusterRouter:
     def on_shared_done(self, node: str, msg: SharedDone) -> None:
         self.shares.on_done(node, msg)
 
-    async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
-        """One page of the answer (see ``RetainedQuery``).  Each page sorts the matches
-        again: O(n log n) per page, paid only by answers of more than one page."""
-        after = msg.after
-        matches = sorted((m for m in self._owned_retained(msg.topic_filter) if m.topic > after),
-                         key=lambda m: m.topic)
-        page = next(in_frames(matches, message_size, self.links.max_frame // 2), [])
-        rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props)) for m in page]
-        self.links.reply(node, msg.req, True, RetainedRows(rows, len(rows) < len(matches)))
-
     # -- subscriptions ----------------------------------------------------------------------
 
     def route_target(self, session: Session) -> str:
@@ -536,71 +526,11 @@ class ClusterRouter:
 
     # -- retained ---------------------------------------------------------------------------
 
-    def _owned_retained(self, topic_filter: str) -> list[Message]:
-        view = self.view()
-        return self.retained_store.matching(
-            topic_filter, lambda shard: view.owner(shard) == self.node_id
-        )
-
     async def retained(self, topic_filter: str) -> list[Message]:
-        """Gather from the owner of the one shard that may hold matches, or from all."""
-        if topic_filter.startswith("$SYS"):
-            return await self.local.retained(topic_filter)  # each node's own vital signs
-        view = self.view()
-        targets = self.registry.route_targets(topic_filter, view)
-        found: dict[str, Message] = {}
-        deadline = trio.current_time() + self.deliveries.patience
+        return await self.retained_queries.gather(topic_filter)
 
-        async def ask(node: str, asked_in: ClusterView) -> None:
-            if node == self.node_id:
-                for message in self._owned_retained(topic_filter):
-                    found[message.topic] = message
-                return
-            after = ""
-            while True:
-                try:
-                    answer = await self.links.request(
-                        node, RetainedQuery(0, topic_filter, after), expect=RetainedRows)
-                except (PeerUnavailable, RemoteError) as exc:
-                    await ask_instead(node, asked_in, exc)
-                    return
-                for row in answer.rows:
-                    found[row.topic] = Message(row.topic, row.payload, row.qos, True,
-                                               PublishProps.from_wire(row.props))
-                if not answer.more or not answer.rows:
-                    return
-                after = answer.rows[-1].topic
-
-        async def ask_instead(node: str, asked_in: ClusterView, failure: Exception) -> None:
-            """A node that does not answer (killed a moment ago, cut off) still owns its
-            shards until the view says otherwise; their replicas hold the same retained
-            messages.  Wait (bounded by ``patience``, as a publish waits for an owner) for
-            a view in which others own them, and ask those; returning without them gave a
-            subscriber a silent two thirds of the matches (a probe: 688 of 1000)."""
-            # Only the shards it owned that may hold matches: a replica asked for an exact
-            # filter answers for none of them (waiting on it held a SUBACK through a
-            # failover for nothing).
-            one = route_shard(topic_filter, asked_in)
-            lost = [s for s in (range(asked_in.num_shards) if one is None else (one,))
-                    if asked_in.owner(s) == node]
-            if not lost:
-                return
-            while (remaining := deadline - trio.current_time()) > 0:
-                now = self.view()
-                owners = {now.owner(s) for s in lost} - {None}
-                if now.epoch != asked_in.epoch and node not in owners:
-                    for owner in sorted(owners):  # (an answer covers all its shards)
-                        nursery.start_soon(ask, owner, now)
-                    return
-                await self.view_changes.wait(min(remaining, 0.5))
-            log.warning("retained query %r: %s did not answer (%s) and still owns %d shards; "
-                        "their retained messages are left out", topic_filter, node, failure,
-                        len(lost))
-
-        async with trio.open_nursery() as nursery:
-            for node in targets:
-                nursery.start_soon(ask, node, view)
-        return list(found.values())
+    async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
+        await self.retained_queries.on_query(node, msg)
 
     # -- membership changes -----------------------------------------------------------------
 
