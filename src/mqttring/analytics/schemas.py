@@ -84,7 +84,7 @@ ARCHIVE = pa.schema([
     pa.field("retain", pa.bool_(), nullable=False),
 ])
 
-#: Names of ``OutState`` (mqttring.protocol.session) by value: the handshake step a queued
+#: Names of ``OutState`` (mqttring.protocol.outbound) by value: the handshake step a queued
 #: message is in.  Spelled out so that a reader needs no mqttring to interpret the column.
 OUT_STATES = {0: "queued", 1: "await_puback", 2: "await_pubrec", 3: "await_pubcomp"}
 

@@ -70,8 +70,9 @@ from mqttring.cluster.messages import (
     RetainedQuery,
     SharedDone,
 )
-from mqttring.cluster.registry import PendingRoute, RouteRegistry
+from mqttring.cluster.registry import RouteRegistry
 from mqttring.cluster.retained_query import RetainedQueries
+from mqttring.cluster.route_changes import PendingRoute
 from mqttring.cluster.shared import ShareDispatch
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.cluster.wire import DELIVER, ROUTE, runs, unpack

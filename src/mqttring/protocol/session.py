@@ -20,14 +20,9 @@ knows nothing of trio, sockets or LMDB:
   that reached PUBREC [MQTT-4.4.0-1], before any new message (but see access control).
 * The client's PUBACK/PUBREC/PUBCOMP move messages on; each freed slot pulls the next queued
   message into the window.
-* Inbound QoS 2 (method B of figure 4.3): a packet id stays in ``inbound_qos2`` from PUBLISH
-  until PUBREL, so a redelivered PUBLISH with the same id is acknowledged but not routed again.
-  The id comes with the message's identity (``Message.mid``), stored durably *before* the
-  message is routed, until its PUBREC leaves: a node that dies in between (or whose routing
-  failed) leaves the id unacknowledged, and the client's resend, at whichever node holds the
-  session next, is routed again with the same identity, which every session that got the
-  first copy takes for the same message.  Stored after routing, as before 2026-11-28, a
-  home killed in between lost the id and the resend became a second message at QoS 2.
+* QoS 2 adds steps both ways (PUBREC/PUBREL/PUBCOMP for ours, inbound packet ids held from
+  PUBLISH to PUBREL for the client's): ``qos2.QoS2Handshakes``, which ``Session`` inherits,
+  explains them and their crash rules.
 
 MQTT 5.0: ``v5`` (``session5.V5Session``) is set while the client speaks v5 and changes
 only how messages are encoded and which are skipped (No Local, expired, too large for the
@@ -65,13 +60,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Protocol
 
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
-from mqttring.protocol.message import Message, new_mid
+from mqttring.protocol.message import Message
+from mqttring.protocol.outbound import Outbound, OutState
 from mqttring.protocol.packets import PubRel
+from mqttring.protocol.qos2 import QoS2Handshakes
 from mqttring.protocol.recent import RecentIds
 from mqttring.protocol.session5 import V5Session, retain_flag
 
@@ -79,29 +75,6 @@ from mqttring.protocol.session5 import V5Session, retain_flag
 #: moved to wall-clock time: no UNIX timestamp this small (2001-09-09) is ever written now,
 #: and a monotonic clock (seconds since boot) stays far below it.
 LEGACY_EXPIRY_CUTOFF = 1_000_000_000.0
-
-
-class OutState(IntEnum):
-    """Where an outbound QoS 1/2 message is in its handshake."""
-
-    QUEUED = 0
-    AWAIT_PUBACK = 1
-    AWAIT_PUBREC = 2
-    AWAIT_PUBCOMP = 3
-
-
-@dataclass(slots=True)
-class Outbound:
-    """One message on its way to this session's client, at the QoS it will be delivered."""
-
-    seq: int
-    message: Message
-    qos: int
-    retain: bool = False
-    packet_id: int | None = None
-    state: OutState = OutState.QUEUED
-    #: Wall-clock deadline (UNIX seconds) after which a still-queued copy is dropped; 0 = never.
-    expires_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -129,7 +102,7 @@ class ReadAccess(Protocol):
 
 
 @dataclass(slots=True)
-class Session:
+class Session(QoS2Handshakes):
     client_id: str
     clean_session: bool
     limits: SessionLimits = field(default_factory=SessionLimits)
@@ -501,127 +474,6 @@ class Session:
         """Fill the inflight window from the queue (see ``on_puback``)."""
         if self.output is not None and (self.queue or self.unsent is not None):
             self._pump(self.output)
-
-    def on_pubrec(self, packet_id: int) -> bool:
-        """The client has the QoS 2 message: answer PUBREL.  A persistent session holds
-        the PUBREL back until the new state is stored durably (``held_releases``); a PUBREC
-        repeated for a message whose state is stored already is answered at once."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.state not in (OutState.AWAIT_PUBREC, OutState.AWAIT_PUBCOMP):
-            return False
-        held = self.held_releases
-        if self.persistent and (entry.state == OutState.AWAIT_PUBREC
-                                or (held is not None and packet_id in held)):
-            entry.state = OutState.AWAIT_PUBCOMP
-            self._dirty[entry.seq] = entry
-            if held is None:
-                self.held_releases = [packet_id]
-            elif packet_id not in held:
-                held.append(packet_id)
-            return True
-        entry.state = OutState.AWAIT_PUBCOMP
-        if self.output is not None:
-            self.output += encode_packet(PubRel(packet_id))
-        return True
-
-    def take_held_releases(self) -> int:
-        """Mark the records of the held PUBRELs to be written again, durably, and say how
-        many there are: once a durable write of this session's changes taken after this
-        call returns, ``release`` (with this count) may send them.  They stay held until
-        then, so a failed write leaves them unsent and ``attach`` never sends one early."""
-        held = self.held_releases
-        if not held:
-            return 0
-        inflight = self.inflight
-        for pid in held:
-            entry = inflight.get(pid)
-            if entry is not None and entry.state == OutState.AWAIT_PUBCOMP:
-                self._dirty[entry.seq] = entry
-        self.durable_due = True
-        return len(held)
-
-    def release(self, count: int) -> bool:
-        """Send the first ``count`` held PUBRELs, now stored durably, in PUBREC order
-        [MQTT-4.6.0-3]; one completed or dropped meanwhile is skipped.  While no connection
-        is attached nothing is written: ``attach`` sends a PUBREL for every released message
-        still awaiting its PUBCOMP.  True if anything was written."""
-        held = self.held_releases
-        if not held or count <= 0:
-            return False
-        taken = held[:count]
-        del held[:count]
-        if not held:
-            self.held_releases = None
-        out = self.output
-        if out is None:
-            return False
-        inflight = self.inflight
-        sent = False
-        for pid in taken:
-            entry = inflight.get(pid)
-            if entry is not None and entry.state == OutState.AWAIT_PUBCOMP:
-                out += encode_packet(PubRel(pid))  # type: ignore[arg-type]
-                sent = True
-        return sent
-
-    def on_pubrec_failed(self, packet_id: int) -> bool:
-        """MQTT 5: a PUBREC with a failure reason code (>= 0x80) ends the QoS 2 delivery:
-        no PUBREL follows, the packet id is free and the message is done (section 4.3.3).
-        True if it freed a window slot (the caller pumps, as for ``on_puback``)."""
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.state != OutState.AWAIT_PUBREC:
-            return False
-        del self.inflight[packet_id]
-        self._forget(entry)
-        return True
-
-    def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
-        entry = self.inflight.get(packet_id)
-        if entry is None or entry.state != OutState.AWAIT_PUBCOMP:
-            return False
-        del self.inflight[packet_id]
-        self._forget(entry)
-        if pump and self.output is not None:
-            self._pump(self.output)
-        return True
-
-    # -- inbound QoS 2 ----------------------------------------------------------------------
-
-    def begin_inbound_qos2(self, packet_id: int) -> int:
-        """A QoS 2 PUBLISH came with ``packet_id``: the identity to route it with (its
-        first one if this is a resend of a message not acknowledged yet), or 0 if its
-        PUBREC was sent already (answer it again, route nothing)."""
-        mid = self.inbound_qos2.get(packet_id)
-        if mid is None:
-            mid = self.inbound_qos2[packet_id] = new_mid()
-            if self.persistent:
-                self._dirty_qos2[packet_id] = mid
-                self.durable_due = True  # before it is routed: see the module docstring
-        return mid
-
-    def inbound_qos2_acknowledged(self, packet_id: int) -> None:
-        """Its PUBREC is being sent: a resend from now on is not routed again.  Stored
-        lazily: lost in a crash, the resend is routed with the same identity."""
-        if self.inbound_qos2.get(packet_id):
-            self.inbound_qos2[packet_id] = 0
-            if self.persistent:
-                self._dirty_qos2[packet_id] = 0
-
-    def record_inbound_qos2(self, packet_id: int, mid: int) -> None:
-        """The home of a session whose client is on another node: what its edge decided
-        (``begin_inbound_qos2``: ``mid``; ``inbound_qos2_acknowledged``: 0)."""
-        if self.inbound_qos2.get(packet_id) != mid:
-            self.inbound_qos2[packet_id] = mid
-            if self.persistent:
-                self._dirty_qos2[packet_id] = mid
-                if mid:
-                    self.durable_due = True
-
-    def release_inbound_qos2(self, packet_id: int) -> None:
-        if packet_id in self.inbound_qos2:
-            del self.inbound_qos2[packet_id]
-            if self.persistent:
-                self._dirty_qos2[packet_id] = None
 
     # -- persistence ------------------------------------------------------------------------
 
