@@ -344,6 +344,11 @@ class BrokerConfig:
     #: link with this much unacknowledged stops sending until acknowledgements arrive.
     #: Raised to two of the largest frames if set below (``limits.max_packet_size``).
     link_replay_window: Count = 32 * 1024 * 1024
+    #: Messages a data link's queue to one peer holds (each packed QoS 0 PUBLISH counts).
+    #: Past it, QoS 0 traffic to that peer is dropped (counted), acknowledged traffic waits
+    #: for room, and a persistent session whose relayed output is dropped has its client's
+    #: connection there closed (the client resends on reconnect).
+    link_queue_messages: Count = 50_000
     #: Relative share of shards this node takes on the ring (an integer >= 1).
     node_weight: Count = 1
     #: Seconds a leaving node waits for its shards to be caught up elsewhere before it goes.

@@ -118,7 +118,8 @@ class DataPlane(ShardMoves):
                            tls=self.metadata.client_tls,
                            stall_timeout=config.link_stall_timeout,
                            ack_interval=config.link_ack_interval,
-                           max_unacked_bytes=config.link_replay_window)
+                           max_unacked_bytes=config.link_replay_window,
+                           max_queued=config.link_queue_messages)
         self.metadata.rpc.register_stream(STREAM_KIND, self.links.serve_stream)
         self.view: ClusterView = EMPTY_VIEW
         #: Wakes whatever retries "by the newer view" (router, deliveries, replication).

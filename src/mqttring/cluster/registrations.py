@@ -329,10 +329,13 @@ class HomeRegistry:
             client_id not in self.registrations)
 
     def _replicate(self, client_id: str, message: WillRegister | WillDelete) -> None:
+        """To the shard's replicas, never dropped at a full link: a replica that missed a
+        registration would, promoted, publish no will for it; one that missed its end would
+        publish a will for a client that said goodbye."""
         view = self.view()
         for node in view.replicas(view.shard_for_client(client_id))[1:]:
             if node != self.node_id:
-                self.links.send(node, message)
+                self.links.send_control(node, message)
 
     def on_wreg(self, message: WillRegister) -> None:
         current = self.registrations.get(message.client_id)
@@ -389,9 +392,9 @@ class HomeRegistry:
             shard = new.shard_for_client(client_id)
             fresh = set(new.replicas(shard)[1:]) - set(old.replicas(shard) if old.epoch else ())
             for node in fresh - {me}:  # a new replica gets the will keeper's copy too
-                self.links.send(node, WillRegister(client_id, reg.node, reg.token,
-                                                   will_to_wire(reg.will), reg.clean,
-                                                   reg.will_due, reg.username))
+                self.links.send_control(node, WillRegister(
+                    client_id, reg.node, reg.token, will_to_wire(reg.will), reg.clean,
+                    reg.will_due, reg.username))
         # Not a leaving node: its clients are being sent away, each close ending its own
         # registration with the will's grace (``send_away``); what it still holds when it
         # is removed goes then.

@@ -32,6 +32,7 @@ live connection's session bytes and acknowledgements, and does no locking of its
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,8 @@ from mqttring.protocol.topics import validate_topic_filter
 
 if TYPE_CHECKING:
     from mqttring.broker.core import BrokerCore
+
+log = logging.getLogger("mqttring.cluster.relay")
 
 
 class RemoteSession(Session):
@@ -187,7 +190,7 @@ class HomeAnswer:
 class SessionProxy:
     """Home-side waker: ships a persistent session's output to the edge that holds it."""
 
-    __slots__ = ("_last_answer", "client_id", "links", "node", "output", "token")
+    __slots__ = ("_last_answer", "broken", "client_id", "links", "node", "output", "token")
 
     def __init__(self, links: Links, node: str, client_id: str, token: str) -> None:
         self.links = links
@@ -197,6 +200,8 @@ class SessionProxy:
         self.output = bytearray()
         #: Set once the last SUBACK/UNSUBACK asked for is written (``answer_turn``).
         self._last_answer: trio.Event | None = None
+        #: Bytes for this connection were dropped (``wake``): nothing more is sent to it.
+        self.broken = False
 
     def answer_turn(self) -> tuple[trio.Event | None, trio.Event]:
         """Places in line for a SUBACK or UNSUBACK: the event to wait for before writing
@@ -210,21 +215,39 @@ class SessionProxy:
     def wake(self) -> None:
         """Ship the output, in pieces of at most half a link frame: one pump of the inflight
         window can exceed a frame (32 messages of up to ``max_packet_size`` each), and the
-        link drops a message that does not fit.  The edge appends the pieces in order."""
+        link drops a message that does not fit.  The edge appends the pieces in order.
+
+        A piece the link drops (its queue to the edge is full: the edge or the network is
+        slower than this session's traffic) takes QoS 1/2 PUBLISHes the session counts as
+        sent, which nothing sends again while the connection lasts (3.1.1 resends only on
+        reconnect), and may cut a packet in two.  So the connection is closed instead, once,
+        and nothing more is sent to it: the client's reconnect resends the whole window
+        with DUP [MQTT-4.4.0-1], as after any lost connection.  Before 2026-11-29 the piece
+        was dropped silently and the session stalled once its window was full of them."""
         output = self.output
-        if output:
+        if not output:
+            return
+        if not self.broken:
             piece = self.links.max_frame // 2
             for start in range(0, len(output), piece):
-                self.links.send(self.node, SessionBytes(self.client_id, self.token,
-                                                        bytes(output[start:start + piece])))
-            output.clear()
+                if not self.links.send(self.node, SessionBytes(
+                        self.client_id, self.token, bytes(output[start:start + piece]))):
+                    self.broken = True
+                    log.warning("client %r: its session's output to %s was dropped (the link "
+                                "is full); closing its connection there so that the client "
+                                "resends its window", self.client_id, self.node,
+                                extra={"client_id": self.client_id, "event": "relay-full"})
+                    self.kick("session output dropped", 0x97)  # MQTT 5: quota exceeded
+                    break
+        output.clear()
 
     def kick(self, reason: str = "closed by the broker", code: int | None = None) -> None:
         """Close the connection at the edge (its will is published as for any unclean
         close: the edge reports the close, and this registration is still current), which
-        tells an MQTT 5 client ``code`` (a slow consumer's 0x97)."""
-        self.links.send(self.node, SessionKick(0, self.client_id, self.token,
-                                               0x8E if code is None else code))
+        tells an MQTT 5 client ``code`` (a slow consumer's 0x97).  Never dropped at a full
+        link: a close that did not happen would leave the client on a stalled session."""
+        self.links.send_control(self.node, SessionKick(0, self.client_id, self.token,
+                                                       0x8E if code is None else code))
 
 
 class SessionRelay:
@@ -269,16 +292,21 @@ class SessionRelay:
                 raise PeerUnavailable(f"the session's home {session.home} did not store its "
                                       f"QoS 2 ids ({type(exc).__name__}: {exc})") from exc
         else:
-            self.links.send(session.home, message)
+            # Never dropped at a full link (nor below): a home that missed an id's release
+            # would take the client's next QoS 2 PUBLISH with that id, at its next
+            # connection, for a resend, and acknowledge it without routing it.
+            self.links.send_control(session.home, message)
 
     def _forward_ack(self, session: RemoteSession, kind: int, packet_id: int) -> None:
         """The client acknowledged a message its home sent: tell the home (it frees the
-        window and forgets the message there)."""
+        window and forgets the message there).  Never dropped at a full link: a lost one
+        holds a slot of the window until the client reconnects, and enough of them stall
+        the session.  They are as many as the deliveries the window let out."""
         if kind == -5:  # a PUBREC with a failure reason code
             message = SessionAck(session.client_id, session.token, 5, packet_id, True)
         else:
             message = SessionAck(session.client_id, session.token, kind, packet_id)  # type: ignore[arg-type]
-        self.links.send(session.home, message)
+        self.links.send_control(session.home, message)
 
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],

@@ -363,7 +363,7 @@ class ShareDispatch:
 
     def _tell_witnesses(self, tell: dict[str, list[int]]) -> None:
         for witness, tokens in tell.items():
-            self.links.send(witness, SharedDone(tokens, self.node_id))
+            self.links.send_control(witness, SharedDone(tokens, self.node_id))
 
     def on_track(self, node: str, msg: ShareTrack) -> None:
         """We are ``node``'s witness for these copies: record them, then answer."""
@@ -408,7 +408,7 @@ class ShareDispatch:
         budget = self.links.max_frame // 2
         for (witness, member), records in self.own.rewitness(view, self.node_id).items():
             for run in in_frames(records, lambda record: message_size(record[1]), budget):
-                self.links.send(witness, ShareTrack(0, member, [
+                self.links.send_control(witness, ShareTrack(0, member, [
                     TrackedEntry(token, c.topic, c.payload, c.qos, c.share,
                                  props_to_wire(c.props)) for token, c in run]))
         if lost:
@@ -424,14 +424,17 @@ class ShareDispatch:
 
     def send_gone(self) -> None:
         """One batch of ``report_gone``: to each dispatcher the tokens of its copies gone
-        here; our own copies' tokens to their witnesses."""
+        here; our own copies' tokens to their witnesses.  These, and the tracking of copies
+        (``ShareTrack``), are never dropped at a full link: a witness that missed a copy's
+        end places it again when its member's node dies (a second delivery), and one that
+        missed a copy does not (an acknowledged message lost)."""
         for node, tokens in self.copies.take().items():
             if node == self.node_id:
                 self._tell_witnesses(self.own.gone(tokens, told=False))
             else:
-                self.links.send(node, SharedDone(tokens))
+                self.links.send_control(node, SharedDone(tokens))
         for (witness, origin), tokens in self.copies.take_witnessed().items():
-            self.links.send(witness, SharedDone(tokens, origin))
+            self.links.send_control(witness, SharedDone(tokens, origin))
 
     # -- a member ended with copies unacknowledged ------------------------------------------
 
