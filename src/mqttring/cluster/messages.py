@@ -62,8 +62,9 @@ from mqttring.cluster.messages_sessions import (
 #: frames were not numbered (version 7 numbers them for replay, ``cluster/replay.py``);
 #: version 7 had no ``mid`` in ``PubEntry``/``DlvEntry`` (QoS 2 copies made by retries);
 #: version 8 carried inbound QoS 2 ids without their messages' ``mid`` (``InboundQos2``,
-#: ``SessionOpened``).  Nodes of different versions refuse each other's links.
-FRAME_VERSION = 9
+#: ``SessionOpened``); version 9 had no view epochs in ``RetainedQuery``/``RetainedRows``.
+#: Nodes of different versions refuse each other's links.
+FRAME_VERSION = 10
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------
@@ -316,6 +317,9 @@ class RetainedQuery(FrozenMessage, tag="retq"):
     topic_filter: str
     #: The last topic of the previous page ("" for the first).
     after: str = ""
+    #: The view the asker chose this node by: the answer waits until the receiver's view is
+    #: at least as new (it would otherwise answer for the shards it owned before).
+    epoch: int = 0
 
 
 # -- shard replication (``mqttring.cluster.replication``) ------------------------------------
@@ -383,6 +387,9 @@ class RetainedRows(FrozenMessage, tag="retained"):
     rows: list[RetainedRow]
     #: More rows follow the last one: ask again with its topic as ``after``.
     more: bool = False
+    #: The view the answer was made under (the shards it covers are those the answerer owns
+    #: in it): newer than the asker's, and the asker asks again by the newer view.
+    epoch: int = 0
 
 
 class ShardRows(FrozenMessage, tag="rows"):

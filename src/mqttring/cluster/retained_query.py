@@ -35,6 +35,10 @@ from mqttring.raft.view import ClusterView
 
 log = logging.getLogger("mqttring.cluster.router")
 
+#: Rounds of a retained query at most: the first by this node's view, then one per newer
+#: view an owner answered by (views change a few times in a failover, not continually).
+GATHER_ROUNDS = 4
+
 
 class RetainedQueries:
     def __init__(self, node_id: str, local: LocalRouter, retained: RetainedStore, links: Links,
@@ -57,27 +61,51 @@ class RetainedQueries:
         )
 
     async def gather(self, topic_filter: str) -> list[Message]:
-        """Gather from the owner of the one shard that may hold matches, or from all."""
+        """Gather from the owner of the one shard that may hold matches, or from all.
+
+        Each owner answers for the shards it owns in a view at least as new as the one it
+        was chosen by (``RetainedQuery.epoch``); one that answered under a newer view may
+        have lost some of them meanwhile, so the query is asked again by the newer view
+        (what was found is kept: an answer adds topics, never removes one), a few times at
+        most and within ``patience``.  A probe killed a node and subscribed at once: the
+        owners that took its shards over had not seen that view yet and answered for none
+        of them, and the subscriber got 28 of 30 retained messages, silently."""
         if topic_filter.startswith("$SYS"):
             return await self.local.retained(topic_filter)  # each node's own vital signs
-        view = self.view()
-        targets = self.registry.route_targets(topic_filter, view)
         found: dict[str, Message] = {}
         deadline = trio.current_time() + self.patience
+        for _ in range(GATHER_ROUNDS):
+            view = self.view()
+            if not await self._gather_once(topic_filter, view, found, deadline):
+                break
+            if trio.current_time() >= deadline:
+                break
+        return list(found.values())
+
+    async def _gather_once(self, topic_filter: str, view: ClusterView,
+                           found: dict[str, Message], deadline: float) -> bool:
+        """One round of ``gather`` by ``view``; True if an owner answered by a newer view
+        (the round may have missed shards it no longer owned there)."""
+        targets = self.registry.route_targets(topic_filter, view)
+        newer = False
 
         async def ask(node: str, asked_in: ClusterView) -> None:
+            nonlocal newer
             if node == self.node_id:
                 for message in self._owned_retained(topic_filter):
                     found[message.topic] = message
+                newer = newer or self.view().epoch > asked_in.epoch
                 return
             after = ""
             while True:
                 try:
                     answer = await self.links.request(
-                        node, RetainedQuery(0, topic_filter, after), expect=RetainedRows)
+                        node, RetainedQuery(0, topic_filter, after, asked_in.epoch),
+                        expect=RetainedRows)
                 except (PeerUnavailable, RemoteError) as exc:
                     await ask_instead(node, asked_in, exc)
                     return
+                newer = newer or answer.epoch > asked_in.epoch
                 for row in answer.rows:
                     found[row.topic] = Message(row.topic, row.payload, row.qos, True,
                                                PublishProps.from_wire(row.props))
@@ -114,14 +142,21 @@ class RetainedQueries:
         async with trio.open_nursery() as nursery:
             for node in targets:
                 nursery.start_soon(ask, node, view)
-        return list(found.values())
+        return newer
 
     async def on_query(self, node: str, msg: RetainedQuery) -> None:
-        """One page of the answer (see ``RetainedQuery``).  Each page sorts the matches
-        again: O(n log n) per page, paid only by answers of more than one page."""
+        """One page of the answer (see ``RetainedQuery``), once this node's view is at
+        least the asker's (bounded by ``patience``: past it, what this view owns).  Each
+        page sorts the matches again: O(n log n) per page, paid only by answers of more
+        than one page."""
+        deadline = trio.current_time() + self.patience
+        while self.view().epoch < msg.epoch and (left := deadline - trio.current_time()) > 0:
+            await self.view_changes.wait(min(left, 0.5))
+        epoch = self.view().epoch
         after = msg.after
         matches = sorted((m for m in self._owned_retained(msg.topic_filter) if m.topic > after),
                          key=lambda m: m.topic)
         page = next(in_frames(matches, message_size, self.links.max_frame // 2), [])
         rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props)) for m in page]
-        self.links.reply(node, msg.req, True, RetainedRows(rows, len(rows) < len(matches)))
+        self.links.reply(node, msg.req, True,
+                         RetainedRows(rows, len(rows) < len(matches), epoch))
