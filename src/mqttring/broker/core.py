@@ -401,7 +401,9 @@ class BrokerCore:
         handler.connected_at = time.time()
         self.clients[client_id] = handler
         self.wakers[client_id] = handler
-        self.metrics.clients_connected += 1
+        # Counted from the table, not incremented: a connection overwritten here would
+        # otherwise stay counted for ever (its close does not find itself registered).
+        self.metrics.clients_connected = len(self.clients)
         self.metrics.connections_total += 1
         log.info("client %r connected from %s (clean session %s, keepalive %d s%s)",
                  client_id, handler.transport.peer, packet.clean_session, conn.keepalive,
@@ -557,7 +559,7 @@ class BrokerCore:
                  extra={"client_id": client_id, "event": "disconnected"})
         if self.clients.get(client_id) is handler:
             del self.clients[client_id]
-            self.metrics.clients_connected -= 1
+            self.metrics.clients_connected = len(self.clients)
         if self.wakers.get(client_id) is handler:
             del self.wakers[client_id]
         await self.manager.close(handler)
