@@ -94,6 +94,9 @@ def refused(tmp_path: Path, text: str) -> str:
     ('cluster = "127.0.0.1:7000"',
      'cluster = "127.0.0.1:7000": needs cluster_secret (or $MQTTRING_CLUSTER_SECRET)'),
     ("mqtt = null", "not valid TOML: Invalid value (at line 1, column 8); TOML has no null"),
+    # joining a cluster needs this node's own cluster address: without it, a lone broker
+    ('join = "127.0.0.1:7001"', 'join = "127.0.0.1:7001": needs cluster = HOST:PORT'),
+    ('raft = "127.0.0.1:7002"', 'raft = "127.0.0.1:7002": needs cluster = HOST:PORT'),
 ])
 def test_bad_file_values_are_refused_in_one_line(tmp_path: Path, toml: str, message: str):
     assert message in refused(tmp_path, toml)

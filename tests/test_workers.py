@@ -195,6 +195,18 @@ def test_another_worker_count_on_the_same_data_is_refused(workers: Workers,
     assert "Traceback" not in other.stderr
 
 
+def test_an_http_api_with_workers_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Every worker would bind the one HTTP port: the second failed and the supervisor gave
+    up after starting them all (a probe).  Refused at once, as a configuration error."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mqttring.node", "--workers", "2", "--mqtt", f"{HOST}:0",
+         "--http", f"{HOST}:0", "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "not with --workers" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "data").exists()
+
+
 def test_paho_and_mosquitto_clients_see_one_broker(workers: Workers) -> None:
     """Real clients on ``--workers 2``: four paho publishers (spread over both workers by
     the kernel) with 50 QoS 1 and QoS 2 messages each in flight at once; a mosquitto_sub

@@ -402,6 +402,12 @@ class BrokerConfig:
             raise ConfigError(f"limits.slow_subscriber_hold = {hold}: must be below "
                               f"cluster_write_patience = {self.cluster_write_patience}: a "
                               "publish held longer would be refused by the node waiting for it")
+        if self.cluster is None:
+            for name in ("join", "raft"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name} = {show(getattr(self, name))}: needs cluster = "
+                                      "HOST:PORT (this node's own cluster address); without "
+                                      "it the node would run alone, apart from that cluster")
         for name in ("cluster", "admin"):
             address = getattr(self, name)
             if address is not None and not (self.cluster_secret or os.environ.get(SECRET_ENV)):

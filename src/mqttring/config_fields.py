@@ -280,7 +280,7 @@ def parse_text(spec: FieldSpec, text: str, label: str) -> Any:
             value: Any = tomllib.loads(f"value = {text}")["value"]
         except tomllib.TOMLDecodeError:
             raise error(label, text, f"expected {spec.allowed}, written as a TOML value "
-                        '(e.g. ["a/#", "b/+"] or {alice = "..."})',
+                        '(e.g. ["a/#", "b/+"] or {key = "value"})',
                         secret=spec.secret) from None
         return check_value(spec, value, label)
     try:

@@ -169,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
     os.umask(os.umask(0o077) | 0o077)
     try:
         config = config_from_args(args)
+        if args.workers > 1 and config.http is not None:
+            # Every worker would bind that one port (the second fails and the supervisor
+            # gives up after starting them all): refused before anything starts.
+            raise ConfigError(f"http = {config.http}: not with --workers ({args.workers} "
+                              "node processes cannot share one HTTP port); query any node "
+                              "of a cluster started without --workers instead")
         # Loaded here, before logging is set up or anything is bound, so that a bad
         # password/ACL file or certificate is one line and exit 2; the broker then uses
         # these loaded files instead of reading them again (``mqttring.broker.files``).
