@@ -47,3 +47,18 @@ def test_a_first_try_that_succeeds_logs_nothing(caplog: pytest.LogCaptureFixture
     waiting = WaitLog(logging.getLogger("test.wait"), "a member", clock=Clock())
     waiting.done("join answered by h:1")
     assert caplog.records == []
+
+
+def test_a_failed_ask_says_why_even_when_the_exception_does_not() -> None:
+    """A timeout or a connection closed without an answer has an empty ``str()``: the join
+    log said "join via HOST:PORT failed: " for 30 s (a probe joining through a node's MQTT
+    port)."""
+    import trio
+
+    from mqttring.raft.service import failure_reason
+
+    assert "no answer in time" in failure_reason(trio.TooSlowError())
+    assert "closed without an answer" in failure_reason(EOFError())
+    assert failure_reason(ConnectionRefusedError(111, "Connection refused")) == (
+        "[Errno 111] Connection refused")
+    assert failure_reason(KeyError()) == "KeyError"

@@ -82,6 +82,17 @@ QUORUM_LOG_POLL = 0.25
 LEAVE_REMOVAL_BOUND = 15.0
 
 
+
+def failure_reason(exc: BaseException) -> str:
+    """Why asking a member failed, in words: a timeout or a connection closed without an
+    answer has an empty ``str()``, and the log said "join via HOST:PORT failed: " (a probe
+    that joined through a node's MQTT port got that for 30 s)."""
+    if isinstance(exc, trio.TooSlowError):
+        return "no answer in time (is it the cluster address of a member?)"
+    if isinstance(exc, EOFError):
+        return "closed without an answer (is it the cluster address of a member?)"
+    return str(exc) or type(exc).__name__
+
 class CatchUp(enum.Enum):
     DATA_PLANE = "data-plane"  # the data plane calls mark_caught_up after copying a shard
     NOTHING_TO_COPY = "nothing-to-copy"  # metadata-only node: it holds no shard data
@@ -383,7 +394,7 @@ class MetadataService(MetadataRequests):
                     except (OSError, RpcError, ProtocolError, trio.TooSlowError,
                             EOFError) as exc:
                         # (ProtocolError: that address answered garbage; the next may not.)
-                        waiting.failed(f"{kind} via {address} failed: {exc}")
+                        waiting.failed(f"{kind} via {address} failed: {failure_reason(exc)}")
                         continue
                     waiting.done(f"{kind} answered by {address}")
                     return answer
