@@ -203,12 +203,15 @@ class RetainedStore:
         return self._versions.get(topic)
 
     async def load(self, prefix: bytes = b"") -> int:
+        """Read the stored rows (under ``prefix``) into memory; how many retained messages
+        are held then.  Rows include tombstones (a clear keeps its version), which the
+        count left in: a restart after 10,000 clears of 100,000 said "100000 retained"."""
         if self._store is None:
             return 0
         rows = await self._store.scan(_DB, prefix)
         for _key, row in rows:
             self.apply_row(row)
-        return len(rows)
+        return len(self._index)
 
     def _apply(self, topic: str, payload: bytes | None, qos: int, version: Version,
                props: PublishProps | None = None) -> bool:
