@@ -16,6 +16,7 @@ accepting the connection that fills the queue.
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -53,14 +54,24 @@ def _full_listener() -> tuple[socket.socket, socket.socket]:
 
 def _address_above(port: int) -> str:
     """A free Raft address that sorts after ``127.0.0.1:port``: pysyncobj lets only the
-    node with the greater address open the connection, and here that must be the node."""
+    node with the greater address open the connection, and here that must be the node.
+
+    Ports 9000-9999 sort after every ephemeral port (32768 and up) as strings ("9" > "6");
+    random ephemeral candidates did not always (a listener on 60889 leaves about 110 of
+    28,000 above it, and 200 tries missed them all in one suite run)."""
     below = f"127.0.0.1:{port}"
-    for _ in range(200):
+    start = random.randrange(1000)  # two tests at once (xdist) do not start on one port
+    for offset in range(1000):
+        candidate_port = 9000 + (start + offset) % 1000
+        candidate = f"127.0.0.1:{candidate_port}"
+        if candidate <= below:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            candidate = f"127.0.0.1:{s.getsockname()[1]}"
-        if candidate > below:
-            return candidate
+            try:
+                s.bind(("127.0.0.1", candidate_port))
+            except OSError:
+                continue  # in use: the next
+        return candidate
     raise AssertionError(f"no free port sorts after {below}")
 
 
