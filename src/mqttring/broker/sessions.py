@@ -26,8 +26,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
-import trio
-
+from mqttring.broker.id_locks import IdLocks
 from mqttring.broker.refusals import PublishRefused
 from mqttring.lsm import Durability
 from mqttring.protocol.connection5 import V5Link
@@ -190,8 +189,8 @@ class SessionManager(Protocol):
 class LocalSessions:
     def __init__(self, core: BrokerCore) -> None:
         self.core = core
-        #: One CONNECT at a time per client id (``open``), while any waits for one.
-        self._opening: dict[str, trio.Lock] = {}
+        #: One CONNECT at a time per client id (``open``).
+        self._opening = IdLocks()
 
     def forward_subscribe(self, session: Session, packet_id: int,
                           topics: tuple[tuple[str, int], ...],
@@ -213,15 +212,8 @@ class LocalSessions:
         (a probe: 2 of 3 live in 20 of 20 rounds; MQTT-3.1.4-2 asks for one).  The lock is
         given back as this returns, and the core registers the connection before its next
         await, so the next CONNECT of the id finds it and takes it over."""
-        lock = self._opening.get(client_id)
-        if lock is None:
-            lock = self._opening[client_id] = trio.Lock()
-        try:
-            async with lock:
-                return await self._open(handler, client_id, packet)
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._opening.pop(client_id, None)
+        async with self._opening.hold(client_id):
+            return await self._open(handler, client_id, packet)
 
     async def _open(
         self, handler: ClientHandler, client_id: str, packet: Connect | Connect5

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
+from mqttring.broker.id_locks import IdLocks
 from mqttring.broker.sessions import SessionUnavailable, takeover_publishes_will, will_delay
 from mqttring.cluster.errors import PeerUnavailable, RemoteError
 from mqttring.cluster.links import Links
@@ -72,7 +73,7 @@ class HomeRegistry:
     registrations: dict[str, Registration]
     replica_registrations: dict[str, Registration]
     by_token: dict[str, ClientHandler]
-    _locks: dict[str, trio.Lock]
+    _locks: IdLocks
     #: Tokens of connections their edge gave up on before this home registered them
     #: (``SessionClose.abandoned``), with when to forget them (``trio.current_time``).
     _abandoned: dict[str, float]
@@ -106,19 +107,11 @@ class HomeRegistry:
                 raise SessionUnavailable(f"sessions of client shard {shard} still loading")
             await self.wait_for_view_change(0.2)
 
-    @asynccontextmanager
-    async def id_lock(self, client_id: str) -> AsyncIterator[None]:
+    def id_lock(self, client_id: str) -> AbstractAsyncContextManager[None]:
         """Hold ``client_id``'s lock: what a home does to the id's registration and to the
-        attachment of its session (register, bind, serve; a close) happens one at a time.
-        The lock is forgotten once nobody holds or waits for it."""
-        lock = self._locks.setdefault(client_id, trio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if self._locks.get(client_id) is lock and not lock.locked() \
-                    and not lock.statistics().tasks_waiting:
-                del self._locks[client_id]
+        attachment of its session (register, bind, serve; a close) happens one at a time
+        (``IdLocks``: forgotten once nobody holds or waits for it)."""
+        return self._locks.hold(client_id)
 
     async def register(self, client_id: str, node: str, token: str, will: Will | None,
                        clean: bool, fresh: bool = False, username: str | None = None) -> None:

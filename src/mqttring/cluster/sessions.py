@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from mqttring.broker.id_locks import IdLocks
 from mqttring.broker.sessions import (
     LocalSessions,
     SessionUnavailable,
@@ -124,7 +125,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         #: The session bytes and acknowledgements of persistent sessions whose client is
         #: connected to another node than their home (``mqttring.cluster.relay``).
         self.relay = SessionRelay(core, links, patience)
-        self._locks: dict[str, trio.Lock] = {}
+        self._locks = IdLocks()
         self._abandoned: dict[str, float] = {}
         #: Closes of this edge's connections on their way to a home on another node, by
         #: client id (the latest): a new connection of the id waits for it (``open``).
