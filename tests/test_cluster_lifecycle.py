@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from cluster_support import HOST, NodeCluster
+from mqttring.raft.localcluster import free_port as _free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -141,12 +142,6 @@ def test_a_lost_quorum_is_visible_in_status_and_the_log(fresh_cluster):
     cluster.restart("b", via="a")
     assert "quorum regained" in wait_log(cluster, "a", "quorum regained", timeout=30)
     assert cluster.status_sync("a")["quorum"] is True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _embedded_member(cluster: NodeCluster, data_dir: Path) -> Any:

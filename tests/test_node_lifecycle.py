@@ -23,17 +23,12 @@ from pathlib import Path
 import pytest
 
 from mqtt_client import RawClient
+from mqttring.raft.localcluster import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 HOST = "127.0.0.1"
 STOP_BOUND = 15.0  # a signal -> the process has exited (generous for a loaded runner)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class Node:

@@ -16,6 +16,7 @@ import pytest
 
 from mqttring.cli import main as cli
 from mqttring.config import BrokerConfig, ConfigError
+from mqttring.raft.localcluster import free_port as _free_port
 from mqttring.security.passwords import (
     PasswordFile,
     PasswordFileError,
@@ -280,12 +281,6 @@ def test_passwd_prompts_twice(tmp_path, monkeypatch, capsys):
     assert passwd(str(f), "alice") == 1
     assert "do not match" in capsys.readouterr().err
     assert PasswordFile.load(f).get("alice").verify(b"s3cret")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_real_mosquitto_broker_accepts_our_file(tmp_path):

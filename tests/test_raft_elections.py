@@ -11,12 +11,12 @@ the next term.  (A node leaving the cluster hands over its lead this way.)
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
+from mqttring.raft.localcluster import free_port
 from mqttring.raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE
 from mqttring.raft.replicated import (
     ElectionGatedSyncObj,
@@ -29,9 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def _wait_for(check: object, timeout: float) -> SyncObj | None:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
+from mqttring.raft.localcluster import free_port
 from mqttring.raft.replicated import RaftTimeouts, ReplicatedMetadata, make_syncobj
 from mqttring.tcp_options import TCP_THIN_LINEAR_TIMEOUTS
 
@@ -110,9 +111,7 @@ def test_a_raft_connection_attempt_lost_in_a_partition_is_retried_within_its_tim
 
 
 def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def test_raft_connections_retransmit_at_linear_timeouts() -> None:

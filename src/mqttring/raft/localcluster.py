@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -25,9 +26,46 @@ import trio
 
 from mqttring.rpc import RPC_KEY_PURPOSE, call_once, derive_key
 
+#: The lowest port ``free_port`` hands out (below it: well-known and registered services).
+_PORTS_FROM = 10000
+
+
+def _ephemeral_low() -> int:
+    """The bottom of the kernel's range for outgoing connections' ports (Linux: 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_next_port: list[int] = []
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on now, for a process started later to bind.
+
+    Not the kernel's pick (bind to 0): that port is in the range the kernel also gives
+    outgoing connections, and one of those (any test's client, on two pytest workers)
+    could take it before the process started later binds it, which failed a suite run
+    now and then.  Ports below that range are never taken that way; each process walks
+    them from its own random start, so two processes asking at once hand out different
+    ones unless their walks meet.
+    """
+    low = _ephemeral_low()
+    span = max(low - _PORTS_FROM, 1)
+    if not _next_port:
+        _next_port.append(random.randrange(span))
+    for _ in range(span):
+        port = _PORTS_FROM + _next_port[0] % span
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every port below the range is taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
