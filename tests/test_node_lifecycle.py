@@ -34,14 +34,17 @@ STOP_BOUND = 15.0  # a signal -> the process has exited (generous for a loaded r
 class Node:
     """One ``python -m mqttring.node`` with arbitrary flags; its output goes to a file."""
 
-    def __init__(self, tmp: Path, *flags: str, data: str = "data") -> None:
+    def __init__(self, tmp: Path, *flags: str, data: str = "data",
+                 entry: tuple[str, ...] = ("-m", "mqttring.node"),
+                 env: dict[str, str] | None = None) -> None:
         self.out = tmp / "node.out"
         self.ready = tmp / "ready.json"
-        cmd = [sys.executable, "-m", "mqttring.node", "--node-id", "n1",
+        cmd = [sys.executable, *entry, "--node-id", "n1",
                "--data-dir", str(tmp / data), "--ready-file", str(self.ready),
                "--sys-interval", "0", *flags]
         with self.out.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         env=None if env is None else {**os.environ, **env})
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
@@ -105,6 +108,42 @@ def test_a_node_still_joining_stops_on_a_signal(tmp_path, nodes, signum):
     text = node.text()
     assert f"signal {signal.Signals(signum).name}: shutting down (starting)" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(("entry", "cluster", "when", "signum"), [
+    ("mqttring.node", False, "trio._core._run", signal.SIGTERM),
+    ("mqttring.node", False, "mqttring.embedded", signal.SIGINT),
+    ("mqttring.node", False, "listening", signal.SIGTERM),
+    ("mqttring.node", True, "trio._core._run", signal.SIGINT),
+    ("mqttring.node", True, "mqttring.embedded", signal.SIGTERM),
+    ("mqttring.node", True, "listening", signal.SIGINT),
+    ("mqttring node", False, "mqttring.config", signal.SIGTERM),
+], ids=["imports-SIGTERM", "late-imports-SIGINT", "listening-SIGTERM",
+        "cluster-imports-SIGINT", "cluster-late-imports-SIGTERM", "cluster-listening-SIGINT",
+        "cli-imports-SIGTERM"])
+def test_a_signal_at_any_moment_of_the_start_is_a_clean_stop(tmp_path, nodes, entry,
+                                                             cluster, when, signum):
+    """The first second of a node process is imports, then its config, store, Raft and
+    listeners.  A signal while it imported killed it (SIGTERM: status 143, no line) or
+    raised KeyboardInterrupt in the middle of an import (SIGINT: a traceback, status 130).
+
+    ``PYTHONPROFILEIMPORTTIME`` makes the interpreter write a line as each module is
+    imported: the signal is sent right after a given one (``when``), or after the node's
+    first log line.  Every case: exit 0, one "shutting down" line, no traceback.
+    """
+    flags = ["--mqtt", f"{HOST}:0"]
+    if cluster:
+        flags += ["--cluster", f"{HOST}:{free_port()}", "--raft", f"{HOST}:{free_port()}",
+                  "--cluster-secret", "s3cret"]
+    node = Node(tmp_path, *flags, entry=("-m", *entry.split()),
+                env={"PYTHONPROFILEIMPORTTIME": "1"})
+    nodes.append(node)
+    node.wait_line(when, timeout=30)
+    assert node.signal_and_wait(signum) == 0, node.text()
+    text = node.text()
+    assert "Traceback" not in text, text
+    stops = [line for line in text.splitlines() if "shutting down" in line]
+    assert len(stops) == 1 and f"signal {signal.Signals(signum).name}: " in stops[0], text
 
 
 @pytest.mark.parametrize("listener", ["--mqtt", "--http"])

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from mqttring import __version__
-from mqttring.config import ConfigError
+from mqttring.stop_signals import hold
 
 #: Modules that provide ``register(subparsers)``.
 SUBCOMMANDS: tuple[str, ...] = ("mqttring.node", "mqttring.raft.admin", "mqttring.certs",
@@ -36,8 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; its exit code.  A ``ConfigError`` a subcommand did not turn into
     its own message (a bad ``--node`` address, say) is one ``error:`` line and exit 2, not
-    a traceback: it is the operator's input, never a bug to report."""
-    args = build_parser().parse_args(argv)
+    a traceback: it is the operator's input, never a bug to report.
+
+    Stop signals are held while the subcommands are imported (a second): for ``mqttring
+    node`` they are the node's to act on (``mqttring.stop_signals``); any other command gets
+    its usual handlers back, and what came meanwhile, before it runs.
+    """
+    held = hold()
+    try:
+        args = build_parser().parse_args(argv)
+    except BaseException:  # --help, a usage error: SystemExit
+        held.release()
+        raise
+    if not getattr(args, "holds_signals", False):
+        held.release()
+    from mqttring.config import ConfigError  # after the hold: it imports the broker's config
+
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

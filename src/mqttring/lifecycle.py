@@ -1,8 +1,9 @@
 """The life of a node process: start, serve, reload on SIGHUP, leave and stop on a signal.
 
 ``python -m mqttring.node`` runs one ``NodeLifecycle``.  Signals are watched from the first
-moment (a node still opening its store or joining its cluster must stop when told to), and
-what a stop signal does depends on the stage the node is in:
+moment (a node still importing, opening its store or joining its cluster must stop when told
+to: those before trio ran are held by ``mqttring.stop_signals`` and acted on here first),
+and what a stop signal does depends on the stage the node is in:
 
 * ``STARTING`` (store, cluster join, listeners): stop at once.  A node that is not yet a
   member has nothing to hand away (if a leader had already admitted it, failure detection
@@ -45,6 +46,7 @@ from mqttring.config import BrokerConfig, ConfigError
 from mqttring.embedded import MqttRingBroker
 from mqttring.logs import set_level
 from mqttring.reload import plan_reload
+from mqttring.stop_signals import HeldSignals
 
 log = logging.getLogger("mqttring.node")
 
@@ -76,8 +78,10 @@ class NodeLifecycle:
     def __init__(self, config: BrokerConfig, *, ready_file: Path | None = None,
                  reload_config: ConfigLoader | None = None,
                  on_started: Callable[[], None] | None = None,
-                 files: NodeFiles | None = None) -> None:
+                 files: NodeFiles | None = None,
+                 held: HeldSignals | None = None) -> None:
         self.broker = MqttRingBroker(config, files=files)
+        self.held = held
         self.ready_file = ready_file
         self.reload_config = reload_config
         self.on_started = on_started
@@ -91,7 +95,15 @@ class NodeLifecycle:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
                                            signal.SIGHUP) as signals:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._start, nursery)
+                    # After the receiver is open, so that no signal falls between the two.
+                    early = self.held.take() if self.held is not None else []
+                    for signum in early:
+                        if signum != signal.SIGHUP:
+                            self._on_stop_signal(signal.Signals(signum).name, nursery)
+                    if self.stage is Stage.STARTING:
+                        nursery.start_soon(self._start, nursery)
+                        if signal.SIGHUP in early:  # as if it came now
+                            await self.reload()
                     async for signum in signals:
                         if signum == signal.SIGHUP:
                             await self.reload()

@@ -15,6 +15,14 @@ to learn the real ports without sleeping or polling a socket.
 
 from __future__ import annotations
 
+from mqttring.stop_signals import HeldSignals, hold
+
+#: Run as ``python -m mqttring.node``: stop signals are held from here on, before the
+#: imports below (a second of a process's start), so that a signal at any moment of the
+#: start is a clean stop (``mqttring.stop_signals``).  Imported as a module: nothing yet
+#: (``main``/``run`` hold them when they run a node).
+_HELD_AT_START: HeldSignals | None = hold() if __name__ == "__main__" else None
+
 import argparse
 import gc
 import logging
@@ -151,15 +159,17 @@ def tune_gc(config: BrokerConfig) -> None:
 
 def make_lifecycle(config: BrokerConfig, ready_file: Path | None = None,
                    reload_config: ConfigLoader | None = None,
-                   files: NodeFiles | None = None) -> NodeLifecycle:
+                   files: NodeFiles | None = None,
+                   held: HeldSignals | None = None) -> NodeLifecycle:
     """The node process's lifecycle (``mqttring.lifecycle``: what each signal does when);
-    ``files``: what ``config`` names, loaded already (None: the broker loads it)."""
+    ``files``: what ``config`` names, loaded already (None: the broker loads it); ``held``:
+    signals that came before trio ran, for the lifecycle to act on."""
     def started() -> None:
         if config.gc_freeze:
             gc.freeze()  # modules and start-up state: never garbage, never walked again
 
     return NodeLifecycle(config, ready_file=ready_file, reload_config=reload_config,
-                         on_started=started, files=files)
+                         on_started=started, files=files, held=held)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     # cluster's membership, workers.json with the generated cluster secret, its log) is
     # for its own user only, whatever umask it was started with (022 made them 0644).
     os.umask(os.umask(0o077) | 0o077)
+    # Already held when started as a command (idempotent); from here for other callers.
+    held = hold()
     try:
         config = config_from_args(args)
         if args.workers > 1 and config.http is not None:
@@ -190,10 +202,10 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.CONFIG
     if args.workers > 1:
         # The supervisor serves nothing: each worker process loads the files for itself.
-        return run_workers(config, args.workers, args)
+        return run_workers(config, args.workers, args, held)
     tune_gc(config)
     reload_config = None if args.config is None else partial(config_from_args, args)
-    lifecycle = make_lifecycle(config, args.ready_file, reload_config, files)
+    lifecycle = make_lifecycle(config, args.ready_file, reload_config, files, held)
     try:
         return int(trio.run(lifecycle.run))
     except BaseException as exc:  # one line for the operator, not a traceback
@@ -228,7 +240,8 @@ def _store_failure(exc: BaseException) -> StoreError | None:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("node", help="run a broker node")
     add_arguments(parser)
-    parser.set_defaults(func=run)
+    # ``holds_signals``: ``mqttring.cli`` keeps the stop signals it held while importing.
+    parser.set_defaults(func=run, holds_signals=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

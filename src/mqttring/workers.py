@@ -61,6 +61,7 @@ import trio
 
 from mqttring.config import ENV_PREFIX, BrokerConfig, ConfigError, parse_hostport
 from mqttring.lifecycle import ExitCode
+from mqttring.stop_signals import HeldSignals, hold
 
 log = logging.getLogger("mqttring.workers")
 
@@ -72,9 +73,10 @@ STOP_SLACK = 10.0
 MAX_RESTARTS = 5
 SECRET_ENV = "MQTTRING_CLUSTER_SECRET"
 STATE_FILE = "workers.json"
-#: How a worker process starts (``python -c``): ``mqttring.node`` tied to its supervisor.
-WORKER_BOOT = ("import sys; from mqttring.workers import worker_main; "
-               "sys.exit(worker_main(sys.argv[1:]))")
+#: How a worker process starts (``python -c``): stop signals held before any import
+#: (``mqttring.stop_signals``), then ``mqttring.node`` tied to its supervisor.
+WORKER_BOOT = ("import sys; from mqttring.stop_signals import hold; hold(); "
+               "from mqttring.workers import worker_main; sys.exit(worker_main(sys.argv[1:]))")
 #: Seconds an orphaned worker gets to stop on its own SIGTERM before it kills itself.
 ORPHAN_KILL_AFTER = 60.0
 
@@ -311,16 +313,16 @@ class Supervisor:
         except OSError as exc:
             raise StartError(f"cannot start worker {worker.node_id}: {exc}") from None
 
-    async def run(self, early_signals: list[int] | None = None) -> ExitCode:
+    async def run(self, held: HeldSignals | None = None) -> ExitCode:
         """Run until a stop signal, or until a worker cannot be kept running; the exit code.
 
-        ``early_signals``: signals that came before this ran (``run_workers`` holds them).
+        ``held``: signals that came before this ran (``mqttring.stop_signals``).
         """
         try:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
                                            signal.SIGHUP) as signals:
                 # After the receiver is open, so that no signal falls between the two.
-                early = [s for s in early_signals or () if s != signal.SIGHUP]
+                early = [s for s in (held.take() if held else ()) if s != signal.SIGHUP]
                 if early:  # a SIGHUP before any worker started: they read the file anyway
                     log.info("signal %s: stopping before any worker started",
                              signal.Signals(early[0]).name)
@@ -456,27 +458,24 @@ def _write_json(path: Path, info: dict[str, Any], private: bool = False) -> None
     tmp.replace(path)
 
 
-def run_workers(config: BrokerConfig, count: int, args: argparse.Namespace) -> int:
-    # Held from here (not only once trio runs): a signal while the plan is made is kept
-    # for the supervisor, instead of killing this process or raising KeyboardInterrupt.
-    early: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, _frame: early.append(signum))
-                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with tempfile.TemporaryDirectory(prefix="mqttring-workers-") as run_dir:
-            try:
-                the_plan = plan(config, count, args, Path(run_dir))
-            except ConfigError as exc:
-                print(f"mqttring: configuration error: {exc}", file=sys.stderr)
-                return ExitCode.CONFIG
-            supervisor = Supervisor(the_plan, args.ready_file)
-            code = trio.run(supervisor.run, early)
-            if supervisor.error is not None:
-                print(f"mqttring: {supervisor.error}", file=sys.stderr)
-            return int(code)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def run_workers(config: BrokerConfig, count: int, args: argparse.Namespace,
+                held: HeldSignals | None = None) -> int:
+    """The supervisor process.  ``held``: the node command's held stop signals (held from
+    the process's start, ``mqttring.stop_signals``): a signal while the plan is made is
+    kept for the supervisor, instead of killing this process or raising KeyboardInterrupt.
+    """
+    held = held or hold()
+    with tempfile.TemporaryDirectory(prefix="mqttring-workers-") as run_dir:
+        try:
+            the_plan = plan(config, count, args, Path(run_dir))
+        except ConfigError as exc:
+            print(f"mqttring: configuration error: {exc}", file=sys.stderr)
+            return ExitCode.CONFIG
+        supervisor = Supervisor(the_plan, args.ready_file)
+        code = trio.run(supervisor.run, held)
+        if supervisor.error is not None:
+            print(f"mqttring: {supervisor.error}", file=sys.stderr)
+        return int(code)
 
 
 def worker_main(argv: list[str]) -> int:
