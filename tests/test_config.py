@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -63,7 +64,7 @@ def refused(tmp_path: Path, text: str) -> str:
      'limits.max_inflight = "32": expected an integer in 1..65535'),
     ("ws = 8080", 'ws = 8080: expected HOST:PORT with a port in 0..65535, or "" / false'),
     ("data_dir = 5", "data_dir = 5: expected a path"),
-    ('sys_interval = "10"', 'sys_interval = "10": expected a number >= 0'),
+    ('sys_interval = "10"', 'sys_interval = "10": expected a finite number >= 0'),
     ("[limits]\nmax_inflight = true", "limits.max_inflight = true: expected an integer"),
     # wrong values
     ('allow_anonymous = "no"', 'allow_anonymous = "no": expected true or false'),
@@ -72,7 +73,7 @@ def refused(tmp_path: Path, text: str) -> str:
     ('password_file = 5', "password_file = 5: expected a path"),
     ("auth_failures_allowed = -1", "auth_failures_allowed = -1: expected an integer >= 0"),
     ("[limits]\nqueued_message_ttl = -5",
-     "limits.queued_message_ttl = -5: expected a number >= 0"),
+     "limits.queued_message_ttl = -5: expected a finite number >= 0"),
     ("[limits]\nmax_outgoing_buffer = -1",
      "limits.max_outgoing_buffer = -1: expected an integer >= 1"),
     ("[limits]\nmax_client_id_bytes = 500",
@@ -244,6 +245,65 @@ def test_flags_go_through_the_same_checks(monkeypatch: pytest.MonkeyPatch):
         assert message in str(info.value)
 
 
+def _float_settings() -> list[tuple[str, str]]:
+    """Every number (float) setting as (TOML table or "", key): durations, intervals."""
+    found = []
+    for table, cls in (("", BrokerConfig), ("limits", Limits), ("store", StoreSettings)):
+        for name, spec in field_specs(cls).items():
+            base = spec.type
+            if typing.get_origin(base) is Annotated:
+                base = typing.get_args(base)[0]
+            if base is float:
+                found.append((table, name))
+    return found
+
+
+FLOAT_SETTINGS = _float_settings()
+
+
+def test_there_are_float_settings_to_check():
+    """The parametrisations below are over ``FLOAT_SETTINGS``: never an empty list."""
+    assert ("", "sys_interval") in FLOAT_SETTINGS
+    assert ("limits", "connect_timeout") in FLOAT_SETTINGS
+    assert ("", "heartbeat_interval") in FLOAT_SETTINGS
+
+
+@pytest.mark.parametrize(("table", "key"), FLOAT_SETTINGS,
+                         ids=[f"{t}.{k}" if t else k for t, k in FLOAT_SETTINGS])
+@pytest.mark.parametrize("number", ["inf", "-inf", "nan", "+inf"])
+def test_no_duration_or_limit_is_infinite_or_nan(tmp_path: Path, table: str, key: str,
+                                                 number: str):
+    """TOML, the environment and flags all read ``inf`` as a float, and every lower bound
+    let it through: ``sys_interval = inf`` or ``limits.connect_timeout = inf`` loaded (nan
+    was refused only by the range check).  Refused now in every layer, in one line."""
+    label = f"{table}.{key}" if table else key
+    toml = f"[{table}]\n{key} = {number}\n" if table else f"{key} = {number}\n"
+    shown = number.lstrip("+")
+    assert f"{label} = {shown}: expected a finite number" in refused(tmp_path, toml)
+    var = f"MQTTRING_{table.upper()}__{key.upper()}" if table else f"MQTTRING_{key.upper()}"
+    with pytest.raises(ConfigError) as info:
+        BrokerConfig.from_mapping({}, environ={var: number})
+    assert f'{var} = "{number}": expected a finite number' in str(info.value)
+    value = float(number)
+    with pytest.raises(ConfigError) as info:
+        if table:
+            dataclasses.replace(Limits() if table == "limits" else StoreSettings(),
+                                **{key: value})
+        else:
+            BrokerConfig(**{key: value})
+    assert f"{label} = {shown}: expected a finite number" in str(info.value)
+
+
+@pytest.mark.parametrize("number", ["inf", "nan", "1e999"])
+def test_an_infinite_duration_flag_is_refused(number: str):
+    """``1e999`` is inf too, once a float."""
+    from mqttring.node import config_from_args
+
+    with pytest.raises(ConfigError) as info:
+        config_from_args(parse_node_args("--sys-interval", number))
+    assert f'--sys-interval = "{number}": expected a finite number >= 0' in str(info.value)
+
+
 # --------------------------------------------------------------------------- real processes
 
 
@@ -274,6 +334,15 @@ def held_port() -> socket.socket:
      'mqttring: configuration error: cluster = "127.0.0.1:{port}": needs cluster_secret'),
     ("", [], {"MQTTRING_LIMITS__MAX_INFLIGHT": "x"},
      'mqttring: configuration error: MQTTRING_LIMITS__MAX_INFLIGHT = "x": expected'),
+    # non-finite durations, from each layer
+    ("[limits]\nconnect_timeout = inf\n", [], {},
+     "mqttring: configuration error: limits.connect_timeout = inf: expected a finite number "
+     "> 0"),
+    ("", ["--sys-interval", "inf"], {},
+     'mqttring: configuration error: --sys-interval = "inf": expected a finite number >= 0'),
+    ("", [], {"MQTTRING_HEARTBEAT_INTERVAL": "inf"},
+     'mqttring: configuration error: MQTTRING_HEARTBEAT_INTERVAL = "inf": expected a finite '
+     "number > 0"),
 ])
 def test_node_with_bad_setting_exits_2_with_one_line_before_starting(
         tmp_path: Path, toml: str, flags: list[str], env: dict[str, str], line: str):

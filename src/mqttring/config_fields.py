@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import tomllib
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -179,7 +180,7 @@ def _describe(tp: Any) -> str:
     if tp is bool:
         return "true or false"
     if tp in (int, float):
-        noun = "an integer" if tp is int else "a number"
+        noun = "an integer" if tp is int else "a finite number"
         if "ge" in meta and "le" in meta:
             return f"{noun} in {meta['ge']}..{meta['le']}"
         bounds = [f"{op} {meta[key]}" for key, op in
@@ -213,6 +214,8 @@ def show(value: Any) -> str:
     """A value as the operator wrote it (TOML-like): ``"32"``, ``8080``, ``false``."""
     if isinstance(value, Path):
         value = str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else f"{'-' if value < 0 else ''}inf"  # not JSON's
     try:
         return json.dumps(value, ensure_ascii=False, default=_jsonable)
     except (TypeError, ValueError):
@@ -255,6 +258,7 @@ def check_value(spec: FieldSpec, value: Any, label: str) -> Any:
         raise error(label, value, f"expected {spec.allowed}", secret=spec.secret) from None
     if converted is None:
         return None
+    _check_finite(spec, converted, value, label)
     for rule in spec.rules:
         try:
             converted = rule.check(converted)
@@ -267,6 +271,18 @@ def check_value(spec: FieldSpec, value: Any, label: str) -> Any:
             allowed = spec.allowed if rule is spec.rules[-1] else rule.allowed
             raise error(label, value, f"expected {allowed}", secret=spec.secret) from None
     return converted
+
+
+def _check_finite(spec: FieldSpec, converted: Any, value: Any, label: str) -> None:
+    """Refuse inf and nan for a number (``value``: as written, for the error).
+
+    TOML and msgspec's float both take them (nan fails a range check, inf passes every
+    lower bound): an infinite timeout or interval is never what a setting means (0 turns
+    off what can be turned off), and the broker's arithmetic on them assumes finite numbers
+    (``fence_seconds``: inf - inf is nan).
+    """
+    if isinstance(converted, float) and not math.isfinite(converted):
+        raise error(label, value, f"expected {spec.allowed}", secret=spec.secret)
 
 
 def parse_text(spec: FieldSpec, text: str, label: str) -> Any:
@@ -287,6 +303,7 @@ def parse_text(spec: FieldSpec, text: str, label: str) -> Any:
         value = msgspec.convert(text, spec.type, strict=False, dec_hook=_dec_hook)
     except msgspec.ValidationError:
         raise error(label, text, f"expected {spec.allowed}", secret=spec.secret) from None
+    _check_finite(spec, value, text, label)
     return check_value(spec, value, label)
 
 
