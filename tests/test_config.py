@@ -387,3 +387,22 @@ def test_websocket_only_node_from_a_file(tmp_path: Path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("command", [["status", "--node", "127.0.0.1:1"],
+                                     ["leave", "--node", "127.0.0.1:1"],
+                                     ["snapshot", "--node", "127.0.0.1:1", "--out", "x"]],
+                         ids=["status", "leave", "snapshot"])
+@pytest.mark.parametrize("timeout", ["nan", "-1", "0", "inf", "soon"])
+def test_a_command_timeout_is_a_finite_positive_number(tmp_path: Path, command: list[str],
+                                                       timeout: str):
+    """``--timeout`` was ``type=float``: ``nan`` and ``-1`` were a ValueError traceback from
+    trio inside the call, ``inf`` a command that waited for ever on a silent node.  Refused
+    now by the parser (exit 2, its usage and one error line), before any connection."""
+    done = subprocess.run([sys.executable, "-m", "mqttring", *command, "--secret", "s",
+                           "--timeout", timeout], cwd=tmp_path, env=node_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].endswith(
+        f"error: argument --timeout: {timeout!r}: expected a finite number of seconds > 0")

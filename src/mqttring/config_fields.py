@@ -29,6 +29,7 @@ the table-qualified key (``limits.max_inflight``), the environment variable or t
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import json
@@ -45,8 +46,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 __all__ = ["OFF", "SECRET", "ConfigError", "FieldSpec", "Invalid", "Rule", "build",
-           "check_fields", "check_value", "error", "field_specs", "parse_text", "show",
-           "suggest", "table_values"]
+           "check_fields", "check_value", "error", "field_specs", "parse_text",
+           "positive_seconds", "show", "suggest", "table_values"]
 
 
 class ConfigError(ValueError):
@@ -356,3 +357,19 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
 
 def _looks_secret(name: str) -> bool:
     return any(word in name for word in ("secret", "password", "token"))
+
+
+def positive_seconds(text: str) -> float:
+    """argparse ``type=`` for a command's ``--timeout``: a finite number of seconds > 0.
+
+    ``type=float`` took ``nan`` and ``-1`` (trio then raised ValueError from inside the
+    call: a traceback) and ``inf`` (a command that never gives up on a node that does not
+    answer), as settings did before they were held to being finite.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of seconds > 0")
+    return value

@@ -18,6 +18,7 @@ import trio
 from mqttring.analytics import ExportError
 from mqttring.cluster_tls import add_client_arguments, client_context_from_args
 from mqttring.config import ConfigError
+from mqttring.config_fields import positive_seconds
 from mqttring.rpc import SECRET_ENV, AuthError, ProtocolError, RpcError
 
 
@@ -109,7 +110,7 @@ def register(subparsers: Any) -> None:
                       help="snapshot every member that is up (through --node's cluster view)")
     snap.add_argument("--secret", help=f"cluster secret (else ${SECRET_ENV})")
     add_client_arguments(snap)
-    snap.add_argument("--timeout", type=float, default=300.0,
+    snap.add_argument("--timeout", type=positive_seconds, default=300.0,
                       help="seconds to wait for each node's snapshot")
     snap.set_defaults(func=cmd_snapshot)
 

@@ -24,6 +24,7 @@ import trio
 
 from mqttring.cluster_tls import add_client_arguments, client_context_from_args
 from mqttring.config import ConfigError, parse_hostport
+from mqttring.config_fields import positive_seconds
 from mqttring.errors import describe_error
 from mqttring.rpc import RPC_KEY_PURPOSE, SECRET_ENV, AuthError, RpcError, call_once, derive_key
 
@@ -179,7 +180,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node", required=True, metavar="HOST:PORT", help="a member's cluster address")
     p.add_argument("--secret", help=f"cluster secret (else ${SECRET_ENV})")
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--timeout", type=positive_seconds, default=10.0)
     add_client_arguments(p)
 
 
