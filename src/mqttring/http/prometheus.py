@@ -32,6 +32,10 @@ _COUNTERS = {
     "bytes_sent": ("bytes_sent", "Bytes written to clients."),
     "messages_dropped": ("messages_dropped", "Messages dropped for slow or away clients."),
     "protocol_errors": ("protocol_errors", "Connections closed for a protocol violation."),
+    "tls_handshake_failures": ("tls_handshake_failures", "TLS connections closed before "
+                               "their handshake completed (plaintext or garbage on a TLS "
+                               "port, a refused client certificate, a stall past "
+                               "limits.connect_timeout)."),
     "internal_errors": ("internal_errors", "Connections closed for an error in mqttring."),
     "acl_denials": ("acl_denials", "Publishes and subscriptions denied by the ACL."),
     "publishes_refused": ("publishes_refused", "Publishes not accepted by the cluster."),
