@@ -165,6 +165,43 @@ def test_a_busy_port_is_one_line_and_exit_1(tmp_path, listener):
     assert "Traceback" not in result.stderr
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_ipv6_addresses_the_node_logs_are_bracketed(tmp_path, nodes):
+    """``--http [::1]:0`` logged ``http://::1:PORT/``: not a URL anyone can open.  The
+    logged URL must be the one that answers; a busy IPv6 MQTT port is named as written."""
+    import httpx
+
+    node = Node(tmp_path, "--mqtt", f"{HOST}:0", "--http", "[::1]:0")
+    nodes.append(node)
+    port = node.wait_ready()["http"]
+    line = node.wait_line("HTTP API, /metrics and dashboard on")
+    url = f"http://[::1]:{port}/"
+    assert f" on {url} " in line, line
+    assert "http://::1" not in node.text()
+    assert httpx.get(f"{url}metrics", timeout=10).status_code == 200
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+    with socket.socket(socket.AF_INET6) as busy:
+        busy.bind(("::1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "mqttring.node", "--mqtt", f"[::1]:{taken}",
+             "--data-dir", str(tmp_path / "d2"), "--sys-interval", "0"],
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"mqttring: cannot start node: [::1]:{taken}: address already in use" in \
+        result.stderr.splitlines(), result.stderr
+
+
 @pytest.mark.parametrize("case", ["busy", "not-local"])
 def test_a_raft_address_that_cannot_be_bound_is_one_line_and_exit_1(tmp_path, case):
     """pysyncobj retries such a bind for ever, silently: the node sat there with its

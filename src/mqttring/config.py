@@ -47,7 +47,7 @@ from mqttring.protocol.errors import InvalidTopic
 from mqttring.protocol.topics import validate_topic_filter
 
 __all__ = ["ENV_PREFIX", "BrokerConfig", "ConfigError", "Limits", "StoreSettings",
-           "environment_overrides", "flag_overrides", "parse_hostport"]
+           "environment_overrides", "flag_overrides", "format_hostport", "parse_hostport"]
 
 #: ``MQTTRING_NODE_ID``, ``MQTTRING_LIMITS__MAX_INFLIGHT``: see ``environment_overrides``.
 ENV_PREFIX = "MQTTRING_"
@@ -71,6 +71,15 @@ def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int
     if not 0 <= number <= 65535:
         raise ConfigError(f"port out of range in {text!r}")
     return host, number
+
+
+def format_hostport(host: str, port: int) -> str:
+    """``parse_hostport``'s inverse: ``[::1]:8080`` for an IPv6 host, else ``host:port``.
+
+    ``::1:8080`` (what ``f"{host}:{port}"`` gives) is no address a reader or a browser can
+    use: the port cannot be told from the address's own colons.
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _address(text: str) -> str:

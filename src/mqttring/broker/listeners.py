@@ -12,6 +12,7 @@ import socket
 
 import trio
 
+from mqttring.config import format_hostport
 from mqttring.errors import ListenError
 
 #: Pending connections the kernel may queue per listener (capped by net.core.somaxconn).
@@ -28,7 +29,7 @@ async def open_listeners(host: str, port: int, *, reuse_port: bool = False
     try:
         return await _open(host, port, reuse_port)
     except OSError as exc:
-        raise ListenError(f"{host}:{port}", exc) from None
+        raise ListenError(format_hostport(host, port), exc) from None
 
 
 async def _open(host: str, port: int, reuse_port: bool) -> list[trio.SocketListener]:

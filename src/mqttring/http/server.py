@@ -33,7 +33,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import serve
 
-from mqttring.config import parse_hostport
+from mqttring.config import format_hostport, parse_hostport
 from mqttring.errors import ListenError, sole_exception
 from mqttring.http.app import build_app
 
@@ -102,7 +102,7 @@ async def serve_http(broker: MqttRingBroker, *,
     assert config.http is not None
     host, port = parse_hostport(config.http)
     hyper = Config()
-    hyper.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hyper.bind = [format_hostport(host, port)]
     hyper.accesslog = None
     hyper.errorlog = logging.getLogger("mqttring.http.server")
     hyper.graceful_timeout = GRACEFUL_TIMEOUT
@@ -121,7 +121,8 @@ async def serve_http(broker: MqttRingBroker, *,
                 raise
             raise ListenError(config.http, cause) from None
         bound = int(binds[0].rpartition(":")[2])
-        log.info("node %s: HTTP API, /metrics and dashboard on http://%s:%d/ (%s)",
-                 config.node_id, host, bound,
+        # A URL to paste: an IPv6 host in brackets (http://[::1]:8080/, not http://::1:8080/).
+        log.info("node %s: HTTP API, /metrics and dashboard on http://%s/ (%s)",
+                 config.node_id, format_hostport(host, bound),
                  "token required" if config.http_token else "no token: loopback only")
         task_status.started(bound)
