@@ -356,6 +356,9 @@ def test_decoders_on_mqtt5_rows():
     shared = ["t/x", b"pay", 1, False, 7, 1, 0.0, None, 0, "$share/g/t/+"]
     row = decode_row("queued", "n", qkey, shared)
     assert row == ("n", 5, "c1", 42, "t/x", b"pay", 3, 1, False, 7, "await_puback", None)
+    # A completed QoS 2 message's marker (state 4: its identity, no message): not a row.
+    assert decode_row("queued", "n", qkey, [None, None, 2, False, None, 4, 1.7e9, None, 99]
+                      ) is None
     assert decode_row("retained", "n", shard_key(1, b"a"), ["a", b"xy", 1, 3, 10, props]) == (
         "n", 1, "a", b"xy", 2, 1)
     skey = shard_key(1, struct.pack(">H", 2) + cid)

@@ -24,8 +24,9 @@ from mqttring.broker.shard_writes import LocalShardWriter, Op
 from mqttring.lsm import Durability, LsmStore
 from mqttring.protocol.codec import PacketDecoder
 from mqttring.protocol.message import Message
+from mqttring.protocol.outbound import Completed
 from mqttring.protocol.packets import Publish, PubRel
-from mqttring.protocol.session import OutState, Session
+from mqttring.protocol.session import OutState, Session, SessionLimits
 
 NUM_SHARDS = 8
 
@@ -265,6 +266,83 @@ async def test_the_next_owner_of_a_session_knows_the_qos2_messages_it_holds(
         loaded.deliver(Message("t/z", b"new", 2, mid=79), 2)
         assert [e.message.payload for e in loaded.queue] == [b"once", b"v5", b"new"]
 
+
+
+async def test_the_next_owner_of_a_session_knows_the_qos2_messages_its_client_completed(
+        tmp_path: Path) -> None:
+    """A QoS 2 message the client completed leaves its identity in the session's record
+    (``Completed``) for ``qos2_dedup_seconds``: the node that loads the session next drops
+    a retry's copy of it, as the node that delivered it does.  Before, the row was deleted
+    and the next owner delivered the copy again, as a new message (the 5-node partition
+    of the fault suite: its session handed back after the heal)."""
+    with LsmStore(tmp_path / "store") as lsm:
+        store = SessionStore(lsm, NUM_SHARDS)
+        out = bytearray()
+        session = Session("sub", False)
+        session.subscriptions["t/#"] = 2
+        session.attach(out)
+        session.deliver(Message("t/x", b"done", 2, mid=77), 2, now=1000.0)
+        session.deliver(Message("t/x", b"old", 2, mid=76), 2, now=1000.0)
+        session.deliver(Message("t/x", b"open", 2, mid=78), 2, now=1000.0)
+        for pid in (1, 2):
+            session.on_pubrec(pid)
+        session.release(session.take_held_releases())
+        assert session.on_pubcomp(1, now=1001.0)
+        assert session.on_pubcomp(2, now=960.0)  # (a clock that went back: past its time)
+        await store.save_subscriptions(session)
+        await store.save_changes([session], Durability.DURABLE)
+        (stored,) = await store.load_all()
+        assert [e.message.mid for e in stored.outbound] == [78]  # markers hold no message
+        assert {m.mid for _, m in stored.completed} == {76, 77}
+        loaded = stored.to_session(session.limits, now=1010.0)
+        assert loaded.next_seq > max(seq for seq, _ in stored.completed)
+        loaded.deliver(Message("t/x", b"done", 2, mid=77), 2, now=1010.0)  # the retry's copy
+        loaded.deliver(Message("t/x", b"old", 2, mid=76), 2, now=1010.0)  # too late for it
+        loaded.deliver(Message("t/x", b"new", 2, mid=79), 2, now=1010.0)
+        assert [e.message.payload for e in [*loaded.inflight.values(), *loaded.queue]] == [
+            b"open", b"old", b"new"]
+        # The marker past its time is deleted with the loaded session's next write.
+        await store.save_changes([loaded], Durability.LAZY)
+        (again,) = await store.load_all()
+        assert [m.mid for _, m in again.completed] == [77]
+
+
+def test_completed_markers_are_deleted_after_their_time_and_beyond_the_window() -> None:
+    """The record stays bounded: a marker is deleted once a retry can no longer come
+    (``qos2_dedup_seconds``) or when more than ``qos2_dedup_window`` are listed; a clean
+    session, a message without an identity and a window of 0 leave no marker."""
+    limits = SessionLimits(qos2_dedup_window=2, qos2_dedup_seconds=30.0)
+    session = Session("sub", False, limits)
+    session.attach(bytearray())
+    for mid in (11, 12, 13):
+        session.deliver(Message("t", b"m", 2, mid=mid), 2, now=1000.0)
+    session.deliver(Message("t", b"m", 2), 2, now=1000.0)  # no identity (one node's)
+    session.take_changes()
+    for pid in (1, 2, 3, 4):
+        session.on_pubrec(pid)
+    session.release(session.take_held_releases())
+    session.take_changes()
+    for pid, now in ((1, 1000.0), (2, 1001.0), (3, 1002.0), (4, 1003.0)):
+        session.on_pubcomp(pid, now=now)
+    dirty, _ = session.take_changes()
+    assert dirty == {1: None, 2: Completed(12, 1001.0), 3: Completed(13, 1002.0), 4: None}
+    session.deliver(Message("t", b"m", 2, mid=14), 2, now=1040.0)
+    session.on_pubrec(5)
+    session.release(session.take_held_releases())
+    session.take_changes()
+    session.on_pubcomp(5, now=1040.0)
+    dirty, _ = session.take_changes()
+    assert dirty == {2: None, 3: None, 5: Completed(14, 1040.0)}  # 30 s later
+    assert list(session.completed or ()) == [(5, 1040.0)]
+    for quiet in (Session("c", True), Session("p", False, SessionLimits(qos2_dedup_window=0))):
+        quiet.attach(bytearray())
+        quiet.deliver(Message("t", b"m", 2, mid=21), 2, now=1000.0)
+        quiet.on_pubrec(1)
+        quiet.release(quiet.take_held_releases())
+        quiet.take_changes()
+        quiet.on_pubcomp(1, now=1000.0)
+        assert quiet.take_changes()[0] == ({} if quiet.clean_session else {1: None})
+        assert quiet.completed is None
 
 
 async def test_an_inbound_qos2_id_is_stored_with_its_identity_until_acknowledged(

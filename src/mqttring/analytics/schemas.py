@@ -87,6 +87,8 @@ ARCHIVE = pa.schema([
 #: Names of ``OutState`` (mqttring.protocol.outbound) by value: the handshake step a queued
 #: message is in.  Spelled out so that a reader needs no mqttring to interpret the column.
 OUT_STATES = {0: "queued", 1: "await_puback", 2: "await_pubrec", 3: "await_pubcomp"}
+#: The state of a queue row that marks a completed QoS 2 message (``OutState.COMPLETED``).
+COMPLETED_STATE = 4
 
 
 def _client_id(key: bytes) -> tuple[str, int]:
@@ -165,7 +167,7 @@ def fold_sessions(rows: Iterable[tuple | SubscriptionRow]) -> list[tuple]:
     return out
 
 
-def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
+def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple | None:
     client_id, end = _client_id(key)
     if len(key) != end + _SEQ.size:
         raise ValueError("queue key is not client id + 8-byte sequence")
@@ -175,6 +177,8 @@ def queued_row(node_id: str, shard: int, key: bytes, value: Any) -> tuple:
     if len(value) not in (7, 8, 9, 10):
         raise ValueError(f"{len(value)} fields, expected 7 to 10")
     topic, payload, qos, retain, packet_id, state, expires_at = value[:7]
+    if state == COMPLETED_STATE:
+        return None  # a completed QoS 2 message's marker (``Completed``): no message
     expires = None if not expires_at else int(float(expires_at) * 1_000_000)
     return (node_id, shard, client_id, seq, topic, bytes(payload), len(payload), int(qos),
             bool(retain), None if packet_id is None else int(packet_id),
@@ -211,8 +215,9 @@ TABLES: dict[str, tuple[str, pa.Schema, Decoder]] = {
 def decode_row(table: str, node_id: str, key: bytes, value: Any) -> Any:
     """One snapshot row as a tuple in ``TABLES[table]``'s column order, or ExportError.
 
-    None for a row that is not data (a retained tombstone): the export skips it.  For a
-    table in ``FOLDS`` the result is what its fold function takes."""
+    None for a row that is not data (a retained tombstone, a completed QoS 2 message's
+    marker): the export skips it.  For a table in ``FOLDS`` the result is what its fold
+    function takes."""
     _db, _schema, decoder = TABLES[table]
     if len(key) < 2:
         raise ExportError(f"{table}: key {key!r} has no shard prefix")

@@ -34,6 +34,9 @@ a single range scan (what a shard handoff or an export reads):
   tenth, its share's filter (the eighth and ninth then None and 0 where unset): loaded
   after a restart or at the session's next home, it still goes by the share's options
   (its Subscription Identifier) and back to the share if the session ends with it.
+  A QoS 2 message with an identity that its client completed leaves ``[None, None, 2,
+  False, None, 4, completed_at, None, mid]`` under its key (state 4: ``Completed``) for
+  ``limits.qos2_dedup_seconds``: the session's next owner remembers that identity too.
 * ``inflight``  ``shard | cid | pid(2)``  -> ``mid``: an inbound QoS 2 id between PUBLISH
   and PUBREL, with its message's identity until the PUBREC was sent, ``1`` after (rows from
   before 2026-11-28 were written at PUBREC and hold ``1``; ``Message.mid`` is never 1).
@@ -58,7 +61,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from hashlib import blake2b
 
 import trio
@@ -68,6 +71,7 @@ from mqttring.broker.shard_writes import LocalShardWriter, ShardWriter
 from mqttring.broker.shared import SharedMessage
 from mqttring.lsm import Delete, Durability, LsmStore, Put, shard_key
 from mqttring.protocol.message import Message
+from mqttring.protocol.outbound import Completed
 from mqttring.protocol.session import Outbound, OutState, Session, SessionLimits
 from mqttring.protocol.session5 import PublishProps, V5Session
 from mqttring.ring.hashing import shard_of
@@ -97,6 +101,8 @@ class StoredSession:
     ends_at: float = 0.0
     #: ``Session.cut_expiry`` of a session stored while connected (no ``ends_at``).
     cut_expiry: int = 0
+    #: (seq, marker) of the QoS 2 messages its client completed lately.
+    completed: list[tuple[int, Completed]] = field(default_factory=list)
 
     def to_session(self, limits: SessionLimits, now: float | None = None,
                    grace: float = 0.0) -> Session:
@@ -122,7 +128,7 @@ class StoredSession:
             session.ends_at = now + self.cut_expiry + grace
         if self.options is not None:
             session.v5 = V5Session(self.client_id, 0, dict(self.options))
-        session.restore(self.outbound, self.inbound_qos2, now)
+        session.restore(self.outbound, self.inbound_qos2, now, self.completed)
         return session
 
 
@@ -253,6 +259,10 @@ class SessionStore:
             key = prefix + _SEQ.pack(seq)
             if entry is None:
                 ops.append(Delete("queues", key))
+            elif isinstance(entry, Completed):
+                ops.append(Put("queues", key, [None, None, 2, False, None,
+                                               int(OutState.COMPLETED), entry.at, None,
+                                               entry.mid]))
             else:
                 msg = entry.message
                 row = [
@@ -407,6 +417,10 @@ class SessionStore:
             if owner is None:
                 continue  # orphan of a deleted session
             topic, payload, qos, retain, pid, state, expires_at = value[:7]
+            if state == OutState.COMPLETED:
+                owner.completed.append((_SEQ.unpack(key[-8:])[0],
+                                        Completed(int(value[8]), float(expires_at))))
+                continue
             props = PublishProps.from_wire(value[7]) if len(value) > 7 else None
             mid = int(value[8]) if len(value) > 8 else 0
             message = Message(topic, payload, qos, False, props, mid)

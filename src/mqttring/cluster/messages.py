@@ -62,9 +62,11 @@ from mqttring.cluster.messages_sessions import (
 #: frames were not numbered (version 7 numbers them for replay, ``cluster/replay.py``);
 #: version 7 had no ``mid`` in ``PubEntry``/``DlvEntry`` (QoS 2 copies made by retries);
 #: version 8 carried inbound QoS 2 ids without their messages' ``mid`` (``InboundQos2``,
-#: ``SessionOpened``); version 9 had no view epochs in ``RetainedQuery``/``RetainedRows``.
+#: ``SessionOpened``); version 9 had no view epochs in ``RetainedQuery``/``RetainedRows``;
+#: version 10 nodes cannot read the marker rows of completed QoS 2 messages (``Completed``)
+#: that replication and shard copies now carry.
 #: Nodes of different versions refuse each other's links.
-FRAME_VERSION = 10
+FRAME_VERSION = 11
 
 
 # -- publish routing (``mqttring.cluster.router``) --------------------------------------------

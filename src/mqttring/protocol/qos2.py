@@ -15,16 +15,26 @@ crash story:
   session next, is routed again with the same identity, which every session that got the
   first copy takes for the same message.  Stored after routing, as before 2026-11-28, a
   home killed in between lost the id and the resend became a second message at QoS 2.
+
+A completed outbound QoS 2 message of a persistent session leaves a marker in the store in
+place of its row (``Completed``: its identity and when), for as long as a retry of it can
+come, so that a session loaded on another node does not take that retry's copy for a new
+message; ``completed`` lists the markers so that they are deleted after that time.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.message import new_mid
-from mqttring.protocol.outbound import Outbound, OutState
+from mqttring.protocol.outbound import Completed, Outbound, OutState
 from mqttring.protocol.packets import PubRel
+
+if TYPE_CHECKING:
+    from mqttring.protocol.session import SessionLimits
 
 
 class QoS2Handshakes:
@@ -36,10 +46,12 @@ class QoS2Handshakes:
     inflight: dict[int, Outbound]
     inbound_qos2: dict[int, int]
     output: bytearray | None
-    _dirty: dict[int, Outbound | None]
+    _dirty: dict[int, Outbound | Completed | None]
     _dirty_qos2: dict[int, int | None]
     durable_due: bool
     held_releases: list[int] | None
+    completed: deque[tuple[int, float]] | None
+    limits: SessionLimits
 
     if TYPE_CHECKING:
         @property
@@ -113,7 +125,7 @@ class QoS2Handshakes:
                 sent = True
         return sent
 
-    def on_pubrec_failed(self, packet_id: int) -> bool:
+    def on_pubrec_failed(self, packet_id: int, now: float | None = None) -> bool:
         """MQTT 5: a PUBREC with a failure reason code (>= 0x80) ends the QoS 2 delivery:
         no PUBREL follows, the packet id is free and the message is done (section 4.3.3).
         True if it freed a window slot (the caller pumps, as for ``on_puback``)."""
@@ -121,18 +133,50 @@ class QoS2Handshakes:
         if entry is None or entry.state != OutState.AWAIT_PUBREC:
             return False
         del self.inflight[packet_id]
-        self._forget(entry)
+        self._complete(entry, now)
         return True
 
-    def on_pubcomp(self, packet_id: int, pump: bool = True) -> bool:
+    def on_pubcomp(self, packet_id: int, pump: bool = True, now: float | None = None
+                   ) -> bool:
+        """The QoS 2 delivery is complete.  ``now``: wall-clock UNIX seconds, for the
+        ``Completed`` marker (the current time when not given)."""
         entry = self.inflight.get(packet_id)
         if entry is None or entry.state != OutState.AWAIT_PUBCOMP:
             return False
         del self.inflight[packet_id]
-        self._forget(entry)
+        self._complete(entry, now)
         if pump and self.output is not None:
             self._pump(self.output)
         return True
+
+    def _complete(self, entry: Outbound, now: float | None) -> None:
+        """The client is done with ``entry``: a persistent session's record of a message
+        with an identity becomes its ``Completed`` marker (stored lazily, as the row's
+        deletion was: lost in a crash, the row it replaces names the identity as well)."""
+        mid = entry.message.mid
+        if not (mid and self.persistent and self.limits.qos2_dedup_window > 0):
+            self._forget(entry)
+            return
+        if now is None:
+            now = time.time()
+        self._dirty[entry.seq] = Completed(mid, now)
+        self.note_completed(entry.seq, now, now)
+
+    def note_completed(self, seq: int, at: float, now: float) -> None:
+        """List the marker stored under ``seq`` (completed ``at``); delete the markers
+        past ``qos2_dedup_seconds`` at ``now`` or beyond ``qos2_dedup_window`` of them:
+        a retry of theirs can no longer come, and a session's record stays bounded."""
+        markers = self.completed
+        if markers is None:
+            markers = self.completed = deque()
+        markers.append((seq, at))
+        limits = self.limits
+        oldest = now - limits.qos2_dedup_seconds
+        dirty = self._dirty
+        while markers and (len(markers) > limits.qos2_dedup_window or markers[0][1] < oldest):
+            dirty[markers.popleft()[0]] = None
+        if not markers:
+            self.completed = None
 
     # -- inbound QoS 2 ----------------------------------------------------------------------
 

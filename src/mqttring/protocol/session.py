@@ -58,6 +58,7 @@ else the oldest QoS 1/2 message, and counts it in ``dropped``).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -65,7 +66,7 @@ from typing import Protocol
 from mqttring.protocol.codec import encode as encode_packet
 from mqttring.protocol.codec import encode_publish
 from mqttring.protocol.message import Message
-from mqttring.protocol.outbound import Outbound, OutState
+from mqttring.protocol.outbound import Completed, Outbound, OutState
 from mqttring.protocol.packets import PubRel
 from mqttring.protocol.qos2 import QoS2Handshakes
 from mqttring.protocol.recent import RecentIds
@@ -121,7 +122,7 @@ class Session(QoS2Handshakes):
     dropped: int = 0
     #: Bound by ``attach``; None while the client is away.
     output: bytearray | None = None
-    _dirty: dict[int, Outbound | None] = field(default_factory=dict)
+    _dirty: dict[int, Outbound | Completed | None] = field(default_factory=dict)
     #: Inbound QoS 2 ids changed: id -> its ``inbound_qos2`` value, None when released.
     _dirty_qos2: dict[int, int | None] = field(default_factory=dict)
     #: Some change since ``take_changes`` was acknowledged to a client on the promise of
@@ -150,6 +151,9 @@ class Session(QoS2Handshakes):
     #: after routing, a link failed after the message arrived) makes a second copy, which
     #: is a second message at QoS 2.
     recent_qos2: RecentIds | None = None
+    #: (seq, completed at) of the ``Completed`` markers in the store, oldest first (None:
+    #: none): each is deleted once a retry of its message can no longer come (``qos2``).
+    completed: deque[tuple[int, float]] | None = None
     #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
     #: Set by whoever binds the client's connection; it is not stored.
     access: ReadAccess | None = None
@@ -480,16 +484,19 @@ class Session(QoS2Handshakes):
     def has_changes(self) -> bool:
         return bool(self._dirty or self._dirty_qos2)
 
-    def take_changes(self) -> tuple[dict[int, Outbound | None], dict[int, int | None]]:
-        """Hand the store what changed since the last call: seq -> message (None = gone),
-        and inbound QoS 2 id -> its ``inbound_qos2`` value (None = released)."""
+    def take_changes(self) -> tuple[dict[int, Outbound | Completed | None],
+                                    dict[int, int | None]]:
+        """Hand the store what changed since the last call: seq -> message (None = gone,
+        ``Completed``: its marker), and inbound QoS 2 id -> its ``inbound_qos2`` value
+        (None = released)."""
         dirty, qos2 = self._dirty, self._dirty_qos2
         self._dirty, self._dirty_qos2 = {}, {}
         self.durable_due = False
         return dirty, qos2
 
     def restore(
-        self, entries: list[Outbound], inbound_qos2: Mapping[int, int], now: float = 0.0
+        self, entries: list[Outbound], inbound_qos2: Mapping[int, int], now: float = 0.0,
+        completed: Iterable[tuple[int, Completed]] = (),
     ) -> None:
         """Rebuild state read back from the store (entries in sequence order).
 
@@ -501,6 +508,10 @@ class Session(QoS2Handshakes):
         entries are marked changed so the next write of the session persists the new
         deadline and a later load does not extend it again.  With ``now`` 0 (no clock given)
         nothing is re-based.
+
+        ``completed``: the ``Completed`` markers stored, by seq.  Their identities are
+        remembered like those of the messages held (a retry's copy is not a new message),
+        and a marker past its time is deleted (with ``now`` 0, only beyond the count).
         """
         ttl = self.limits.message_ttl
         for entry in entries:
@@ -522,3 +533,9 @@ class Session(QoS2Handshakes):
         for entry in entries:
             if entry.qos == 2 and entry.message.mid:
                 self._delivered_before(entry.message.mid, now)
+        for seq, marker in sorted(completed, key=lambda item: item[1].at):
+            self.next_seq = max(self.next_seq, seq + 1)  # never a new message's key
+            if self.persistent:
+                self.note_completed(seq, marker.at, now or marker.at)
+            if not now or marker.at >= now - self.limits.qos2_dedup_seconds:
+                self._delivered_before(marker.mid, now)
