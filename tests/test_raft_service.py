@@ -99,7 +99,7 @@ def test_config_errors() -> None:
 def test_importing_raft_leaves_socket_inet_ntop_working() -> None:
     import socket
 
-    import mqttring.raft  # noqa: F401  (pysyncobj, imported by it, replaces inet_ntop)
+    import mqttring.raft.service  # noqa: F401  (pysyncobj, imported by it, replaces inet_ntop)
 
     assert socket.inet_ntop(socket.AF_INET, bytes([10, 0, 0, 7])) == "10.0.0.7"
     assert socket.inet_ntop(socket.AF_INET6, bytes(15) + b"\x01") == "::1"

@@ -12,7 +12,11 @@ ports or other members would only get in the way.  The nodes run in their own se
 Ctrl-C reaches this process alone, which stops them together (SIGTERM, without leaving: the
 whole cluster goes), kills any that do not stop within ``STOP_SECONDS`` and exits 0.  A node
 that cannot start (a port still in use, say) is reported in one line (exit 1) and the
-others are stopped.
+others are stopped.  SIGINT, SIGTERM and SIGHUP (its terminal closed) all stop it so, at any
+moment: they are held from the process's first line (``mqttring.stop_signals``), so one
+that comes while it imports, makes its certificates or starts the nodes stops the nodes
+started so far and exits 0 (before, SIGTERM or SIGHUP then killed this process and left
+the nodes, in their own session, running).
 
 The cluster ports use mutual TLS with a CA made for the run (``mqttring.certs``, in
 ``<data-dir>/pki``; ``--plain`` turns it off), as a cluster across a real network should:
@@ -20,6 +24,12 @@ the printed commands carry the admin certificate they need.
 """
 
 from __future__ import annotations
+
+from mqttring.stop_signals import HELD, HeldSignals, hold
+
+#: Run as ``python -m mqttring.devcluster``: stop signals are held from here, before the
+#: imports below.  Imported as a module: nothing (``main`` holds them when it runs).
+_HELD_AT_START: HeldSignals | None = hold() if __name__ == "__main__" else None
 
 import argparse
 import json
@@ -154,30 +164,58 @@ async def stop_all(nodes: list[DevNode]) -> None:
             await process.wait()
 
 
-async def run(nodes: list[DevNode], secret: str, tls: dict[str, list[str]]) -> None:
+async def _bring_up(nodes: list[DevNode], secret: str, tls: dict[str, list[str]]) -> None:
+    """Start the nodes one after the other (the first forms the cluster) and print how to
+    reach them."""
+    for node in nodes:
+        await _start(node, None if node is nodes[0] else nodes[0].cluster, secret,
+                     tls.get(node.name, []))
+        await _wait_ready(node)
+    py = _python()
+    admin = " ".join(tls.get("admin", []))
+    admin = f" {admin}" if admin else ""
+    how = "mutual TLS on the cluster ports" if tls else "plain TCP cluster ports"
+    print(f"{len(nodes)}-node cluster up (secret {secret!r}, {how}); Ctrl-C stops it")
+    for node in nodes:
+        print(f"  {node.name}: mqtt {node.mqtt}  cluster {node.cluster}  log {node.log_file}")
+    print(f"status: MQTTRING_CLUSTER_SECRET={secret} {py} -m mqttring status "
+          f"--node {nodes[0].cluster}{admin}")
+    print(f"leave:  MQTTRING_CLUSTER_SECRET={secret} {py} -m mqttring leave "
+          f"--node {nodes[-1].cluster}{admin}", flush=True)
+
+
+async def run(nodes: list[DevNode], secret: str, tls: dict[str, list[str]],
+              held: HeldSignals | None = None) -> None:
+    """Bring the cluster up and keep it until a stop signal; stop every node started.
+
+    The signal receiver is open before the first node starts, and what ``held`` recorded
+    before trio ran is taken right after it, so a signal at any moment of the start stops
+    the nodes started so far.  Raises ``DevClusterError`` when a node could not start.
+    """
+    failed: list[DevClusterError] = []
     try:
-        for node in nodes:
-            await _start(node, None if node is nodes[0] else nodes[0].cluster, secret,
-                         tls.get(node.name, []))
-            await _wait_ready(node)
-        py = _python()
-        admin = " ".join(tls.get("admin", []))
-        admin = f" {admin}" if admin else ""
-        how = "mutual TLS on the cluster ports" if tls else "plain TCP cluster ports"
-        print(f"{len(nodes)}-node cluster up (secret {secret!r}, {how}); Ctrl-C stops it")
-        for node in nodes:
-            print(f"  {node.name}: mqtt {node.mqtt}  cluster {node.cluster}  log {node.log_file}")
-        print(f"status: MQTTRING_CLUSTER_SECRET={secret} {py} -m mqttring status "
-              f"--node {nodes[0].cluster}{admin}")
-        print(f"leave:  MQTTRING_CLUSTER_SECRET={secret} {py} -m mqttring leave "
-              f"--node {nodes[-1].cluster}{admin}", flush=True)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        print("stopping the cluster", flush=True)
+        with trio.open_signal_receiver(*HELD) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def bring_up() -> None:
+                    try:
+                        await _bring_up(nodes, secret, tls)
+                    except DevClusterError as exc:
+                        failed.append(exc)
+                        nursery.cancel_scope.cancel()
+
+                # After the receiver is open, so that no signal falls between the two.
+                if not (held is not None and held.take()):
+                    nursery.start_soon(bring_up)
+                    async for _ in signals:
+                        break
+                print("stopping the cluster", flush=True)
+                nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await stop_all(nodes)
+    if failed:
+        raise failed[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--secret", default="dev-cluster-secret")
     parser.add_argument("--plain", action="store_true",
                         help="cluster ports without TLS (default: mutual TLS, a CA per run)")
+    held = hold()  # already, when run as a command (idempotent)
     args = parser.parse_args(argv)
     if not 1 <= args.nodes <= 9 or not 1024 <= args.base_port <= 65535 - 10 * args.nodes:
         parser.error("need 1 <= --nodes <= 9 and a --base-port leaving room for 10 per node")
@@ -198,12 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     nodes = plan(args.nodes, data_dir, args.base_port)
     tls = {} if args.plain else make_pki(data_dir / "pki", nodes)
     try:
-        trio.run(run, nodes, args.secret, tls)
+        trio.run(run, nodes, args.secret, tls, held)
     except DevClusterError as exc:
         print(f"mqttring.devcluster: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C while starting: the nodes were stopped
-        return 0
     return 0
 
 

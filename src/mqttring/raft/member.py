@@ -8,10 +8,20 @@ it claims the shards it is catching up on at once (``CatchUp.NOTHING_TO_COPY``) 
 ``--ready-file F`` writes ``{"node_id", "cluster", "raft", "pid", "epoch"}`` as JSON once the
 node is a member (written atomically, so a reader never sees half a file).  SIGTERM and
 SIGINT leave the cluster gracefully (shards handed away, then out of Raft); kill -9 is
-what failure detection is for.
+what failure detection is for.  Before the process is a member (importing, starting Raft,
+joining) a SIGTERM/SIGINT stops it at once, exit 0: they are held from its first line
+(``mqttring.stop_signals``), as ``python -m mqttring.node`` does, so that a signal that
+comes while it still imports is neither a traceback nor a death by signal.  SIGHUP is
+logged and otherwise ignored (there is nothing to reload).
 """
 
 from __future__ import annotations
+
+from mqttring.stop_signals import HELD, HeldSignals, hold
+
+#: Run as ``python -m mqttring.raft.member``: stop signals are held from here, before the
+#: imports below (most of the process's first second).  Imported as a module: nothing.
+_HELD_AT_START: HeldSignals | None = hold() if __name__ == "__main__" else None
 
 import argparse
 import json
@@ -25,10 +35,10 @@ import trio
 
 from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError
-from mqttring.errors import describe_error
+from mqttring.errors import describe_error, sole_exception
 from mqttring.raft.service import CatchUp, CommitError, MetadataService
 from mqttring.raft.view import ClusterView
-from mqttring.rpc import RpcError
+from mqttring.rpc import AuthError, RpcError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,34 +60,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def serve(service: MetadataService, ready_file: Path | None) -> None:
-    async with trio.open_nursery() as nursery:
+async def serve(service: MetadataService, ready_file: Path | None,
+                held: HeldSignals | None = None) -> None:
+    """Run ``service`` until a stop signal or a remote leave.
 
-        async def run_service(task_status: trio.TaskStatus[ClusterView]) -> None:
-            await service.run(task_status=task_status)
-            nursery.cancel_scope.cancel()  # run returns after a remote "leave": exit too
+    The signal receiver opens before anything starts, and what ``held`` recorded before trio
+    ran is taken right after it: a stop signal before the service is a member (still
+    joining, say) stops it at once (it has nothing to hand away); once it is a member, it
+    leaves first.
+    """
+    log = logging.getLogger(__name__)
+    with trio.open_signal_receiver(*HELD) as signals:
+        async with trio.open_nursery() as nursery:
+            member = trio.Event()
 
-        view = await nursery.start(run_service)
-        if ready_file is not None:
-            tmp = ready_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({
-                "node_id": service.node_id, "cluster": service._cluster_address,
-                "raft": service.config.raft, "pid": os.getpid(), "epoch": view.epoch}))
-            tmp.replace(ready_file)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
+            async def run_service(task_status: trio.TaskStatus[ClusterView]) -> None:
+                await service.run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # run returns after a remote "leave": exit too
+
+            async def start() -> None:
+                view = await nursery.start(run_service)
+                if ready_file is not None:
+                    tmp = ready_file.with_suffix(".tmp")
+                    tmp.write_text(json.dumps({
+                        "node_id": service.node_id, "cluster": service._cluster_address,
+                        "raft": service.config.raft, "pid": os.getpid(),
+                        "epoch": view.epoch}))
+                    tmp.replace(ready_file)
+                member.set()
+
+            # After the receiver is open, so that no signal falls between the two.
+            early = [s for s in (held.take() if held is not None else [])
+                     if s != signal.SIGHUP]
+            if early:
+                log.info("signal %s: stopping (starting)", signal.Signals(early[0]).name)
+                nursery.cancel_scope.cancel()
+                return
+            nursery.start_soon(start)
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if signum == signal.SIGHUP:
+                    log.info("signal %s: nothing to reload in a metadata-only member", name)
+                    continue
+                if not member.is_set():
+                    log.info("signal %s: stopping (starting)", name)
+                    nursery.cancel_scope.cancel()
+                    return
+                log.info("signal %s: leaving the cluster", name)
                 try:
                     with trio.move_on_after(service.config.leave_timeout + 10):
                         await service.leave()
                 except (CommitError, RpcError, trio.TooSlowError) as exc:
                     # No majority to leave through: stop anyway, failure detection follows.
-                    logging.getLogger(__name__).warning("leave did not complete: %s",
-                                                        describe_error(exc))
+                    log.warning("leave did not complete: %s", describe_error(exc))
                 nursery.cancel_scope.cancel()
                 return
 
 
 def main(argv: list[str] | None = None) -> int:
+    held = hold()  # already, when run as a command (idempotent)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format=f"%(asctime)s {args.node_id} %(name)s %(levelname)s %(message)s")
@@ -95,7 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    trio.run(serve, service, args.ready_file)
+    try:
+        trio.run(serve, service, args.ready_file, held)
+    except Exception as exc:
+        error = sole_exception(exc)
+        if not isinstance(error, OSError | ConfigError | trio.TooSlowError | RpcError
+                          | AuthError | CommitError):
+            raise  # a bug: its traceback
+        # The operator's to fix (a busy port, a join nobody answered): one line.
+        logging.getLogger(__name__).debug("member failed", exc_info=exc)
+        print(f"error: cannot run member {args.node_id}: {describe_error(error)}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -49,6 +49,7 @@ Settings, and why
 
 from __future__ import annotations
 
+import _socket
 import logging
 import socket
 import threading
@@ -76,6 +77,12 @@ from mqttring.raft.prevote import (
 )
 from mqttring.raft.state import Command, MetadataState, Result
 from mqttring.tcp_options import for_cluster
+
+# pysyncobj's win_inet_pton replaces socket.inet_ntop on every platform with a shim that
+# only works on Windows: anything in a node process decoding an address (psutil, TLS
+# libraries, user code embedding the broker) would fail.  Put the real one back.  Here, the
+# one module through which mqttring uses pysyncobj (``bridge`` imports it too, and this).
+socket.inet_ntop = _socket.inet_ntop
 
 log = logging.getLogger(__name__)
 
