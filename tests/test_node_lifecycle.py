@@ -110,6 +110,46 @@ def test_a_node_still_joining_stops_on_a_signal(tmp_path, nodes, signum):
     assert "Traceback" not in text
 
 
+@pytest.mark.parametrize("seed", ["silent", "refusing"])
+def test_a_join_nobody_answers_gives_up_after_join_timeout(tmp_path, nodes, seed):
+    """``--join`` to a seed that never answers gives up after ``join_timeout`` (it was a
+    hard-coded 30 s for the peers, then 30 s more for the admission), in one line naming
+    the seed, exit 1.  ``silent``: a socket that accepts connections and never answers
+    (the bound must also cut a try short), set by flag; ``refusing``: nobody listens, set
+    in the environment."""
+    cluster, raft = free_port(), free_port()
+    listener = socket.socket()
+    try:
+        listener.bind((HOST, 0))
+        listener.listen(16)  # the kernel accepts; nobody reads or answers
+        seed_address = f"{HOST}:{listener.getsockname()[1]}" if seed == "silent" \
+            else f"{HOST}:{free_port()}"
+        flags = ["--mqtt", f"{HOST}:0", "--cluster", f"{HOST}:{cluster}", "--raft",
+                 f"{HOST}:{raft}", "--join", seed_address, "--cluster-secret", "s3cret"]
+        flags += ["--join-timeout", "3"] if seed == "silent" else []
+        started = time.monotonic()
+        node = Node(tmp_path, *flags,
+                    env={"MQTTRING_JOIN_TIMEOUT": "2.5"} if seed == "refusing" else None)
+        nodes.append(node)
+        code = node.proc.wait(60)
+        took = time.monotonic() - started
+    finally:
+        listener.close()
+    text = node.text()
+    bound = 3 if seed == "silent" else 2.5
+    assert code == 1, text
+    # Imports and the store before the join take a second or two on a loaded runner; the
+    # old bound was 30 s (and 60 with the admission).
+    assert bound <= took < bound + 12, (took, text)
+    assert "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if line.startswith("mqttring: ")]
+    assert len(errors) == 1, text
+    assert errors[0].startswith(f"mqttring: cannot start node: no answer to info from "
+                                f"{seed_address} within join_timeout = {bound:g} s (last: "), text
+    assert errors[0].endswith("no answer yet)" if seed == "silent"
+                              else f"connect to {seed_address} failed)"), text
+
+
 @pytest.mark.parametrize(("entry", "cluster", "when", "signum"), [
     ("mqttring.node", False, "trio._core._run", signal.SIGTERM),
     ("mqttring.node", False, "mqttring.embedded", signal.SIGINT),

@@ -312,6 +312,11 @@ class BrokerConfig:
     cluster: Address = None
     raft: Address = None
     join: Address = None
+    #: Seconds a node starting with ``join`` (or with known peers after a restart) keeps
+    #: asking them for the cluster's Raft peers and for its admission before it gives up
+    #: (one line, exit 1): a seed that never answers must not hold a start for ever, and a
+    #: deploy may want to fail sooner (or wait longer for a seed being restarted).
+    join_timeout: Interval = 30.0
     cluster_secret: Annotated[str | None, SECRET] = None
     #: Mutual TLS on the cluster address (``mqttring.cluster_tls``): the cluster's own CA,
     #: and this node's certificate and key signed by it.  All three, or none (plain TCP).

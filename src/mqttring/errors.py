@@ -28,6 +28,11 @@ class ListenError(OSError):
         return str(self.strerror)
 
 
+class JoinError(Exception):
+    """No member answered a joining node within ``join_timeout`` (``mqttring.raft.service``);
+    the message says whom it asked, for what, and the last failure."""
+
+
 def sole_exception(exc: BaseException) -> BaseException:
     """The one leaf of (nested) exception groups holding exactly one, else ``exc`` itself."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -50,4 +55,4 @@ def describe_error(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-__all__ = ["ListenError", "describe_error", "sole_exception"]
+__all__ = ["JoinError", "ListenError", "describe_error", "sole_exception"]

@@ -38,7 +38,7 @@ import trio
 from mqttring import __version__
 from mqttring.broker.files import NodeFiles
 from mqttring.config import BrokerConfig, ConfigError, flag_overrides
-from mqttring.errors import describe_error, sole_exception
+from mqttring.errors import JoinError, describe_error, sole_exception
 from mqttring.lifecycle import ConfigLoader, ExitCode, NodeLifecycle, Stage
 from mqttring.logs import FORMATS, LEVELS, setup_logging
 from mqttring.lsm import StoreError
@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", help="single node: HOST:PORT of the admin RPC (snapshots)")
     parser.add_argument("--raft", help="HOST:PORT for Raft (default: cluster port + 1)")
     parser.add_argument("--join", help="HOST:PORT (cluster address) of any existing member")
+    parser.add_argument("--join-timeout",
+                        help="seconds to keep asking the members to join through before "
+                             "giving up (default 30)")
     parser.add_argument("--cluster-secret",
                         help="shared secret of the cluster (or env MQTTRING_CLUSTER_SECRET)")
     parser.add_argument("--http", help="HTTP API, /metrics and dashboard HOST:PORT (off by "
@@ -123,6 +126,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         "admin": args.admin,
         "raft": args.raft,
         "join": args.join,
+        "join_timeout": args.join_timeout,
         "cluster_secret": args.cluster_secret,
         "cluster_cafile": args.cluster_cafile,
         "cluster_certfile": args.cluster_certfile,
@@ -214,8 +218,9 @@ def run(args: argparse.Namespace) -> int:
             return ExitCode.OK
         # AuthError: a member refused our certificate or secret, or we refused its
         # certificate (a join with another CA's files): the operator's to fix, not a bug.
+        # JoinError: no member answered within join_timeout (the message says whom).
         expected = isinstance(error, OSError | ConfigError | trio.TooSlowError | AuthError
-                              | StoreError)
+                              | StoreError | JoinError)
         # Expected failures: the traceback at debug only; anything else is a bug: log it.
         log.log(logging.DEBUG if expected else logging.ERROR, "node failed", exc_info=exc)
         what = "cannot start node" if lifecycle.stage is Stage.STARTING else "node failed"

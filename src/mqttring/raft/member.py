@@ -35,7 +35,7 @@ import trio
 
 from mqttring.cluster_tls import cluster_tls
 from mqttring.config import BrokerConfig, ConfigError
-from mqttring.errors import describe_error, sole_exception
+from mqttring.errors import JoinError, describe_error, sole_exception
 from mqttring.raft.service import CatchUp, CommitError, MetadataService
 from mqttring.raft.view import ClusterView
 from mqttring.rpc import AuthError, RpcError
@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raft", required=True, help="HOST:PORT of pysyncobj (fixed port)")
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--join", help="HOST:PORT of any member's cluster address")
+    p.add_argument("--join-timeout", type=float, default=30.0,
+                   help="seconds to keep asking --join before giving up")
     p.add_argument("--secret", help="cluster secret (else $MQTTRING_CLUSTER_SECRET)")
     p.add_argument("--num-shards", type=int, default=1024)
     p.add_argument("--replication", type=int, default=2)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster=args.cluster, raft=args.raft, join=args.join, cluster_secret=args.secret,
             num_shards=args.num_shards, replication=args.replication,
             heartbeat_interval=args.heartbeat_interval, failure_grace=args.failure_grace,
-            node_weight=args.weight,
+            node_weight=args.weight, join_timeout=args.join_timeout,
         )
         catch_up = CatchUp.DATA_PLANE if args.manual_catch_up else CatchUp.NOTHING_TO_COPY
         service = MetadataService(config, tls=cluster_tls(config), catch_up=catch_up)
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         error = sole_exception(exc)
         if not isinstance(error, OSError | ConfigError | trio.TooSlowError | RpcError
-                          | AuthError | CommitError):
+                          | AuthError | CommitError | JoinError):
             raise  # a bug: its traceback
         # The operator's to fix (a busy port, a join nobody answered): one line.
         logging.getLogger(__name__).debug("member failed", exc_info=exc)

@@ -54,6 +54,7 @@ import trio
 
 from mqttring.cluster_tls import ClusterTls
 from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.errors import JoinError
 from mqttring.logs import WaitLog
 from mqttring.raft import state as sm
 from mqttring.raft.bridge import CommitError, RaftBridge
@@ -333,8 +334,10 @@ class MetadataService(MetadataRequests):
                          "new cluster with this data dir instead, remove %s)", self.node_id,
                          ", ".join(self._join_via), self._peers.left_path)
         raft_peers = [p["raft"] for n, p in peers.items() if n != self.node_id]
+        # One bound for the whole join (the peers, then the admission): ``join_timeout``.
+        self._join_deadline = trio.current_time() + self.config.join_timeout
         if self._join_via and not raft_peers:
-            info = await self._first_answer("info", {})
+            info = await self._first_answer("info", {}, self._join_deadline)
             raft_peers = [r for r in info["raft_peers"] if r != self.config.raft]
         await self._raft.start(raft_peers, self._on_applied)
 
@@ -343,7 +346,7 @@ class MetadataService(MetadataRequests):
         if not self._join_via:
             await self._bootstrap()
         else:
-            incarnation, admitted = await self._join()
+            incarnation, admitted = await self._join(self._join_deadline)
         # Our own replica may lag the leader: wait until it shows us up in this incarnation,
         # at the epoch that admitted us or later.  (The incarnation alone is not enough: a
         # node that left was removed, and its new life counts from 1 again, so the replay
@@ -373,19 +376,27 @@ class MetadataService(MetadataRequests):
         # Otherwise this is the restart of a one-node cluster, resumed from its journal.  It
         # keeps its incarnation: no other node can have taken writes while it was away.
 
-    async def _join(self) -> tuple[int, int]:
-        """Join through a member; the incarnation given and the epoch that admitted us."""
-        answer = await self._first_answer("join", {"member": self._member_info()}, timeout=30.0)
+    async def _join(self, deadline: float | None = None) -> tuple[int, int]:
+        """Join through a member; the incarnation given and the epoch that admitted us.
+        ``deadline`` (trio time): give up then (``JoinError``); None: ``join_timeout`` from
+        now."""
+        answer = await self._first_answer("join", {"member": self._member_info()}, deadline)
         self._peers.forget_left()
         return int(answer["incarnation"]), int(answer.get("epoch", 0))
 
     async def _first_answer(self, kind: str, body: dict[str, Any],
-                            timeout: float = 30.0) -> dict[str, Any]:
-        """Ask each known member in turn until one answers (members may be restarting).
+                            deadline: float | None = None) -> dict[str, Any]:
+        """Ask each known member in turn until one answers (members may be restarting),
+        until ``deadline`` (trio time; None: ``join_timeout`` from now), then ``JoinError``.
 
-        Tries come every 0.2 s; ``WaitLog`` logs the wait, not each try."""
-        waiting = WaitLog(log, f"an answer to {kind} from {' or '.join(self._join_via)}")
-        with trio.fail_after(timeout):
+        Tries come every 0.2 s; ``WaitLog`` logs the wait, not each try.  The deadline also
+        cuts a try short (an address that accepts and never answers)."""
+        if deadline is None:
+            deadline = trio.current_time() + self.config.join_timeout
+        asked = " or ".join(self._join_via)
+        waiting = WaitLog(log, f"an answer to {kind} from {asked}")
+        last = "no answer yet"
+        with trio.move_on_at(deadline):
             while True:
                 for address in self._join_via:
                     try:
@@ -394,11 +405,14 @@ class MetadataService(MetadataRequests):
                     except (OSError, RpcError, ProtocolError, trio.TooSlowError,
                             EOFError) as exc:
                         # (ProtocolError: that address answered garbage; the next may not.)
+                        last = f"{address}: {failure_reason(exc)}"
                         waiting.failed(f"{kind} via {address} failed: {failure_reason(exc)}")
                         continue
                     waiting.done(f"{kind} answered by {address}")
                     return answer
                 await trio.sleep(0.2)
+        raise JoinError(f"no answer to {kind} from {asked} within join_timeout = "
+                        f"{self.config.join_timeout:g} s (last: {last})")
 
     def advertise_mqtt(self, address: str | None) -> None:
         """The MQTT address this member announces when it bootstraps or joins (so, before
@@ -437,7 +451,7 @@ class MetadataService(MetadataRequests):
                 log.warning("%s was marked down; rejoining with a new incarnation", self.node_id)
                 self._join_via = [m.cluster for m in self._view.members.values()
                                   if m.node_id != self.node_id] or self._join_via
-                with contextlib.suppress(trio.TooSlowError):
+                with contextlib.suppress(JoinError):
                     await self._join()
                     # Admitted again by the leader: that is a proof of quorum.
                     self._quorum.proved(trio.current_time())
