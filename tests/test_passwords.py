@@ -5,11 +5,15 @@ by the real ``mosquitto_passwd`` and accepted by a real mosquitto broker."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import socket
 import stat
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -283,12 +287,13 @@ def test_passwd_prompts_twice(tmp_path, monkeypatch, capsys):
     assert PasswordFile.load(f).get("alice").verify(b"s3cret")
 
 
-def test_a_real_mosquitto_broker_accepts_our_file(tmp_path):
-    f = tmp_path / "pw"
-    assert passwd("-c", "-b", str(f), "alice", "s3cret") == 0
+@contextlib.contextmanager
+def _mosquitto(tmp_path: Path, password_file: Path) -> Iterator[int]:
+    """A real mosquitto broker using ``password_file`` (no anonymous clients); its port."""
     port = _free_port()
     conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {f}\n"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\n"
+                    f"password_file {password_file}\n"
                     + ("user root\n" if os.geteuid() == 0 else ""))
     broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT)
@@ -301,14 +306,7 @@ def test_a_real_mosquitto_broker_accepts_our_file(tmp_path):
             except OSError:
                 assert broker.poll() is None and time.monotonic() < deadline, "no mosquitto"
                 time.sleep(0.05)
-
-        def pub(password: str) -> int:
-            return subprocess.run(
-                ["mosquitto_pub", "-p", str(port), "-u", "alice", "-P", password, "-t", "t",
-                 "-m", "x"], capture_output=True, timeout=15).returncode
-
-        assert pub("s3cret") == 0
-        assert pub("wrong") != 0
+        yield port
     finally:
         broker.kill()
         broker.wait(10)
@@ -316,8 +314,130 @@ def test_a_real_mosquitto_broker_accepts_our_file(tmp_path):
         broker.stdout.close()
 
 
+@contextlib.contextmanager
+def _our_node(tmp_path: Path, password_file: Path) -> Iterator[int]:
+    """A real ``python -m mqttring.node`` using ``password_file``; its MQTT port."""
+    ready = tmp_path / "node-ready.json"
+    out = tmp_path / "node.out"
+    with out.open("wb") as sink:
+        node = subprocess.Popen(
+            [sys.executable, "-m", "mqttring.node", "--mqtt", "127.0.0.1:0", "--data-dir",
+             str(tmp_path / "node-data"), "--password-file", str(password_file),
+             "--ready-file", str(ready), "--sys-interval", "0"],
+            stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():  # bounded: until the node listens
+            assert node.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+        yield json.loads(ready.read_text())["mqtt"]
+    finally:
+        node.kill()
+        node.wait(10)
+
+
+def _pub(port: int, user: str, password: str) -> int:
+    return subprocess.run(
+        ["mosquitto_pub", "-p", str(port), "-u", user, "-P", password, "-t", "t", "-m", "x"],
+        capture_output=True, timeout=15).returncode
+
+
+def test_a_real_mosquitto_broker_accepts_our_file(tmp_path):
+    f = tmp_path / "pw"
+    assert passwd("-c", "-b", str(f), "alice", "s3cret") == 0
+    with _mosquitto(tmp_path, f) as port:
+        assert _pub(port, "alice", "s3cret") == 0
+        assert _pub(port, "alice", "wrong") != 0
+
+
+#: Plain-text lines for ``-U``, as ``mosquitto_passwd -U`` takes them (whitespace around the
+#: user and the password is not part of them).
+PLAIN = "alice:s3cret\n  bob : two words  \ncarol:\u00e9t\u00e9\n"
+#: What each user's password then is.
+PLAIN_PASSWORDS = {"alice": "s3cret", "bob": "two words", "carol": "\u00e9t\u00e9"}
+
+
+def test_passwd_upgrade_hashes_plain_lines_as_mosquitto_passwd_does(tmp_path, capsys):
+    """``-U FILE`` (was: "the following arguments are required: username").  Our result and
+    the real ``mosquitto_passwd -U``'s verify the same passwords; where mosquitto's would
+    damage the file, ours does not: comments and blank lines are kept (mosquitto refuses
+    the file), an entry already hashed is kept (mosquitto hashes the hash: locked out), a
+    password holding ':' is kept whole (mosquitto cuts it at the second ':')."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.write_text(PLAIN)
+    theirs.write_text(PLAIN)
+    assert passwd("-U", str(ours)) == 0
+    done = subprocess.run(["mosquitto_passwd", "-U", str(theirs)], capture_output=True,
+                          timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(ours.stat().st_mode) == 0o600
+    for path in (ours, theirs):
+        loaded = PasswordFile.load(path)
+        assert list(loaded.entries) == list(PLAIN_PASSWORDS)
+        for user, password in PLAIN_PASSWORDS.items():
+            entry = loaded.get(user)
+            assert entry is not None and entry.kind == 7 and entry.iterations == 101
+            assert entry.verify(password.encode()), (path.name, user)
+            assert not entry.verify(b"wrong")
+    # What mosquitto_passwd -U would damage.
+    f = tmp_path / "mixed"
+    assert passwd("-c", "-b", str(f), "dave", "hashed-before") == 0
+    dave_line = f.read_text()
+    f.write_text(f"# our users\n\n{dave_line}erin:a:b:c\n")
+    capsys.readouterr()
+    assert passwd("-U", "-I", "1000", str(f)) == 0
+    assert "1 user(s) hashed already, left as they are: dave" in capsys.readouterr().err
+    lines = f.read_text().splitlines()
+    assert lines[:3] == ["# our users", "", dave_line.strip()]
+    loaded = PasswordFile.load(f)
+    assert loaded.get("dave").verify(b"hashed-before")
+    assert loaded.get("erin").verify(b"a:b:c") and loaded.get("erin").iterations == 1000
+    before = f.read_bytes()
+    assert passwd("-U", str(f)) == 0, "-U twice: nothing to hash"
+    assert f.read_bytes() == before
+
+
+@pytest.mark.parametrize(("text", "args", "error"), [
+    ("alice:x\ncarol\n", (), ":2: expected username:password (nothing changed)"),
+    ("alice:x\ndave:  \n", (), ":2: expected username:password"),
+    ("alice:x\nalice:y\n", (), ":2: user 'alice' again (first on line 1)"),
+    ("#x:y\nal\x1bice:x\n", (), ":2: username must not contain control characters"),
+    ("alice:x\n", ("-c",), "-c and -U cannot be used together"),
+    ("alice:x\n", ("-D",), "-D and -U cannot be used together"),
+    ("alice:x\n", ("-b",), "-b and -U cannot be used together"),
+    ("alice:x\n", ("+user",), "-U takes the password file only"),
+])
+def test_passwd_upgrade_refuses_what_it_cannot_hash_and_changes_nothing(tmp_path, capsys,
+                                                                         text, args, error):
+    f = tmp_path / "pw"
+    f.write_text(text)
+    flags = [a for a in args if not a.startswith("+")]
+    extra = [a[1:] for a in args if a.startswith("+")]
+    assert passwd(*flags, "-U", str(f), *extra) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mqttring passwd: error: ") and error in err, err
+    assert len(err.strip().splitlines()) == 1 and f.read_text() == text
+
+
+def test_passwd_upgrade_of_a_missing_file_is_one_line(tmp_path, capsys):
+    assert passwd("-U", str(tmp_path / "nope")) == 1
+    assert "cannot open password file" in capsys.readouterr().err
+
+
+def test_a_real_mosquitto_broker_and_our_node_accept_an_upgraded_file(tmp_path):
+    """The upgraded file, as used: a real mosquitto broker and a real node let each user
+    in with the password of its plain-text line, and no one with another."""
+    f = tmp_path / "pw"
+    f.write_text(f"# upgraded from plain text\n{PLAIN}")
+    assert passwd("-U", str(f)) == 0
+    for serve in (_mosquitto, _our_node):
+        with serve(tmp_path, f) as port:
+            for user, password in PLAIN_PASSWORDS.items():
+                assert _pub(port, user, password) == 0, (serve.__name__, user)
+            assert _pub(port, "alice", "two words") != 0, serve.__name__
+
+
 def test_node_refuses_to_start_on_a_bad_password_file(tmp_path: Path):
-    import sys
     bad = tmp_path / "pw"
     bad.write_text("alice:$7$101$AAAA\n")
     done = subprocess.run([sys.executable, "-m", "mqttring.node", "--mqtt", "127.0.0.1:0",

@@ -1,9 +1,10 @@
 """``mqttring passwd``: manage a password file the way ``mosquitto_passwd`` does.
 
 ``-c`` creates (or overwrites) the file, ``-D`` deletes a user, ``-b`` takes the password
-from the command line (batch), otherwise it is asked for twice without echo.  The file is
-replaced atomically with mode 0600, so a node reloading it never sees half a file.  Lines of
-other users (and comments) are kept as they were.
+from the command line (batch), otherwise it is asked for twice without echo.  ``-U FILE``
+upgrades a file of plain-text ``username:password`` lines to hashed ones, in place
+(``upgrade``).  The file is replaced atomically with mode 0600, so a node reloading it never
+sees half a file.  Lines of other users (and comments) are kept as they were.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mqttring.security.passwords import (
     MAX_ITERATIONS,
     PasswordFile,
     PasswordFileError,
+    PasswordHash,
     hash_password,
     write_atomically,
 )
@@ -100,7 +102,64 @@ def update(path: Path, user: str, password: str | None, *, create: bool = False,
     return found or not delete
 
 
+def upgrade(path: Path, *, iterations: int = DEFAULT_ITERATIONS) -> list[str]:
+    """``mosquitto_passwd -U``: hash every plain-text ``username:password`` line of the file
+    in place; the users whose line was already hashed (left as it is, and returned).
+
+    As ``mosquitto_passwd -U``: the user and the password are taken with the whitespace
+    around them removed, and a line without ``:`` or with an empty password is refused,
+    naming its line (nothing is written).  Where it would damage the file, this does not:
+    an entry that is already a valid hash is kept (mosquitto hashes the hash, which locks
+    the user out, as its man page warns), a password holding ``:`` is kept whole (mosquitto
+    keeps what comes before the second ``:``), and blank and ``#`` lines are kept (mosquitto
+    refuses the file).  A name ``check_username`` refuses, or a user twice, is refused too.
+    The result is checked to load (``PasswordFile.parse``) before it replaces the file.
+    """
+    try:
+        # Password bytes as they are, UTF-8 or not (MQTT passwords are binary).
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise PasswdError(f"cannot open password file {path}: {exc}") from None
+    out: list[str] = []
+    kept: list[str] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            out.append(raw)
+            continue
+        user, sep, password = (part.strip() for part in line.partition(":"))
+        where = f"{path}:{number}"
+        if not sep or not password:
+            raise PasswdError(f"{where}: expected username:password (nothing changed)")
+        try:
+            check_username(user)
+        except PasswdError as exc:
+            raise PasswdError(f"{where}: {exc} (nothing changed)") from None
+        if user in seen:
+            raise PasswdError(f"{where}: user {user!r} again (first on line {seen[user]}): "
+                              "keep one entry per user (nothing changed)")
+        seen[user] = number
+        try:
+            PasswordHash.parse(password)
+        except ValueError:
+            secret = password.encode("utf-8", "surrogateescape")
+            out.append(f"{user}:{hash_password(secret, iterations=iterations).encode()}")
+        else:
+            kept.append(user)
+            out.append(f"{user}:{password}")
+    new = "".join(f"{line}\n" for line in out)
+    PasswordFile.parse(new, str(path))  # what a node (and mosquitto) will load
+    if len(kept) < len(seen):  # something was hashed
+        write_atomically(path, new)
+    return kept
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.upgrade:
+        return _run_upgrade(args)
+    if args.username is None:
+        args.parser.error("the following arguments are required: username")
     try:
         if args.create and args.delete:
             raise PasswdError("-c and -D cannot be used together")
@@ -124,6 +183,27 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except (KeyboardInterrupt, EOFError):
         print(file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"mqttring passwd: error: cannot write {args.file}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_upgrade(args: argparse.Namespace) -> int:
+    try:
+        for flag, given in (("-c", args.create), ("-b", args.batch), ("-D", args.delete)):
+            if given:
+                raise PasswdError(f"{flag} and -U cannot be used together")
+        if args.username is not None:
+            raise PasswdError("-U takes the password file only (it hashes every user's line)")
+        kept = upgrade(args.file, iterations=args.iterations)
+        if kept:  # mosquitto_passwd would have hashed their hashes: say why not, once
+            names = ", ".join(kept[:5]) + (", ..." if len(kept) > 5 else "")
+            print(f"mqttring passwd: {len(kept)} user(s) hashed already, left as they are: "
+                  f"{names}", file=sys.stderr)
+    except (PasswdError, PasswordFileError) as exc:
+        print(f"mqttring passwd: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"mqttring passwd: error: cannot write {args.file}: {exc}", file=sys.stderr)
@@ -155,7 +235,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         default=DEFAULT_ITERATIONS,
                         help=f"PBKDF2 iterations (default {DEFAULT_ITERATIONS}, as mosquitto; "
                         f"at most {MAX_ITERATIONS})")
+    parser.add_argument("-U", dest="upgrade", action="store_true",
+                        help="upgrade a file of plain-text username:password lines to "
+                        "hashed ones, in place (FILE only)")
     parser.add_argument("file", type=Path, help="the password file")
-    parser.add_argument("username")
+    parser.add_argument("username", nargs="?", help="the user (all but -U)")
     parser.add_argument("password", nargs="?", help="with -b only")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, parser=parser)

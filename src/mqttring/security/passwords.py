@@ -83,8 +83,8 @@ class PasswordHash:
         """The hash field of an entry; ``ValueError`` saying what is wrong with it."""
         parts = text.split("$")
         if len(parts) < 2 or parts[0] != "":
-            raise ValueError("the password is not hashed (run mosquitto_passwd -U or "
-                             "mqttring passwd on the file)")
+            raise ValueError("the password is not hashed (mqttring passwd -U FILE hashes "
+                             "every plain-text line)")
         try:
             if parts[1] == "7" and len(parts) == 5:
                 if not parts[2].isascii() or not parts[2].isdigit():
