@@ -7,7 +7,9 @@ which is what an operator needs to see when nodes disagree (a lagging or partiti
 shows an older epoch, and no leader).  Without a Raft majority nothing commits, so the member
 states it shows are frozen at the last commit: ``quorum`` says whether the node can prove it
 is in the majority's view now.  ``leave`` makes the node hand its shards away, leave Raft and
-exit; the command waits (bounded) until the node's cluster port closes.  Errors are one line.
+exit; the command waits (bounded) until the node's cluster port closes.  Errors are one line;
+``--node`` at another port of a node (MQTT, HTTP, TLS listeners, Raft) says what answered
+there instead (``admin_call``, ``port_probe``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import ssl
 import sys
 from functools import partial
 from typing import Any
@@ -26,10 +29,29 @@ from mqttring.cluster_tls import add_client_arguments, client_context_from_args
 from mqttring.config import ConfigError, parse_hostport
 from mqttring.config_fields import positive_seconds
 from mqttring.errors import describe_error
-from mqttring.rpc import RPC_KEY_PURPOSE, SECRET_ENV, AuthError, RpcError, call_once, derive_key
+from mqttring.raft.port_probe import identify
+from mqttring.rpc import (
+    RPC_KEY_PURPOSE,
+    SECRET_ENV,
+    AuthError,
+    ProtocolError,
+    RpcClient,
+    RpcError,
+    derive_key,
+)
+
+
+class WrongAddress(Exception):
+    """``--node`` did not answer like a node's cluster address: it answered like another
+    kind of listener (``port_probe``), or with nothing; the message says what it got and
+    what was expected."""
+
 
 #: What a failed call may raise; each becomes one ``error: HOST:PORT: ...`` line.
-CALL_ERRORS = (OSError, EOFError, AuthError, RpcError, trio.TooSlowError)
+CALL_ERRORS = (OSError, EOFError, AuthError, RpcError, trio.TooSlowError, ProtocolError,
+               WrongAddress)
+#: Seconds without the cluster handshake before ``admin_call`` asks what listens there.
+PROBE_AFTER = 1.0
 #: Seconds ``leave`` waits for the node's cluster port to close once it has left.
 EXIT_WAIT = 20.0
 
@@ -60,8 +82,67 @@ def _call(args: argparse.Namespace, kind: str, body: dict[str, Any], timeout: fl
         tls = client_context_from_args(args)
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
-    return trio.run(partial(call_once, args.node, _key(args), "admin", kind, body, timeout,
-                            tls=tls))
+    return trio.run(partial(admin_call, args.node, _key(args), kind, body, timeout, tls=tls,
+                            command=args.command_name))
+
+
+async def admin_call(address: str, key: bytes, kind: str, body: dict[str, Any],
+                     timeout: float, *, tls: ssl.SSLContext | None = None,
+                     command: str = "status") -> dict[str, Any]:
+    """``call_once`` for an operator's command, which says so when ``address`` is not a
+    node's cluster address: a ``WrongAddress`` naming what answered there instead.
+
+    While the cluster handshake has not completed ``PROBE_AFTER`` seconds after the start
+    (a node's cluster address answers at once: it speaks first), ``port_probe.identify``
+    asks, on other connections, whether an MQTT, HTTP or TLS listener is there; and once
+    more after a handshake that failed.  The request itself is only ever sent to an address
+    that completed the handshake.
+    """
+    deadline = trio.current_time() + timeout
+    outcome: dict[str, Any] = {}
+
+    async def connect(done: trio.CancelScope) -> None:
+        try:
+            with trio.fail_at(deadline):
+                outcome["client"] = await RpcClient.connect(address, key, "admin", timeout,
+                                                            tls=tls)
+        except Exception as exc:  # re-raised below, outside the nursery (not in a group)
+            outcome["error"] = exc
+        done.cancel()
+
+    async def probe_early(done: trio.CancelScope) -> None:
+        await trio.sleep(min(PROBE_AFTER, timeout / 2))
+        outcome["probed"] = what = await identify(address, tls=tls is None)
+        if what is not None:
+            outcome.setdefault("wrong", what)
+            done.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connect, nursery.cancel_scope)
+        nursery.start_soon(probe_early, nursery.cancel_scope)
+    client: RpcClient | None = outcome.get("client")
+    if client is None:
+        error: BaseException | None = outcome.get("error")
+        what = outcome.get("wrong")
+        # What another listener gives: silence, a close, bytes that are no frame, or (with
+        # cluster TLS) a failed TLS handshake.  Refused or unreachable: nothing to ask.
+        other = isinstance(error, EOFError | ProtocolError | trio.TooSlowError | AuthError)
+        if what is None and other and "probed" not in outcome:
+            what = await identify(address, tls=tls is None)
+        if what is not None:
+            raise WrongAddress(f"answered like {what}; `mqttring {command}` talks to a "
+                               f"node's cluster address (--cluster)")
+        if isinstance(error, trio.TooSlowError):  # not "is a Raft majority reachable?"
+            raise WrongAddress(f"accepted the connection but sent no cluster handshake in "
+                               f"{timeout:g} s: is it a node's cluster address (--cluster), "
+                               f"not its Raft port or another service?")
+        assert error is not None
+        raise error
+    try:
+        with trio.fail_at(deadline):
+            return await client.call(kind, body, timeout)
+    finally:
+        await client.aclose()
 
 
 def _error(args: argparse.Namespace, exc: BaseException) -> int:
@@ -189,14 +270,14 @@ def register(subparsers: Any) -> None:
     _common(status)
     status.add_argument("--json", action="store_true")
     status.add_argument("--shards", action="store_true", help="with --json: the full shard map")
-    status.set_defaults(func=cmd_status)
+    status.set_defaults(func=cmd_status, command_name="status")
     leave = subparsers.add_parser("leave", help="make a node hand its shards away and leave")
     _common(leave)
     leave.add_argument("--member", help="instead remove this (dead) member through --node")
-    leave.set_defaults(func=cmd_leave, timeout=60.0)
+    leave.set_defaults(func=cmd_leave, timeout=60.0, command_name="leave")
     pin = subparsers.add_parser("pin", help="keep a topic subtree (a/b/#) on one shard")
     _common(pin)
     pin.add_argument("subtree", help="e.g. factory/line1/#")
     pin.add_argument("--shard", type=int, help="shard to pin to (default: hash of the subtree)")
     pin.add_argument("--unpin", action="store_true", help="remove the pin instead")
-    pin.set_defaults(func=cmd_pin)
+    pin.set_defaults(func=cmd_pin, command_name="pin")
