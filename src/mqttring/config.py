@@ -263,6 +263,10 @@ class BrokerConfig:
     #: Bind the MQTT and WebSocket ports with SO_REUSEPORT, so that several nodes on one
     #: machine share them (``--workers``; ``mqttring.broker.listeners``).
     reuse_port: bool = False
+    #: Seconds a cleared retained topic's tombstone is kept before it is collected (0 =
+    #: kept for ever): longer than any retry or replay of an older write of the topic can
+    #: take to arrive (``mqttring.broker.retained``).
+    retained_tombstone_seconds: Seconds = 3600.0
     limits: Limits = field(default_factory=Limits)
     store: StoreSettings = field(default_factory=StoreSettings)
     num_shards: Count = 1024

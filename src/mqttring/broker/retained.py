@@ -32,8 +32,16 @@ Keys: the shard, then the topic's UTF-8 bytes.  LMDB keys end at 511 bytes and M
 starts with) and a 32-byte BLAKE2b digest of it instead; the row carries the topic anyway.
 Every node derives the same key from the same topic, so replicas and copies agree.
 
-Tombstones are never garbage-collected yet (one small row per cleared topic, plus its
-version in memory): collecting them safely needs a bound on how late a replay may arrive.
+Tombstones are collected once they are ``retained_tombstone_seconds`` old (one hour by
+default; ``collect_tombstones``): each node deletes its own copies, locally, by the age the
+owner's stamp gives (``seq`` is a wall-clock time in ns).  What a tombstone guards against
+is an older write of the topic arriving after it, and such a write comes late only within
+a node's life (an edge's or owner's retries, bounded by ``cluster_write_patience``; a link
+replayed after a short cut, bounded by ``failure_grace``): what a node queued before it was
+declared down is refused with its old incarnation (``cluster/fencing.py``) and its stale
+rows dropped before it copies the shard again.  Kept for ever, as before 2026-11-29, every
+cleared topic cost a row and its version in memory for the node's life (a fleet that
+retires device topics grew without bound).
 
 The memory side keeps the version of every topic of the shards this node holds (live and
 tombstoned) in ``_versions``, next to the index.  Comparing there, not in the store, keeps
@@ -164,6 +172,9 @@ class RetainedStore:
         self._index: TopicIndex[Message] = TopicIndex()
         #: Version of every stored topic held in memory, tombstones included ($SYS: never).
         self._versions: dict[str, Version] = {}
+        #: Tombstoned topics -> their version's ``seq`` (the owner's wall clock, ns), in
+        #: the order they came here: what ``collect_tombstones`` walks.
+        self._tombstones: dict[str, int] = {}
         #: Last ``seq`` this node stamped: a node's stamps strictly grow even within one ns.
         self._last_seq = 0
         #: Updates and replicated/copied rows dropped for being older than the row held.
@@ -234,11 +245,16 @@ class RetainedStore:
         old = self._index.get(topic)
         if old is not None:
             self.held_bytes -= len(old.payload) + len(topic)
+        tombstones = self._tombstones
         if payload:
             self._index.set(topic, Message(topic, payload, qos, True, props))
             self.held_bytes += len(payload) + len(topic)
+            if tombstones:
+                tombstones.pop(topic, None)
         else:
             self._index.discard(topic)
+            tombstones.pop(topic, None)  # to the end: the walk meets the oldest first
+            tombstones[topic] = version[1]
         return True
 
     def apply_ops(self, ops: Sequence[Put | Delete]) -> None:
@@ -352,6 +368,7 @@ class RetainedStore:
 
     def _forget(self, topic: str) -> None:
         self._versions.pop(topic, None)
+        self._tombstones.pop(topic, None)
         old = self._index.get(topic)
         if old is not None:
             self.held_bytes -= len(old.payload) + len(topic)
@@ -361,6 +378,51 @@ class RetainedStore:
             self._unfile(topic, shard)
         if len(topic) > NAMED_TOPIC_BYTES // 4:
             self._digested.pop(_topic_part(topic), None)
+
+    @property
+    def tombstones(self) -> int:
+        """Cleared topics whose tombstone this node still holds (``/metrics``)."""
+        return len(self._tombstones)
+
+    async def collect_tombstones(self, older_than_ns: int, *,
+                                 slice_size: int = FORGET_SLICE) -> int:
+        """Forget the tombstones stamped before ``older_than_ns`` (wall clock, ns) and
+        delete their rows from this node's store (not replicated: every holder of the
+        shard collects its own copy); a checkpoint every ``slice_size``.  Returns how many
+        were collected.  See the module docstring for why this age is safe."""
+        old = [topic for topic, seq in self._tombstones.items() if seq < older_than_ns]
+        collected = 0
+        for start in range(0, len(old), slice_size):
+            ops: list[Op] = []
+            for topic in old[start:start + slice_size]:
+                seq = self._tombstones.get(topic)
+                if seq is None or seq >= older_than_ns:
+                    continue  # set again (or forgotten) during a checkpoint
+                shard = self._topic_shard.get(topic)  # where it was filed when it came
+                if shard is None:
+                    shard = self.shard_for_topic(topic)
+                ops.append(Delete(_DB, topic_key(shard, topic)))
+                self._forget(topic)
+            if ops and self._store is not None:
+                await self._store.write(ops, Durability.LAZY)
+            collected += len(ops)
+            await trio.lowlevel.checkpoint()
+        return collected
+
+    async def collect_tombstones_every(self, max_age: float, interval: float) -> None:
+        """``collect_tombstones`` of those older than ``max_age`` seconds, every
+        ``interval``; a task of the node's nursery until it is cancelled."""
+        while True:
+            await trio.sleep(interval)
+            try:
+                collected = await self.collect_tombstones(time.time_ns()
+                                                          - int(max_age * 1e9))
+            except Exception:  # the store failed: its own watch stops the node
+                log.exception("retained tombstone collection failed; trying again")
+                continue
+            if collected:
+                log.debug("collected %d retained tombstones older than %.0fs", collected,
+                          max_age)
 
     def topic_of_key(self, key: bytes) -> str | None:
         """The topic a stored key belongs to; None for a digest of no topic held here."""

@@ -78,6 +78,9 @@ log = logging.getLogger("mqttring.broker")
 
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_BACKOFF = 0.1
+#: The longest pause between two retained tombstone collections (seconds); shorter for a
+#: short ``retained_tombstone_seconds`` (a quarter of it, at least a second).
+TOMBSTONE_SWEEP_MAX = 60.0
 
 #: Serves one TLS connection once its handshake is done: (stream, peer, certificate CN).
 TlsServe = Callable[[trio.SSLStream[trio.SocketStream], str, str | None], Awaitable[None]]
@@ -194,6 +197,10 @@ class BrokerNode(BackgroundThread):
                     nursery.start_soon(self._stop_when_store_fails, store)
                 nursery.start_soon(core.delayed_wills.run)  # MQTT 5 will delay
                 nursery.start_soon(core.run_session_expiry)  # MQTT 5 session expiry
+                if store is not None and config.retained_tombstone_seconds > 0:
+                    age = config.retained_tombstone_seconds
+                    nursery.start_soon(retained.collect_tombstones_every, age,
+                                       min(max(age / 4, 1.0), TOMBSTONE_SWEEP_MAX))
                 tcp_listeners: list[trio.SocketListener] | None = None
                 if plane is not None:
                     self.admin = plane.admin

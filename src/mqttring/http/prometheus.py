@@ -133,6 +133,9 @@ class NodeCollector(Collector):
             yield _gauge("retained_bytes", "Payload and topic bytes of the retained messages "
                          "held by this node (what limits.max_retained_bytes bounds).",
                          broker.retained.held_bytes)
+            yield _gauge("retained_tombstones", "Cleared retained topics whose tombstone "
+                         "this node still holds (collected retained_tombstone_seconds after "
+                         "the clear).", broker.retained.tombstones)
             yield CounterMetricFamily("mqttring_retained_refused",
                                       "Retained messages delivered but not retained: this "
                                       "node was at limits.max_retained_bytes or "
