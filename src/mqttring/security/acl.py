@@ -11,11 +11,20 @@ Format (mosquitto.conf(5), ``acl_file``), one directive a line, ``#`` comments::
 a whole topic level, and a pattern naming an identity that contains ``+``, ``#`` or ``/``
 (or ``%u`` for an anonymous client) does not apply to that client.
 
-Decisions, as mosquitto 2.x takes them:
+Decisions, as mosquitto 2.x takes them (``acl__check_default``), in two tiers: first the
+client's own rules (its ``user`` section, or the anonymous ``topic`` lines), then the
+``pattern`` lines, each tier deny first:
 
-* A matching ``deny`` rule refuses, whatever else grants (deny takes precedence).
-* Otherwise a matching rule whose access includes the one asked grants it.
+* A matching ``deny`` rule of the client's own refuses.
+* Otherwise one of its own rules that matches and includes the access asked grants it,
+  whatever the patterns say.
+* Otherwise the patterns decide the same way: a matching ``deny`` pattern refuses, a
+  matching pattern with the access grants.
 * Otherwise it is refused: with an ACL file, anything not granted is denied.
+
+So a user's own grant is not undone by a ``pattern deny`` (before 2026-11-29 every deny
+refused, whatever granted: a file written for mosquitto gave fewer rights here), and a
+user's own ``deny`` is not undone by a pattern's grant.
 * Each message is checked against *read* rules just before it reaches a subscriber, so a
   wildcard subscription never brings a topic the client may not read, retained or queued.
 * A subscription is checked against *read* rules too: it is refused (SUBACK 0x80) when it
@@ -135,18 +144,22 @@ class AclFile:
         return cls.parse(text, str(path))
 
     def rules_for(self, username: str | None, client_id: str) -> Compiled:
-        """The rules that apply to one client, patterns substituted, split by kind."""
+        """The rules that apply to one client: its own, then the patterns substituted,
+        each tier split by kind (see the module docstring for the order)."""
         own = self.anonymous if username is None else self.users.get(username, ())
-        rules: list[tuple[Access, tuple[str, ...]]] = [
-            (r.access, tuple(r.filter.split("/"))) for r in own]
+        mine = [(r.access, tuple(r.filter.split("/"))) for r in own]
+        patterns: list[tuple[Access, tuple[str, ...]]] = []
         for rule in self.patterns:
             levels = _substitute(rule.filter, username, client_id)
             if levels is not None:
-                rules.append((rule.access, levels))
-        deny = tuple(lv for a, lv in rules if a & Access.DENY)
-        read = tuple(lv for a, lv in rules if a & Access.READ)
-        write = tuple(lv for a, lv in rules if a & Access.WRITE)
-        return Compiled(deny, read, write)
+                patterns.append((rule.access, levels))
+        return Compiled((_tier(mine), _tier(patterns)))
+
+
+def _tier(rules: list[tuple[Access, tuple[str, ...]]]) -> Tier:
+    return Tier(tuple(lv for a, lv in rules if a & Access.DENY),
+                tuple(lv for a, lv in rules if a & Access.READ),
+                tuple(lv for a, lv in rules if a & Access.WRITE))
 
 
 def _filter_problem(topic_filter: str, pattern: bool) -> str:
@@ -229,23 +242,40 @@ def covers(outer: tuple[str, ...], inner: tuple[str, ...]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Compiled:
-    """One client's rules, by what they do."""
+class Tier:
+    """Rules of one tier (a client's own, or the patterns), by what they do."""
 
     deny: tuple[tuple[str, ...], ...]
     read: tuple[tuple[str, ...], ...]
     write: tuple[tuple[str, ...], ...]
 
-    def allows(self, granting: tuple[tuple[str, ...], ...], topic: str) -> bool:
-        if any(matches(levels, topic) for levels in self.deny):
-            return False
-        return any(matches(levels, topic) for levels in granting)
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """One client's rules: its own tier, then the patterns' (module docstring)."""
+
+    tiers: tuple[Tier, ...]
+
+    def allows(self, write: bool, topic: str) -> bool:
+        """May the client write (else read) ``topic``?  The first tier with a matching
+        rule decides, deny first."""
+        for tier in self.tiers:
+            if any(matches(levels, topic) for levels in tier.deny):
+                return False
+            if any(matches(levels, topic) for levels in (tier.write if write else tier.read)):
+                return True
+        return False
 
     def may_subscribe(self, topic_filter: str) -> bool:
+        """Refused when the first tier that speaks of it denies all of it, or no tier
+        grants any of it (module docstring)."""
         levels = tuple(topic_filter.split("/"))
-        if any(covers(deny, levels) for deny in self.deny):
-            return False
-        return any(overlaps(read, levels) for read in self.read)
+        for tier in self.tiers:
+            if any(covers(deny, levels) for deny in tier.deny):
+                return False
+            if any(overlaps(read, levels) for read in tier.read):
+                return True
+        return False
 
 
 class AccessControl:
@@ -278,7 +308,7 @@ class ClientAccess:
         self._username = username
         self._client_id = client_id
         self._acl: AclFile | None = None
-        self._rules = Compiled((), (), ())
+        self._rules = Compiled(())
         self._cache: dict[tuple[int, str], bool] = {}
 
     @property
@@ -295,10 +325,7 @@ class ClientAccess:
         found = self._cache.get(key)
         if found is None:
             rules = self._rules
-            if kind == 3:
-                found = rules.may_subscribe(topic)
-            else:
-                found = rules.allows(rules.write if kind == 2 else rules.read, topic)
+            found = rules.may_subscribe(topic) if kind == 3 else rules.allows(kind == 2, topic)
             if len(self._cache) >= CLIENT_CACHE_SIZE:
                 self._cache.clear()
             self._cache[key] = found
