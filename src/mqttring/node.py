@@ -161,6 +161,23 @@ def tune_gc(config: BrokerConfig) -> None:
     gc.set_threshold(young, middle, config.gc_full_every)
 
 
+def reloaded_config(args: argparse.Namespace) -> BrokerConfig:
+    """The configuration a SIGHUP reads: as at start-up, except that an empty file is
+    refused (``ConfigError``: the running settings stay).  A file caught empty while it is
+    being rewritten, or truncated by a failed deploy, reads as all defaults, which open the
+    node (anonymous clients in, no password file, no ACL): a security probe turned a locked
+    node open that way.  At start-up an empty file still means the defaults."""
+    path = args.config
+    try:
+        blank = path is not None and not path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        blank = False  # config_from_args says what is wrong with it
+    if blank:
+        raise ConfigError(f"{path} is empty (being written?); send SIGHUP again once it "
+                          "holds the settings")
+    return config_from_args(args)
+
+
 def make_lifecycle(config: BrokerConfig, ready_file: Path | None = None,
                    reload_config: ConfigLoader | None = None,
                    files: NodeFiles | None = None,
@@ -208,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         # The supervisor serves nothing: each worker process loads the files for itself.
         return run_workers(config, args.workers, args, held)
     tune_gc(config)
-    reload_config = None if args.config is None else partial(config_from_args, args)
+    reload_config = None if args.config is None else partial(reloaded_config, args)
     lifecycle = make_lifecycle(config, args.ready_file, reload_config, files, held)
     try:
         return int(trio.run(lifecycle.run))

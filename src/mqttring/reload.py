@@ -26,12 +26,13 @@ from mqttring.config import BrokerConfig
 #: Setting -> when a reloaded value takes effect.  Everything else needs a restart.
 LIVE_SETTINGS: dict[str, str] = {
     "log_level": "at once",
-    "password_file": "at the next CONNECT; this node's connections of users whose entry "
-                     "was removed or changed are closed at once (MQTT 5: DISCONNECT 0x87)",
-    "allow_anonymous": "at the next CONNECT (connected clients stay connected)",
+    "password_file": "at the next CONNECT; connected clients it would not let in are "
+                     "closed at once (docs/security.md, Reload)",
+    "allow_anonymous": "at the next CONNECT; connected clients it would not let in are "
+                       "closed at once (docs/security.md, Reload)",
     "auth_failures_allowed": "at the next CONNECT (failure counts start afresh)",
     "auth_failure_window": "at the next CONNECT (failure counts start afresh)",
-    "acl_file": "at each client's next message (docs/security.md, Reload)",
+    "acl_file": "at once, for connected clients too (docs/security.md, Reload)",
     "limits.max_connections": "at the next CONNECT",
     "limits.max_subscriptions": "at the next SUBSCRIBE",
     "limits.connect_timeout": "for connections accepted after the reload",

@@ -101,6 +101,7 @@ class ClientHandler(ReadPath):
         "token",
         "transport",
         "will",
+        "will_forfeited",
     )
 
     def __init__(self, core: BrokerCore, transport: Transport, timers: ConnectionTimers,
@@ -152,6 +153,9 @@ class ClientHandler(ReadPath):
         self.token = ""
         self.will: Will | None = None
         self.clean_disconnect = False
+        #: The will is not published whatever ends the connection: the broker closed it
+        #: because its login no longer holds (``forfeit_will``).
+        self.will_forfeited = False
         #: Why the connection ended, for the log line (the first reason given wins).
         self.close_reason = ""
         self.finished = False
@@ -257,6 +261,12 @@ class ClientHandler(ReadPath):
             self._unpark()  # its task comes back, finds it closed, and ends it
         elif self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def forfeit_will(self) -> None:
+        """No will for this connection: its identity was revoked (a reload of the login
+        settings or the password file), and what it left to say in that name is not said
+        (mosquitto does not publish it either)."""
+        self.will_forfeited = True
 
     def goodbye(self, reason_code: int) -> None:
         """MQTT 5: queue DISCONNECT with ``reason_code``; nothing for a 3.1.1 client.

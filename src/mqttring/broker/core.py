@@ -53,6 +53,7 @@ from mqttring.broker.flow import FlowControl
 from mqttring.broker.metrics import BrokerMetrics
 from mqttring.broker.refusals import PublishRefused
 from mqttring.broker.router import Router
+from mqttring.broker.security_reload import SecurityReload
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import (
     SESSION_SWEEP_INTERVAL,
@@ -61,7 +62,7 @@ from mqttring.broker.sessions import (
     SessionUnavailable,
 )
 from mqttring.broker.subscribing import Subscriptions
-from mqttring.config import BrokerConfig, ConfigError
+from mqttring.config import BrokerConfig
 from mqttring.logs import clipped
 from mqttring.lsm import Durability
 from mqttring.protocol.connection import (
@@ -79,7 +80,7 @@ from mqttring.protocol.packets5 import Connect5, Will5
 from mqttring.protocol.session import Session
 from mqttring.protocol.session5 import ClientLimits5, V5Session
 from mqttring.security.acl import AccessControl, AclFile, ClientAccess
-from mqttring.security.auth import Authenticator, AuthOutcome, revoked_users
+from mqttring.security.auth import Authenticator, AuthOutcome
 from mqttring.security.passwords import PasswordFile
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ ManagerFactory = Callable[["BrokerCore"], SessionManager]
 
 
 
-class BrokerCore:
+class BrokerCore(SecurityReload):
     """See the module docstring.
 
     The router and the session manager need the core (its sessions, its ``wake``) and the
@@ -159,21 +160,18 @@ class BrokerCore:
         Read where they are used: logins and ``max_connections`` at each CONNECT, limits
         of a connection when it starts, ``session_limits`` when a session is created.  A
         changed login setting or ACL path builds a new ``Authenticator``/``AccessControl``
-        first (reading its file: a bad one raises ``ConfigError`` and nothing changes).
+        first (reading its file: a bad one raises ``ConfigError`` and nothing changes),
+        then applies it to the clients already connected (``security_reload``).
         """
         old = self.config
-        auth, acl = self.auth, self.acl
-        revoked = frozenset[str]()
+        old_auth, old_acl = self.auth, self.acl
+        auth, acl = old_auth, old_acl
         if login_settings(old) != login_settings(config):
             auth = Authenticator.from_config(config)
-            revoked = revoked_users(self.auth, auth)
         if old.acl_file != config.acl_file:
             acl = AccessControl(config.acl_file) if config.acl_file is not None else None
         self.config, self.auth, self.acl = config, auth, acl
-        if revoked:
-            # Another password file (its path changed): the entries to compare are the old
-            # file's and the new one's, not the new one's with itself (``reload_security``).
-            self._close_revoked(revoked)
+        self.security_changed(old_auth, old_acl)
         self.limits = config.limits
         self.limits5 = limits5(config)
         self.session_limits = session_limits(config)
@@ -215,66 +213,6 @@ class BrokerCore:
         if restore is not None:
             restore(restored)
         return len(restored)
-
-    def reload_security(self) -> None:
-        """Re-read the password file and the ACL file (the reload hook's call; SIGHUP).
-
-        Each file is swapped in whole if it parses and left as it was if not; both are
-        tried, then the first error (a ``ConfigError`` naming the file and line) is raised.
-        It reads two small files: cheap, but a caller in the event loop may prefer
-        ``trio.to_thread.run_sync(core.reload_security)`` (each swap is one assignment).
-
-        A user whose password-file entry was removed or changed is disconnected from this
-        node, as mosquitto 2 does (MQTT 5: DISCONNECT 0x87, not authorized; the close is
-        logged with that reason): its old password no longer logs in, so neither may a
-        connection it opened stay.  Only the entries are compared, no password is kept.
-        A client whose certificate CN is its username (``use_identity_as_username``) is
-        not affected.  The closes run on the event loop, from whichever thread this is.
-        """
-        errors: list[ConfigError] = []
-        auth, revoked = self.auth, frozenset[str]()
-        for holder in (auth, self.acl):
-            if holder is None:
-                continue
-            try:
-                changed = holder.reload()
-            except ConfigError as exc:
-                log.error("not reloaded, the previous rules stay in force: %s", exc)
-                errors.append(exc)
-            else:
-                if holder is auth and changed:
-                    revoked = changed
-
-        if revoked:
-            self._close_revoked(revoked)
-        if errors:
-            raise errors[0]
-
-    def _close_revoked(self, revoked: frozenset[str]) -> None:
-        """Close this node's connections of the users in ``revoked`` (their password-file
-        entry was removed or changed), on the event loop, from whichever thread this is."""
-
-        def disconnect() -> None:
-            by_certificate = self.config.use_identity_as_username
-            for handler in list(self.clients.values()):
-                connect = handler.conn.connect
-                if connect is None or connect.username not in revoked:
-                    continue
-                if by_certificate and handler.transport.secure:
-                    continue  # its certificate logged it in, not the password file
-                handler.kick(f"the password-file entry of user {connect.username!r} was "
-                             "removed or changed", 0x87)  # MQTT 5: not authorized
-
-        try:
-            trio.lowlevel.current_trio_token()
-        except RuntimeError:  # a worker thread (SIGHUP) or an embedder's own thread
-            try:
-                if self._trio_token is not None:
-                    trio.from_thread.run_sync(disconnect, trio_token=self._trio_token)
-            except trio.RunFinishedError:
-                pass  # the node stopped meanwhile: every connection is closed anyway
-        else:
-            disconnect()
 
     # -- events -----------------------------------------------------------------------------
 
@@ -394,6 +332,7 @@ class BrokerCore:
             return []  # taken over while we were asking
         handler.session = session
         session.access = access  # before accept: what it sends from its queue is checked
+        session.username = packet.username  # for the ACL's view again after a reload
         self._bind_protocol(handler, session)
         # As sent: bounded by the session expiry in force when the connection ends
         # (``effective_will``), which its DISCONNECT may change.

@@ -348,6 +348,9 @@ class LocalSessions:
         # Bounded by the session expiry in force now (a DISCONNECT may have changed it).
         will = effective_will(handler.will, handler.conn.v5)
         handler.will = None
+        if will is not None and handler.will_forfeited:
+            log.info("will of %r not published: its login was revoked", handler.client_id)
+            return
         if will is not None and not handler.clean_disconnect and not self.core.shutting_down:
             access = handler.session.access if handler.session is not None else None
             client_id = handler.client_id or ""

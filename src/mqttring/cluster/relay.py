@@ -356,6 +356,7 @@ class SessionRelay:
         client_id, v5 = message.client_id, message.v5
         # The ACL's view of the client, before attach: queued messages are checked too.
         session.access = self.core.access_for(message.username, client_id)
+        session.username = message.username
         # Its protocol: an MQTT 5 client's session output is encoded as v5 here.
         self.core.bind_protocol(session, None if v5 is None else ClientLimits5(
             v5.max_packet_size, v5.receive_maximum, v5.topic_alias_maximum,

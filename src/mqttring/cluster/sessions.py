@@ -271,7 +271,10 @@ class ClusterSessions(HomeRegistry, LocalSessions):
         self.by_token.pop(handler.token, None)
         session = handler.session
         assert session is not None
-        owed_will = not handler.clean_disconnect and not self.core.shutting_down
+        owed_will = (not handler.clean_disconnect and not handler.will_forfeited
+                     and not self.core.shutting_down)
+        if handler.will_forfeited and handler.will is not None:
+            log.info("will of %r not published: its login was revoked", session.client_id)
         handler.owed_will = owed_will
         will_delay_at_least = 0.0
         if handler.token in self._moved:

@@ -157,6 +157,9 @@ class Session(QoS2Handshakes):
     #: What the client may read (``mqttring.security.acl.ClientAccess``); None: anything.
     #: Set by whoever binds the client's connection; it is not stored.
     access: ReadAccess | None = None
+    #: Who the client logged in as (None: anonymous), set with ``access``: a reload that
+    #: changes the ACL file gives the session the new file's view of it.  Not stored.
+    username: str | None = None
     #: The MQTT 5.0 side (``session5.V5Session``) while the client speaks v5; None: 3.1.1.
     v5: V5Session | None = None
     #: MQTT 5 Session Expiry Interval: the wall-clock time (UNIX seconds) at which this
