@@ -406,7 +406,7 @@ async def test_a_will_whose_durable_write_is_cancelled_under_it_ends_nothing_els
 
     core.router.publish = refused  # type: ignore[method-assign]
     closed = SimpleNamespace(will=Will("wills/dev", b"gone", 1, False),
-                             clean_disconnect=False, client_id="dev",
+                             clean_disconnect=False, will_forfeited=False, client_id="dev",
                              close_reason="taken over by a new connection", session=None,
                              conn=SimpleNamespace(v5=None))
     await core.manager.publish_will(closed)  # type: ignore[arg-type]
