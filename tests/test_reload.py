@@ -46,3 +46,13 @@ def test_mqtt5_connection_settings_reload_for_new_connections():
     assert plan.needs_restart == ()
     assert (plan.config.response_information, plan.config.limits.max_keepalive,
             plan.config.limits.topic_alias_maximum_out) == ("r/", 60, 8)
+
+
+def test_the_limits_documented_as_live_are_applied_for_new_sessions():
+    """docs/configuration.md says a SIGHUP applies ``qos2_dedup_window`` to sessions created
+    after it, like ``max_inflight``; the node said it needed a restart (a probe)."""
+    old = BrokerConfig()
+    new = replace(old, limits=replace(old.limits, qos2_dedup_window=16, max_inflight=64))
+    plan = plan_reload(old, new)
+    assert plan.needs_restart == ()
+    assert "limits.qos2_dedup_window 4096 -> 16" in [c.describe() for c in plan.applied]

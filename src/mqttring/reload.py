@@ -46,6 +46,7 @@ LIVE_SETTINGS: dict[str, str] = {
     "limits.max_queued": "for sessions created after the reload",
     "limits.max_outgoing_buffer": "for sessions created after the reload",
     "limits.queued_message_ttl": "for sessions created after the reload",
+    "limits.qos2_dedup_window": "for sessions created after the reload",
 }
 
 

@@ -399,6 +399,12 @@ class MetadataService(MetadataRequests):
         with trio.move_on_at(deadline):
             while True:
                 for address in self._join_via:
+                    # Cut short by the deadline, this try is what the error names: an
+                    # address that took the request and never answered (a member whose
+                    # cluster cannot commit the join without a Raft majority, or a service
+                    # that is not a member's cluster address).
+                    last = (f"{address}: asked, no answer in time (is a Raft "
+                            "majority of the cluster up? is it a member's cluster address?)")
                     try:
                         answer = await call_once(address, self._rpc_key, self.node_id, kind,
                                                  body, timeout=10.0, tls=self.client_tls)
