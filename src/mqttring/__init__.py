@@ -8,7 +8,7 @@ the broker takes about a second, during which the node must already hold stop si
 
 from __future__ import annotations
 
-import importlib
+from mqttring.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,17 +33,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mqttring' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups do not come here again
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports('mqttring', _EXPORTS, globals())
 
 
 __all__ = [

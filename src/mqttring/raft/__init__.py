@@ -13,7 +13,7 @@ stop signals (``mqttring.stop_signals``).
 
 from __future__ import annotations
 
-import importlib
+from mqttring.lazy_exports import lazy_exports
 
 TYPE_CHECKING = False  # type checkers take it as typing.TYPE_CHECKING; importing typing: 10 ms
 
@@ -36,17 +36,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mqttring.raft' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups do not come here again
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports('mqttring.raft', _EXPORTS, globals())
 
 
 __all__ = [
