@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from mosquitto_support import mosquitto
 from mqtt_client import PUBACK, PUBLISH, SUBACK, RawClient, publish, subscribe
-from mqttring.raft.localcluster import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,22 +68,6 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
         except OSError:
             assert proc.poll() is None and time.monotonic() < deadline, "broker did not start"
             time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def _mosquitto(tmp_path: Path, acl: Path) -> Iterator[int]:
-    port = free_port()
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nacl_file {acl}\n"
-                    + ("user root\n" if os.geteuid() == 0 else ""))
-    proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        _wait_listening(port, proc)
-        yield port
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 @contextlib.contextmanager
@@ -135,7 +118,8 @@ def _round_trip(port: int, username: str | None, client_id: str, topic: str) -> 
 def test_own_rules_decide_before_patterns_as_in_mosquitto(tmp_path: Path) -> None:
     acl = tmp_path / "acl"
     acl.write_text(ACL)
-    with _mosquitto(tmp_path, acl) as theirs, _node(tmp_path, acl) as ours:
+    settings = f"allow_anonymous true\nacl_file {acl}\n"
+    with mosquitto(tmp_path, settings) as theirs, _node(tmp_path, acl) as ours:
         expected = {case: _round_trip(theirs, *case) for case in CASES}
         got = {case: _round_trip(ours, *case) for case in CASES}
     assert expected[("alice", "alice1", "alice/alice1")], "mosquitto's own-rules-first"

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from cluster_support import HOST, NodeCluster
+from mqttring.raft.localcluster import free_base_port
 from mqttring.raft.localcluster import free_port as _free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -191,24 +192,8 @@ def _devcluster(data_dir: Path, base: int, out: Path) -> subprocess.Popen[bytes]
              str(data_dir), "--base-port", str(base)], stdout=sink, stderr=subprocess.STDOUT)
 
 
-def _free_base() -> int:
-    """A base port with base+0..2 and base+10..12 free right now."""
-    for _ in range(50):
-        base = _free_port() // 10 * 10
-        if base + 20 > 65535:
-            continue
-        try:
-            for offset in (0, 1, 2, 10, 11, 12):
-                with socket.socket() as s:
-                    s.bind((HOST, base + offset))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free port range")
-
-
 def test_make_cluster_runs_twice_and_ctrl_c_stops_every_node(tmp_path):
-    data_dir, base = tmp_path / "dev", _free_base()
+    data_dir, base = tmp_path / "dev", free_base_port()
     for run in (1, 2):
         out = tmp_path / f"run{run}.out"
         proc = _devcluster(data_dir, base, out)

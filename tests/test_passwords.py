@@ -7,8 +7,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
-import socket
 import stat
 import subprocess
 import sys
@@ -18,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from mosquitto_support import mosquitto
 from mqttring.cli import main as cli
 from mqttring.config import BrokerConfig, ConfigError
-from mqttring.raft.localcluster import free_port as _free_port
 from mqttring.security.passwords import (
     PasswordFile,
     PasswordFileError,
@@ -287,31 +285,9 @@ def test_passwd_prompts_twice(tmp_path, monkeypatch, capsys):
     assert PasswordFile.load(f).get("alice").verify(b"s3cret")
 
 
-@contextlib.contextmanager
-def _mosquitto(tmp_path: Path, password_file: Path) -> Iterator[int]:
+def _mosquitto(tmp_path: Path, password_file: Path) -> contextlib.AbstractContextManager[int]:
     """A real mosquitto broker using ``password_file`` (no anonymous clients); its port."""
-    port = _free_port()
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\n"
-                    f"password_file {password_file}\n"
-                    + ("user root\n" if os.geteuid() == 0 else ""))
-    broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 15
-        while True:  # bounded: until mosquitto listens
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert broker.poll() is None and time.monotonic() < deadline, "no mosquitto"
-                time.sleep(0.05)
-        yield port
-    finally:
-        broker.kill()
-        broker.wait(10)
-        assert broker.stdout is not None
-        broker.stdout.close()
+    return mosquitto(tmp_path, f"allow_anonymous false\npassword_file {password_file}\n")
 
 
 @contextlib.contextmanager

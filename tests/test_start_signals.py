@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mqttring.raft.localcluster import free_port
+from mqttring.raft.localcluster import free_base_port, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,21 +96,6 @@ def _pids_running_under(directory: Path) -> list[int]:
     return found
 
 
-def _free_base() -> int:
-    """A base port for a 2-node dev cluster: base+0..2 and base+10..12 free right now (a
-    port taken would end the start before the signal this test is about)."""
-    for _ in range(50):
-        base = free_port() // 10 * 10
-        try:
-            for offset in (0, 1, 2, 10, 11, 12):
-                with socket.socket() as s:
-                    s.bind((HOST, base + offset))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free port range")
-
-
 @pytest.mark.parametrize(("when", "signum"), [
     ("trio._core._run", signal.SIGTERM),
     ("mqttring.raft.service", signal.SIGINT),
@@ -163,7 +147,7 @@ def test_a_signal_at_any_moment_of_a_dev_clusters_start_stops_every_node(tmp_pat
     up to its store, Raft or join).  The dev cluster exits 0 without a traceback, and no
     node it started is left running."""
     data_dir = tmp_path / "dev"
-    base = _free_base()
+    base = free_base_port()
     dev = Proc(tmp_path / "dev.out", "-m", "mqttring.devcluster", "--nodes", "2",
                "--data-dir", str(data_dir), "--base-port", str(base))
     procs.append(dev)

@@ -70,6 +70,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_base_port(offsets: tuple[int, ...] = (0, 1, 2, 10, 11, 12)) -> int:
+    """A base port with ``base + offset`` free right now for every offset (a dev cluster's
+    ports: ``mqttring.devcluster`` numbers its nodes' ports from one base)."""
+    for _ in range(50):
+        base = free_port() // 10 * 10
+        try:
+            for offset in offsets:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise OSError("no free port range")
+
+
 @dataclass
 class Proc:
     node_id: str
