@@ -291,6 +291,9 @@ class Supervisor:
         #: Why the supervisor failed (one line for stderr), or None.
         self.error: str | None = None
         self._scope: trio.CancelScope | None = None
+        #: Workers whose process is being created: already visible as children of this
+        #: process, not yet in ``_running()``; counted when a stop signal is logged.
+        self._creating = 0
         # The lifeline: every worker inherits the read end, only this process holds the
         # write end (os.pipe() fds are not inheritable), so when this process ends, however
         # it ends (kill -9 included), each worker reads EOF and stops (``worker_main``).
@@ -307,9 +310,13 @@ class Supervisor:
             # Shielded: a stop signal while the process is being created must not lose it
             # (then ``_stop_all`` would not know about it).
             with trio.CancelScope(shield=True):
-                worker.process = await trio.lowlevel.open_process(
-                    _command(self.plan, worker, self._lifeline_read), env=self.plan.env,
-                    pass_fds=(self._lifeline_read,))
+                self._creating += 1
+                try:
+                    worker.process = await trio.lowlevel.open_process(
+                        _command(self.plan, worker, self._lifeline_read),
+                        env=self.plan.env, pass_fds=(self._lifeline_read,))
+                finally:
+                    self._creating -= 1
         except OSError as exc:
             raise StartError(f"cannot start worker {worker.node_id}: {exc}") from None
 
@@ -387,7 +394,8 @@ class Supervisor:
                     self.hup_pending = True
                 continue
             log.info("signal %s: stopping %d workers%s", signal.Signals(signum).name,
-                     len(self._running()), "" if self.ready else " (starting)")
+                     len(self._running()) + self._creating,
+                     "" if self.ready else " (starting)")
             self._stop()
             return
 
