@@ -272,7 +272,8 @@ class RawClient:
         self, host: str, port: int, timeout: float = 5.0, rcvbuf: int | None = None,
         source: str | None = None,
     ) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         if source is not None:
             self.sock.bind((source, 0))  # another loopback address: another client host
         if rcvbuf is not None:

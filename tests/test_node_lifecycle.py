@@ -245,6 +245,29 @@ def test_ipv6_addresses_the_node_logs_are_bracketed(tmp_path, nodes):
         result.stderr.splitlines(), result.stderr
 
 
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_clients_address_is_bracketed_in_logs_and_the_api(tmp_path, nodes):
+    """A client from ``::1`` was logged and listed by the API as ``::1:PORT``, an address
+    whose port cannot be told from its own colons."""
+    import httpx
+
+    node = Node(tmp_path, "--mqtt", "[::1]:0", "--http", f"{HOST}:0")
+    nodes.append(node)
+    info = node.wait_ready()
+    client = RawClient("::1", info["mqtt"])
+    try:
+        assert client.connect("v6-client").return_code == 0
+        port = client.sock.getsockname()[1]
+        line = node.wait_line("'v6-client' connected from")
+        assert f"connected from [::1]:{port} " in line, line
+        listed = httpx.get(f"http://{HOST}:{info['http']}/api/v1/clients?client=v6-client",
+                           timeout=10).json()
+        assert listed["address"] == f"[::1]:{port}", listed
+    finally:
+        client.close()
+    assert node.signal_and_wait(signal.SIGTERM) == 0
+
+
 @pytest.mark.parametrize("case", ["busy", "not-local"])
 def test_a_raft_address_that_cannot_be_bound_is_one_line_and_exit_1(tmp_path, case):
     """pysyncobj retries such a bind for ever, silently: the node sat there with its

@@ -61,7 +61,7 @@ from typing import Any
 import msgpack
 import trio
 
-from mqttring.config import BrokerConfig, ConfigError, parse_hostport
+from mqttring.config import BrokerConfig, ConfigError, format_hostport, parse_hostport
 from mqttring.errors import ListenError
 from mqttring.tcp_options import for_cluster
 
@@ -352,7 +352,7 @@ class RpcServer:
     async def _handle_connection(self, tcp: trio.SocketStream) -> None:
         try:
             host, port = tcp.socket.getpeername()[:2]
-            address = f"{host}:{port}"
+            address = format_hostport(host, port)
         except OSError:
             address = "?"
         stream: trio.abc.Stream = tcp

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from mqttring.broker.metrics import BrokerMetrics
-from mqttring.config import BrokerConfig, ConfigError
+from mqttring.config import BrokerConfig, ConfigError, format_hostport
 
 if TYPE_CHECKING:
     from cryptography.x509 import Certificate, CertificateRevocationList
@@ -243,7 +243,7 @@ def peer_of(stream: trio.SocketStream) -> str:
         host, port = stream.socket.getpeername()[:2]
     except OSError:
         return "?"
-    return f"{host}:{port}"
+    return format_hostport(host, port)
 
 
 async def handshake(

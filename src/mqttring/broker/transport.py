@@ -11,6 +11,8 @@ from typing import Protocol
 
 import trio
 
+from mqttring.config import format_hostport
+
 RECEIVE_SIZE = 65536
 #: Closing: how long, and how many bytes, to read and drop from a client that keeps sending
 #: after our last packet, so that closing does not reset the connection (``aclose``).
@@ -54,7 +56,7 @@ class TcpTransport:
         self.sock = sock
         try:
             host, port = sock.getpeername()[:2]
-            self.peer = f"{host}:{port}"
+            self.peer = format_hostport(host, port)
         except OSError:
             self.peer = "?"
 
