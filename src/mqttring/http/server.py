@@ -42,6 +42,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mqttring.http")
 
+
+class _NoBanner(logging.Filter):
+    """Drops hypercorn's "Running on http://... (CTRL + C to quit)": the node logs its own
+    line (the URL, and whether a token is needed), and nobody quits a node with CTRL + C
+    from a service manager's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith("Running on "))
+
+
+_server_log = logging.getLogger("mqttring.http.server")
+_server_log.addFilter(_NoBanner())
+
 GRACEFUL_TIMEOUT = 1.0
 
 
@@ -104,7 +117,7 @@ async def serve_http(broker: MqttRingBroker, *,
     hyper = Config()
     hyper.bind = [format_hostport(host, port)]
     hyper.accesslog = None
-    hyper.errorlog = logging.getLogger("mqttring.http.server")
+    hyper.errorlog = _server_log
     hyper.graceful_timeout = GRACEFUL_TIMEOUT
     # Hypercorn waits for a request's bytes for ever by default (a slow-body client held a
     # connection and its task indefinitely).
