@@ -131,3 +131,52 @@ async def test_a_member_that_answers_garbage_is_skipped_for_the_next(tmp_path: P
         with trio.fail_after(10):
             assert await service._first_answer("info", {}) == {"answered": True}
         nursery.cancel_scope.cancel()
+
+
+async def test_an_admitted_node_whose_replica_hears_nothing_gives_up_in_join_timeout(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A member admits the node, but the cluster's Raft never reaches its replica (here the
+    'cluster' is one member whose Raft peer is an address nobody listens on; in life a
+    firewall, or a ``--raft`` address the members cannot reach).  The node waited for its
+    replica to show it admitted for ever, with no log line; now it logs the wait and gives
+    up after ``join_timeout`` with a ``JoinError`` that names its Raft address."""
+    import logging
+
+    from mqttring.errors import JoinError, sole_exception
+    from mqttring.rpc import RpcServer
+
+    member = RpcServer(MetadataService(config(tmp_path / "m"), tls=None)._rpc_key, "member")
+    silent_raft = f"127.0.0.1:{free_port()}"
+    joins: list[dict] = []
+
+    async def info(body: dict, peer: object) -> dict:
+        return {"raft_peers": [silent_raft]}
+
+    async def join(body: dict, peer: object) -> dict:
+        joins.append(body)
+        return {"incarnation": 1, "epoch": 7}
+
+    member.register("info", info)
+    member.register("join", join)
+    caplog.set_level(logging.INFO, logger="mqttring.raft")
+    async with trio.open_nursery() as outer:
+        port = await outer.start(member.serve, "127.0.0.1:0")
+        cfg = config(tmp_path / "n", join=f"127.0.0.1:{port}", join_timeout=5.0)
+        service = MetadataService(cfg, tls=None)
+        started = trio.current_time()
+        with trio.fail_after(20):
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(service.run)
+            except BaseException as exc:  # the group trio raises
+                error = sole_exception(exc)
+            else:
+                error = None
+        outer.cancel_scope.cancel()
+    assert isinstance(error, JoinError), error
+    assert len(joins) == 1
+    assert f"replica ({cfg.raft})" in str(error) and "join_timeout = 5 s" in str(error)
+    assert 4.5 <= trio.current_time() - started < 15
+    waits = [r.getMessage() for r in caplog.records if "to receive the cluster's log" in
+             r.getMessage()]
+    assert waits and "admitted at epoch 7" in waits[0], caplog.text

@@ -76,6 +76,10 @@ from mqttring.rpc import (
 
 log = logging.getLogger(__name__)
 
+#: Seconds an admitted node waits for its own replica before it logs the wait (a replica
+#: usually catches up within a heartbeat or two).
+ADMISSION_QUIET = 3.0
+
 #: Seconds between two looks at this node's quorum proof, for the lost/regained log lines.
 QUORUM_LOG_POLL = 0.25
 #: How long a leaving node keeps asking to be removed (handing the lead over as needed):
@@ -342,9 +346,23 @@ class MetadataService(MetadataRequests):
         await self._raft.start(raft_peers, self._on_applied)
 
     async def _become_member(self) -> ClusterView:
+        """Bootstrap or join, then wait until our own replica shows us a member.
+
+        Each wait is bounded by ``join_timeout`` (``JoinError``), and logged while it lasts:
+        an admitted node whose Raft address the members cannot reach (a firewall, an
+        address that is not this host's for them) would otherwise sit silent for ever,
+        its ports closed, its replica never receiving the log that admits it."""
         incarnation, admitted = 1, 0
+        bound = self.config.join_timeout
         if not self._join_via:
-            await self._bootstrap()
+            formed = False
+            with trio.move_on_after(bound):
+                await self._bootstrap()
+                formed = True
+            if not formed:
+                raise JoinError(f"this node's Raft ({self.config.raft}) did not elect itself "
+                                f"the leader of its new one-node cluster within "
+                                f"join_timeout = {bound:g} s")
         else:
             incarnation, admitted = await self._join(self._join_deadline)
         # Our own replica may lag the leader: wait until it shows us up in this incarnation,
@@ -352,18 +370,34 @@ class MetadataService(MetadataRequests):
         # node that left was removed, and its new life counts from 1 again, so the replay
         # showed it up in its previous life, and the plane started on that view, then
         # acted on the view in which it was leaving: it refused every client.)
-        while True:
-            standing = admission(self._view, self.node_id, incarnation, admitted)
-            if standing is Admission.MEMBER:
-                # Just admitted (or bootstrapped) by a leader: that is a proof of quorum.
-                self._quorum.proved(trio.current_time())
-                return self._view
-            if standing is Admission.REJOIN and self._join_via:
-                log.warning("%s was marked down before it saw itself up (incarnation %d); "
-                            "joining again", self.node_id, incarnation)
-                incarnation, admitted = await self._join()
-                continue
-            await self._wait_view()
+        raft = self.config.raft
+        waiting = WaitLog(log, f"this node's Raft replica ({raft}) to receive the cluster's "
+                               "log that admits it (if this lasts: can the members reach "
+                               f"{raft}?)")
+        quiet_until = trio.current_time() + ADMISSION_QUIET  # the common wait: no lines
+        with trio.move_on_after(bound) as scope:
+            while True:
+                standing = admission(self._view, self.node_id, incarnation, admitted)
+                if standing is Admission.MEMBER:
+                    waiting.done(f"{self.node_id} admitted")
+                    # Just admitted (or bootstrapped) by a leader: a proof of quorum.
+                    self._quorum.proved(trio.current_time())
+                    return self._view
+                if standing is Admission.REJOIN and self._join_via:
+                    log.warning("%s was marked down before it saw itself up (incarnation "
+                                "%d); joining again", self.node_id, incarnation)
+                    incarnation, admitted = await self._join()
+                    scope.deadline = trio.current_time() + bound
+                    continue
+                if trio.current_time() >= quiet_until:
+                    waiting.failed(f"admitted at epoch {admitted}, this replica is at "
+                                   f"epoch {self._view.epoch}")
+                # Woken every second at least, so that the wait's log lines come.
+                with trio.move_on_after(1.0):
+                    await self._wait_view()
+        raise JoinError(f"admitted by the cluster at epoch {admitted}, but this node's Raft "
+                        f"replica ({raft}) did not receive the log that admits it within "
+                        f"join_timeout = {bound:g} s: can the members reach {raft}?")
 
     async def _bootstrap(self) -> None:
         """Form a one-node cluster (or, after a restart, resume it from the journal)."""
