@@ -149,7 +149,8 @@ class BrokerCore(SecurityReload):
         #: SUBSCRIBE and UNSUBSCRIBE, from the packet to the SUBACK and retained messages.
         self.subscriptions = Subscriptions(self.router, self.manager, session_store, metrics,
                                            lambda: self.limits.max_subscriptions, self.wake,
-                                           self.acl_denied)
+                                           self.acl_denied,
+                                           lambda: self.limits.suback_retained_wait)
         #: MQTT 5 wills waiting for their Will Delay Interval; ``run`` is a task of the
         #: node's nursery (``mqttring.broker.server``).
         self.delayed_wills = DelayedWills(self.router.publish, self.clients.__contains__)

@@ -68,7 +68,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from hashlib import blake2b
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -149,6 +149,15 @@ def make_row(topic: str, payload: bytes | None, qos: int, version: Version,
     return [topic, payload, qos, version[0], version[1]]
 
 
+class RetainedWrite(NamedTuple):
+    """What ``RetainedStore.apply_many`` changed in memory, still to be stored."""
+
+    #: topic -> (its version, its stored row).
+    rows: dict[str, tuple[Version, list[Any]]]
+    #: Whether the write must be durable (a QoS >= 1 message among them).
+    durable: bool
+
+
 class RetainedStore:
     def __init__(
         self,
@@ -225,8 +234,12 @@ class RetainedStore:
         return len(self._index)
 
     def _apply(self, topic: str, payload: bytes | None, qos: int, version: Version,
-               props: PublishProps | None = None) -> bool:
-        """Install a row in memory unless the one held is as new; True if it was installed."""
+               props: PublishProps | None = None, mid: int = 0) -> bool:
+        """Install a row in memory unless the one held is as new; True if it was installed.
+
+        ``mid``: the message's identity, if a cluster gave it one (memory only: a retained
+        copy that a subscriber's session already got live is then recognised as the same
+        message, ``Session.deliver``)."""
         held = self._versions.get(topic)
         if held is not None and held >= version:
             return False
@@ -247,7 +260,7 @@ class RetainedStore:
             self.held_bytes -= len(old.payload) + len(topic)
         tombstones = self._tombstones
         if payload:
-            self._index.set(topic, Message(topic, payload, qos, True, props))
+            self._index.set(topic, Message(topic, payload, qos, True, props, mid))
             self.held_bytes += len(payload) + len(topic)
             if tombstones:
                 tombstones.pop(topic, None)
@@ -479,6 +492,17 @@ class RetainedStore:
         with many retained messages in flight pays one group commit per batch, not one
         per message.  ``$SYS/`` topics stay node-local (see ``update``).
         """
+        await self.store(self.apply_many(messages, epoch=epoch))
+
+    def apply_many(self, messages: Sequence[Message], *,
+                   epoch: int | None = None) -> RetainedWrite:
+        """``update_many``'s first half, in the caller's turn: memory changes now; what
+        to write is returned, for ``store``.
+
+        Apart so that a router can deliver the same messages in the same turn: a
+        subscription registered in between would otherwise find a message both retained
+        and then live (two copies), or a later live message ahead of an older retained one.
+        """
         stamp_epoch = self._epoch() if epoch is None else epoch
         # topic -> (version, stored row); the row is built from the message just applied,
         # which is what memory now holds (no second walk of the index per topic).
@@ -500,13 +524,18 @@ class RetainedStore:
                     topic, payload):
                 continue
             # Always installed: ``_stamp`` returned a version newer than the one held.
-            self._apply(topic, payload, message.qos, version, message.props)
+            self._apply(topic, payload, message.qos, version, message.props, message.mid)
             written[topic] = (version, make_row(topic, payload, message.qos, version,
                                                 message.props))
             durable = durable or message.qos > 0
-        if self._writer is None:
+        return RetainedWrite(written, durable)
+
+    async def store(self, write: RetainedWrite) -> None:
+        """``update_many``'s second half: the rows ``apply_many`` built, in one write."""
+        written = write.rows
+        if self._writer is None or not written:
             return
-        durability = Durability.DURABLE if durable else Durability.LAZY
+        durability = Durability.DURABLE if write.durable else Durability.LAZY
         shard_for_topic = self.shard_for_topic
         while written:
             batches: dict[int, list[Op]] = {}
@@ -563,6 +592,10 @@ class RetainedStore:
     def count_user_topics(self) -> int:
         """Retained topics outside ``$SYS`` (the ``#`` filter skips ``$`` topics)."""
         return self._index.count_outside_dollar()
+
+    def current(self, topic: str) -> Message | None:
+        """The retained message of ``topic`` held now (the object ``matching`` returns)."""
+        return self._index.get(topic)
 
     def matching(
         self, topic_filter: str, owned: Callable[[int], bool] | None = None

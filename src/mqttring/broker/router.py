@@ -153,8 +153,11 @@ class LocalRouter:
 
     async def publish_many(self, messages: Sequence[Message]) -> None:
         retained = [m for m in messages if m.retain]
-        if retained:
-            await self._retained.update_many(retained)
+        # Retained state and delivery change in one turn, stored after: a subscription
+        # registered between the two found a message both retained and then live (two
+        # copies, a probe 20 of 20), or a later message ahead of the retained one.  The
+        # PUBACK still waits for the durable write.
+        write = self._retained.apply_many(retained) if retained else None
         archive = self.archive
         congested: list[Session] = []
         if len(messages) == 1:
@@ -177,6 +180,8 @@ class LocalRouter:
                         for session in self.deliver_to_groups(message, congested):
                             persist[id(session)] = session
             to_persist = list(persist.values())
+        if write is not None:
+            await self._retained.store(write)
         if self._owed_writes:
             to_persist += self._owed_writes
             self._owed_writes = []
@@ -485,6 +490,14 @@ class LocalRouter:
 
     async def retained(self, topic_filter: str) -> list[Message]:
         return self._retained.matching(topic_filter)
+
+    def retained_now(self, topic_filter: str) -> list[Message]:
+        """``retained``, in the caller's turn (``Subscriptions.subscribe_early``)."""
+        return self._retained.matching(topic_filter)
+
+    def retained_current(self, topic: str) -> Message | None:
+        """The retained message ``topic`` holds now (the object ``retained_now`` gave)."""
+        return self._retained.current(topic)
 
     def restore(self, sessions: Sequence[Session]) -> None:
         """Re-register the subscriptions of sessions read back from the store."""

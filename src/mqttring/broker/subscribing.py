@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import trio
+
 from mqttring.broker.metrics import BrokerMetrics
-from mqttring.broker.router import Registration, Router
+from mqttring.broker.router import LocalRouter, Registration, Router
 from mqttring.broker.session_store import SessionStore
 from mqttring.broker.sessions import Forwarded, SessionManager, SessionUnavailable
 from mqttring.broker.shared import is_shared, parse_shared
@@ -38,6 +40,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttring.broker")
 
 
+#: A retained message for a new subscription: the message, the QoS it goes at, and the
+#: filters of the SUBSCRIBE that matched it.
+Gathered = tuple[Message, int, tuple[str, ...]]
+
+
 @dataclass(slots=True)
 class EarlySubscribe:
     """A SUBSCRIBE registered as it was read, for ``on_subscribe`` to finish: the filters'
@@ -49,6 +56,9 @@ class EarlySubscribe:
     codes: list[int]
     registered: list[Registration]
     forwarded: Forwarded | None = None
+    #: One node: the retained messages for it, read in the turn it was registered in
+    #: (``Subscriptions.acknowledge``); None: gathered when it is acknowledged.
+    retained: list[Gathered] | None = None
 
     def abandon(self) -> None:
         for registration in self.registered:
@@ -76,7 +86,8 @@ class Subscriptions:
     def __init__(self, router: Router, manager: SessionManager, session_store: SessionStore,
                  metrics: BrokerMetrics, max_subscriptions: Callable[[], int],
                  wake: Callable[[str], None],
-                 acl_denied: Callable[[str | None, str, str], None]) -> None:
+                 acl_denied: Callable[[str | None, str, str], None],
+                 suback_retained_wait: Callable[[], float] = lambda: 0.0) -> None:
         self.router = router
         self.manager = manager
         self.session_store = session_store
@@ -86,6 +97,8 @@ class Subscriptions:
         self.wake = wake
         #: Counts and logs a subscription the ACL denied (``mqttring.broker.denials``).
         self.acl_denied = acl_denied
+        #: ``limits.suback_retained_wait`` as it is now (see ``acknowledge``).
+        self.suback_retained_wait = suback_retained_wait
 
     def subscribe_early(self, handler: ClientHandler, event: SubscribeRequested
                         ) -> EarlySubscribe:
@@ -101,7 +114,15 @@ class Subscriptions:
         replay = retained_wanted(session, event.topics, event.options)
         codes, registered = self.register(session, event.topics, event.options,
                                            event.subscription_id)
-        return EarlySubscribe(replay, codes, registered)
+        retained = None
+        if isinstance(self.router, LocalRouter):
+            # Read with the registration, in one turn: a message published after it is
+            # delivered live and is not among these; one published before is not live.
+            # (Read at the SUBACK instead, one published between the two came twice.)
+            lookup = self.router.retained_now
+            retained = self._best([(f, q, lookup(f))
+                                   for f, q in self._wanted(event.topics, codes, replay)])
+        return EarlySubscribe(replay, codes, registered, retained=retained)
 
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
@@ -117,12 +138,22 @@ class Subscriptions:
             return
         codes = early.codes
         await self.registered(session, event.topics, early.registered)
-        handler.conn.send_suback(event.packet_id, codes)
-        # The SUBACK leaves now: gathering the retained messages may wait for a failover
-        # (a dead owner's shards, until the view names their replicas), and a client must
-        # not wait that long for its SUBACK.
-        handler.wake()
-        await self.deliver_retained(session, event.topics, codes, early.replay)
+
+        def send_suback() -> bool:
+            handler.conn.send_suback(event.packet_id, codes)
+            handler.wake()
+            return True
+
+        if early.retained is not None:
+            send_suback()
+            assert isinstance(self.router, LocalRouter)
+            # A topic retained anew since the registration sent its new message live: the
+            # older one read then would follow it (out of order), and is left out.
+            current = self.router.retained_current
+            self._send_retained(session, [g for g in early.retained
+                                          if current(g[0].topic) is g[0]])
+            return
+        await self.acknowledge(session, event.topics, codes, early.replay, send_suback)
 
     async def registered(self, session: Session, topics: tuple[tuple[str, int], ...],
                          registered: list[Registration]) -> None:
@@ -182,26 +213,89 @@ class Subscriptions:
             codes.append(qos)
         return codes, registered
 
+    async def acknowledge(self, session: Session, topics: tuple[tuple[str, int], ...],
+                          codes: list[int], replay: list[bool] | None,
+                          send_ack: Callable[[], bool]) -> None:
+        """The SUBACK (``send_ack``: False if it could not be sent, and then nothing
+        follows), then the retained messages [MQTT-3.3.1-6], in one turn once they are
+        gathered, if that takes at most ``suback_retained_wait``.
+
+        In one turn, because a message published after the client saw its SUBACK must
+        reach it after the retained value it follows, and once: gathered after the SUBACK
+        (from another node in a cluster), a retained value came after the live message
+        that replaced it (a probe, 6 to 12 of 12 rounds), or the same message came twice,
+        live and retained.  Bounded, because gathering waits for a failover when an owner
+        has just died (until the view names its replicas), and the client must not wait
+        that long for its SUBACK; past the bound the SUBACK leaves alone.
+        """
+        wanted = self._wanted(topics, codes, replay)
+        if not wanted:
+            send_ack()
+            return
+        wait = self.suback_retained_wait()
+        if self.router.answers_locally:
+            gathered = await self._gather(wanted)  # its own memory: nothing to wait for
+            if send_ack():
+                self._send_retained(session, gathered)
+            return
+        if wait <= 0:
+            if send_ack():
+                self._send_retained(session, await self._gather(wanted))
+            return
+        found: list[Gathered] = []
+        ready = trio.Event()
+
+        async def gather() -> None:
+            found.extend(await self._gather(wanted))
+            ready.set()
+
+        acked = False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gather)
+            with trio.move_on_after(wait):
+                await ready.wait()
+            if not ready.is_set():
+                log.info("retained messages for %r not gathered within %g s: SUBACK sent "
+                         "first", session.client_id, wait)
+                acked = True
+                if not send_ack():
+                    nursery.cancel_scope.cancel()
+                    return
+        if acked or send_ack():
+            self._send_retained(session, found)
+
     async def deliver_retained(
         self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],
         replay: list[bool] | None = None,
     ) -> None:
-        """Retained messages follow the SUBACK [MQTT-3.3.1-6]; one copy per topic even when
-        several new filters match it, at the best QoS any of them grants.  ``replay``
-        (MQTT 5 Retain Handling) says which filters get them; expired ones are not sent.
-        A session with subscription options gets each as a ``RetainedReplay`` naming the
-        filters of this SUBSCRIBE that matched it, so that it carries their Subscription
-        Identifiers only, not those of the client's older subscriptions [MQTT-3.3.4-3]
-        (before 2026-11-29 it carried every matching subscription's, as mosquitto does not)."""
-        best: dict[str, tuple[Message, int, tuple[str, ...]]] = {}
+        """The retained messages for a SUBSCRIBE whose SUBACK has been sent already."""
+        wanted = self._wanted(topics, codes, replay)
+        if wanted:
+            self._send_retained(session, await self._gather(wanted))
+
+    @staticmethod
+    def _wanted(topics: tuple[tuple[str, int], ...], codes: list[int],
+                replay: list[bool] | None) -> list[tuple[str, int]]:
+        """The filters that get retained messages, each with the QoS granted.  ``replay``
+        (MQTT 5 Retain Handling) says which; never a shared subscription [MQTT-4.8.2]:
+        which member would it be for?"""
         if replay is None:
             replay = [True] * len(topics)
-        # Never on a shared subscription [MQTT-4.8.2]: which member would it be for?
-        granted = [(f, code) for (f, _), code, wanted in zip(topics, codes, replay, strict=True)
-                   if code <= 2 and wanted and not is_shared(f)]
+        return [(f, code) for (f, _), code, wanted in zip(topics, codes, replay, strict=True)
+                if code <= 2 and wanted and not is_shared(f)]
+
+    async def _gather(self, granted: list[tuple[str, int]]) -> list[Gathered]:
+        """The retained messages matching ``granted`` (``_best``), from the router."""
+        return self._best([(f, q, await self.router.retained(f)) for f, q in granted])
+
+    @staticmethod
+    def _best(found: list[tuple[str, int, list[Message]]]) -> list[Gathered]:
+        """One per topic even when several filters match it, at the best QoS any of them
+        grants, with the filters that matched; expired ones are left out."""
+        best: dict[str, Gathered] = {}
         now = time.time()  # wall clock: message expiry deadlines are UNIX time
-        for topic_filter, qos in granted:
-            for message in await self.router.retained(topic_filter):
+        for topic_filter, qos, messages in found:
+            for message in messages:
                 if message.props is not None and message.props.expired(now):
                     continue  # MQTT 5 message expiry interval passed [MQTT-3.3.2-5]
                 q = min(message.qos, qos)
@@ -211,10 +305,24 @@ class Subscriptions:
                 else:
                     best[message.topic] = (message if seen[1] < q else seen[0],
                                            max(q, seen[1]), (*seen[2], topic_filter))
+        return list(best.values())
+
+    def _send_retained(self, session: Session,
+                       gathered: list[Gathered]) -> None:
+        """Hand the gathered retained messages to the session, in the caller's turn.
+
+        A session with subscription options gets each as a ``RetainedReplay`` naming the
+        filters of this SUBSCRIBE that matched it, so that it carries their Subscription
+        Identifiers only, not those of the client's older subscriptions [MQTT-3.3.4-3]
+        (before 2026-11-29 it carried every matching subscription's, as mosquitto does
+        not)."""
+        if not gathered:
+            return
         v5 = session.v5
         named = v5 is not None and bool(v5.options)
+        now = time.time()
         sent = 0
-        for message, q, filters in best.values():
+        for message, q, filters in gathered:
             dropped = session.dropped
             session.deliver(RetainedReplay(message, filters) if named else message, q, True,
                             now)
@@ -224,8 +332,7 @@ class Subscriptions:
                     continue  # this QoS 0 copy was dropped over the output limit: not sent
             sent += 1
         self.metrics.messages_sent += sent
-        if best:
-            self.wake(session.client_id)
+        self.wake(session.client_id)
 
     async def on_unsubscribe(self, handler: ClientHandler, event: UnsubscribeRequested) -> None:
         session = handler.session

@@ -381,6 +381,10 @@ class RetainedRow(msgspec.Struct, array_like=True, frozen=True, gc=False):
     qos: QoS
     #: MQTT 5 properties; None for a 3.1.1 message.
     props: Props | None = None
+    #: The message's identity (``Message.mid``; 0: none), so that a subscriber that got
+    #: the message live already takes this copy as the same one.  (A trailing default:
+    #: nodes without it ignore it, and its absence reads as 0.)
+    mid: int = 0
 
 
 class RetainedRows(FrozenMessage, tag="retained"):

@@ -456,7 +456,8 @@ class SessionRelay:
             lambda: subscriptions.registered(session, pairs, registered),
             SubAck(message.packet_id, tuple(codes)) if session.v5 is None
             else SubAck5(message.packet_id, tuple(codes)),
-            lambda: subscriptions.deliver_retained(session, pairs, codes, replay))
+            lambda send_ack: subscriptions.acknowledge(session, pairs, codes, replay,
+                                                       send_ack))
 
     def on_sunsub(self, node: str, message: SessionUnsubscribe
                   ) -> Callable[[], Awaitable[None]] | None:
@@ -479,14 +480,31 @@ class SessionRelay:
     def _answer_in_turn(self, node: str, req: int, session: Session, proxy: SessionProxy,
                         ready: Callable[[], Awaitable[None]],
                         ack: SubAck | UnsubAck | SubAck5 | UnsubAck5,
-                        then: Callable[[], Awaitable[None]] | None = None,
+                        acknowledge: Callable[[Callable[[], bool]], Awaitable[None]]
+                        | None = None,
                         ) -> Callable[[], Awaitable[None]]:
         """Take the request's place in line now (``answer_turn``); what it returns, run in
         a task, waits for ``ready`` and for the answers ahead, writes ``ack`` (the SUBACK
-        or UNSUBACK of the session's protocol) into the session's bytes, runs ``then``
-        (the retained messages), and answers the edge behind those bytes, or refuses at
-        once if anything failed (the edge closes the client now, not after its timeout)."""
+        or UNSUBACK of the session's protocol) into the session's bytes (through
+        ``acknowledge``, if given, which writes the retained messages with it), and answers
+        the edge behind those bytes, or refuses at once if anything failed (the edge
+        closes the client now, not after its timeout)."""
         ahead, mine = proxy.answer_turn()
+        sent = False
+
+        def send_ack() -> bool:
+            nonlocal sent
+            if self.proxies.get(session.client_id) is not proxy \
+                    or session.output is not proxy.output:
+                # The connection that asked is gone (taken over meanwhile, maybe by a
+                # client of the other protocol version: the ack built for it was then
+                # written into the new one's bytes, and failed to encode).
+                return False
+            proxy.output += (session.v5.encode_ack(ack)  # type: ignore[arg-type]
+                             if session.v5 is not None else encode(ack))
+            proxy.wake()
+            sent = True
+            return True
 
         async def finish() -> None:
             answered = False
@@ -494,17 +512,12 @@ class SessionRelay:
                 await ready()
                 if ahead is not None:
                     await ahead.wait()
-                if self.proxies.get(session.client_id) is not proxy \
-                        or session.output is not proxy.output:
-                    # The connection that asked is gone (taken over meanwhile, maybe by a
-                    # client of the other protocol version: the ack built for it was then
-                    # written into the new one's bytes, and failed to encode).
+                if acknowledge is None:
+                    send_ack()
+                else:
+                    await acknowledge(send_ack)
+                if not sent:
                     return
-                proxy.output += (session.v5.encode_ack(ack)  # type: ignore[arg-type]
-                                 if session.v5 is not None else encode(ack))
-                proxy.wake()
-                if then is not None:
-                    await then()
                 self.links.reply(node, req, True)
                 answered = True
             finally:

@@ -108,7 +108,7 @@ class RetainedQueries:
                 newer = newer or answer.epoch > asked_in.epoch
                 for row in answer.rows:
                     found[row.topic] = Message(row.topic, row.payload, row.qos, True,
-                                               PublishProps.from_wire(row.props))
+                                               PublishProps.from_wire(row.props), row.mid)
                 if not answer.more or not answer.rows:
                     return
                 after = answer.rows[-1].topic
@@ -157,6 +157,7 @@ class RetainedQueries:
         matches = sorted((m for m in self._owned_retained(msg.topic_filter) if m.topic > after),
                          key=lambda m: m.topic)
         page = next(in_frames(matches, message_size, self.links.max_frame // 2), [])
-        rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props)) for m in page]
+        rows = [RetainedRow(m.topic, m.payload, m.qos, props_to_wire(m.props), m.mid)
+                for m in page]
         self.links.reply(node, msg.req, True,
                          RetainedRows(rows, len(rows) < len(matches), epoch))
