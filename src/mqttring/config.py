@@ -185,9 +185,10 @@ class Limits:
     pingresp_wait: Seconds = 1.0
     #: Seconds a SUBACK waits for its new subscriptions' retained messages to be gathered
     #: (from their owners, in a cluster), so that it and they leave together, ahead of any
-    #: message published after the client saw the SUBACK, as from one broker.  Past it (a
-    #: failover under way) the SUBACK leaves alone and they follow once gathered; a message
-    #: published meanwhile may then reach the client before them.  0 = SUBACK at once.
+    #: message published after the client saw the SUBACK, as from one broker.  Past it, or
+    #: at once when a node holding some does not answer (a failover under way), the SUBACK
+    #: leaves alone and they follow once gathered; a message published meanwhile may then
+    #: reach the client before them.  0 = SUBACK at once.
     suback_retained_wait: Seconds = 2.0
     #: Seconds without a byte either way after which a TCP connection gives up its task and
     #: waits in the node's parking lot (``mqttring.broker.parking``): an idle connection then

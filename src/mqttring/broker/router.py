@@ -106,8 +106,10 @@ class Router(Protocol):
     def forget(self, session: Session) -> None:
         """Drop every subscription of a session that is going away."""
 
-    async def retained(self, topic_filter: str) -> list[Message]:
-        """Retained messages matching a new subscription."""
+    async def retained(self, topic_filter: str,
+                       stalled: Callable[[], None] | None = None) -> list[Message]:
+        """Retained messages matching a new subscription.  ``stalled`` is called if the
+        answer must wait for a failover (a node that holds some of them does not answer)."""
 
 
 class LocalRouter:
@@ -488,7 +490,8 @@ class LocalRouter:
         if lost:
             self.redispatch(lost, session.client_id)
 
-    async def retained(self, topic_filter: str) -> list[Message]:
+    async def retained(self, topic_filter: str,
+                       stalled: Callable[[], None] | None = None) -> list[Message]:
         return self._retained.matching(topic_filter)
 
     def retained_now(self, topic_filter: str) -> list[Message]:

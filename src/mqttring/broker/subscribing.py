@@ -224,9 +224,10 @@ class Subscriptions:
         reach it after the retained value it follows, and once: gathered after the SUBACK
         (from another node in a cluster), a retained value came after the live message
         that replaced it (a probe, 6 to 12 of 12 rounds), or the same message came twice,
-        live and retained.  Bounded, because gathering waits for a failover when an owner
-        has just died (until the view names its replicas), and the client must not wait
-        that long for its SUBACK; past the bound the SUBACK leaves alone.
+        live and retained.  Not while gathering waits for a failover (a node that holds
+        some of them does not answer: until the view names its replicas), and never past
+        the bound: the client must not wait that long for its SUBACK, which then leaves
+        alone.
         """
         wanted = self._wanted(topics, codes, replay)
         if not wanted:
@@ -243,10 +244,13 @@ class Subscriptions:
                 self._send_retained(session, await self._gather(wanted))
             return
         found: list[Gathered] = []
-        ready = trio.Event()
+        done = False
+        ready = trio.Event()  # gathered, or stalled (waiting for a failover)
 
         async def gather() -> None:
-            found.extend(await self._gather(wanted))
+            nonlocal done
+            found.extend(await self._gather(wanted, ready.set))
+            done = True
             ready.set()
 
         acked = False
@@ -254,9 +258,9 @@ class Subscriptions:
             nursery.start_soon(gather)
             with trio.move_on_after(wait):
                 await ready.wait()
-            if not ready.is_set():
-                log.info("retained messages for %r not gathered within %g s: SUBACK sent "
-                         "first", session.client_id, wait)
+            if not done:
+                log.info("retained messages for %r wait for a failover or are slow: SUBACK "
+                         "sent first", session.client_id)
                 acked = True
                 if not send_ack():
                     nursery.cancel_scope.cancel()
@@ -284,9 +288,11 @@ class Subscriptions:
         return [(f, code) for (f, _), code, wanted in zip(topics, codes, replay, strict=True)
                 if code <= 2 and wanted and not is_shared(f)]
 
-    async def _gather(self, granted: list[tuple[str, int]]) -> list[Gathered]:
+    async def _gather(self, granted: list[tuple[str, int]],
+                      stalled: Callable[[], None] | None = None) -> list[Gathered]:
         """The retained messages matching ``granted`` (``_best``), from the router."""
-        return self._best([(f, q, await self.router.retained(f)) for f, q in granted])
+        return self._best([(f, q, await self.router.retained(f, stalled))
+                           for f, q in granted])
 
     @staticmethod
     def _best(found: list[tuple[str, int, list[Message]]]) -> list[Gathered]:

@@ -60,7 +60,8 @@ class RetainedQueries:
             topic_filter, lambda shard: view.owner(shard) == self.node_id
         )
 
-    async def gather(self, topic_filter: str) -> list[Message]:
+    async def gather(self, topic_filter: str,
+                     stalled: Callable[[], None] | None = None) -> list[Message]:
         """Gather from the owner of the one shard that may hold matches, or from all.
 
         Each owner answers for the shards it owns in a view at least as new as the one it
@@ -69,21 +70,25 @@ class RetainedQueries:
         (what was found is kept: an answer adds topics, never removes one), a few times at
         most and within ``patience``.  A probe killed a node and subscribed at once: the
         owners that took its shards over had not seen that view yet and answered for none
-        of them, and the subscriber got 28 of 30 retained messages, silently."""
+        of them, and the subscriber got 28 of 30 retained messages, silently.
+
+        ``stalled``: called when a node does not answer and the query waits for a view in
+        which others own its shards (the SUBACK then leaves without waiting for it)."""
         if topic_filter.startswith("$SYS"):
             return await self.local.retained(topic_filter)  # each node's own vital signs
         found: dict[str, Message] = {}
         deadline = trio.current_time() + self.patience
         for _ in range(GATHER_ROUNDS):
             view = self.view()
-            if not await self._gather_once(topic_filter, view, found, deadline):
+            if not await self._gather_once(topic_filter, view, found, deadline, stalled):
                 break
             if trio.current_time() >= deadline:
                 break
         return list(found.values())
 
     async def _gather_once(self, topic_filter: str, view: ClusterView,
-                           found: dict[str, Message], deadline: float) -> bool:
+                           found: dict[str, Message], deadline: float,
+                           stalled: Callable[[], None] | None = None) -> bool:
         """One round of ``gather`` by ``view``; True if an owner answered by a newer view
         (the round may have missed shards it no longer owned there)."""
         targets = self.registry.route_targets(topic_filter, view)
@@ -127,6 +132,8 @@ class RetainedQueries:
                     if asked_in.owner(s) == node]
             if not lost:
                 return
+            if stalled is not None:
+                stalled()
             while (remaining := deadline - trio.current_time()) > 0:
                 now = self.view()
                 owners = {now.owner(s) for s in lost} - {None}

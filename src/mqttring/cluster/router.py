@@ -527,8 +527,9 @@ class ClusterRouter:
 
     # -- retained ---------------------------------------------------------------------------
 
-    async def retained(self, topic_filter: str) -> list[Message]:
-        return await self.retained_queries.gather(topic_filter)
+    async def retained(self, topic_filter: str,
+                       stalled: Callable[[], None] | None = None) -> list[Message]:
+        return await self.retained_queries.gather(topic_filter, stalled)
 
     async def on_retained_query(self, node: str, msg: RetainedQuery) -> None:
         await self.retained_queries.on_query(node, msg)
