@@ -41,7 +41,7 @@ from mqttring.cluster.messages import (
     WillDelete,
     WillRegister,
 )
-from mqttring.cluster.sessions import ClusterSessions
+from mqttring.cluster.sessions import ClusterSessions, home_restarted
 from mqttring.cluster.viewchanges import ViewChanges
 from mqttring.config import BrokerConfig
 from mqttring.protocol.packets import Connect, Will
@@ -487,3 +487,29 @@ async def test_a_node_without_a_view_yet_refuses_to_open_a_session() -> None:
     assert "device-1" not in home.registrations
     assert "device-1" not in home.core.sessions
     assert not links.sent
+
+
+def test_a_home_that_stays_the_owner_across_its_death_is_seen_restarting() -> None:
+    """Both replicas of a client shard die: the last holder stays its owner while it is
+    down and as it rejoins, so no view moves the shard, and an edge tells its proxied
+    connections that their home's proxies are gone only by its new incarnation
+    (``home_restarted``; the edge then closes them, as for a move)."""
+    meta = Metadata("n1", "n2", "n3", "n4", "n5")
+    first = meta.view()
+    client_id = next(f"device-{k}" for k in range(1000)
+                     if first.replicas(first.shard_for_client(f"device-{k}")) == ("n2", "n3"))
+    shard = first.shard_for_client(client_id)
+    meta.down("n3")
+    one_down = meta.view()
+    meta.down("n2")
+    both_down = meta.view()
+    meta.join("n2")
+    back = meta.view()
+    assert {one_down.owner(shard), both_down.owner(shard), back.owner(shard)} == {"n2"}
+    assert not home_restarted(first, one_down, "n2")
+    assert not home_restarted(one_down, both_down, "n2")  # down: the same life, ended
+    assert home_restarted(both_down, back, "n2")
+    assert home_restarted(one_down, back, "n2")  # a view in between not installed
+    assert not home_restarted(back, back, "n2")
+    assert not home_restarted(EMPTY_VIEW, first, "n2")
+    assert not home_restarted(both_down, back, None)

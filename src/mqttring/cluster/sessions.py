@@ -89,6 +89,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttring.cluster.sessions")
 
 
+def home_restarted(old: ClusterView, new: ClusterView, home: str | None) -> bool:
+    """Did ``home`` begin a new life between ``old`` and ``new`` (a rejoin: a new
+    incarnation)?  The owner of a shard whose every replica was lost stays its owner while
+    it is down and rejoining (``raft/state.py``), so no move tells the edges of its proxied
+    connections that the proxies it served are gone.  A connection opened with the new life
+    was asked for under a view that already showed it (the new life refuses frames stamped
+    with an older epoch, ``fencing.admit_frame``), so it never counts as restarted here."""
+    if home is None:
+        return False
+    before, after = old.members.get(home), new.members.get(home)
+    return before is not None and after is not None and before.incarnation != after.incarnation
+
+
 class ClusterSessions(HomeRegistry, LocalSessions):
     """The cluster's ``SessionManager``; see the module docstring."""
 
@@ -480,7 +493,7 @@ class ClusterSessions(HomeRegistry, LocalSessions):
     # -- membership changes -----------------------------------------------------------------
 
     async def on_view(self, old: ClusterView, new: ClusterView) -> None:
-        """Wills of clients whose edge died; clients whose home moved reconnect."""
+        """Wills of clients whose edge died; clients whose home moved or restarted reconnect."""
         await self._move_registrations(old, new)
         for handler in list(self.core.clients.values()):
             session = handler.session
@@ -488,6 +501,11 @@ class ClusterSessions(HomeRegistry, LocalSessions):
                 continue
             before, after = self.home(handler.client_id, old), self.home(handler.client_id, new)
             if before == after:
+                if isinstance(session, RemoteSession) and home_restarted(old, new, after):
+                    # Still its home, in a new life: the proxy it served went with the old
+                    # one, and the new life holds the session offline; nothing would reach
+                    # this connection again.  Reconnected as for a move.
+                    self.kick_moved(handler, "its session's home restarted")
                 continue
             if session.clean_session:
                 # Re-register (same token: no takeover) so the new home holds the will.
@@ -555,4 +573,4 @@ class ClusterSessions(HomeRegistry, LocalSessions):
             home = self.home(handler.client_id)
 
 
-__all__ = ["ClusterSessions", "Registration", "RemoteSession"]
+__all__ = ["ClusterSessions", "Registration", "RemoteSession", "home_restarted"]
