@@ -225,3 +225,26 @@ def test_cluster_a_qos2_message_published_with_the_subscribe_comes_once(
         topic = owned_by(view, "c", f"race/cluster/{n}")
         got = published_with_the_subscribe(publisher, subscriber, topic, 2)
         assert [payload for payload, _ in got] == [b"once"], (n, got)
+
+
+@pytest.mark.parametrize("again", ["resubscribe", "unsubscribe-first"])
+def test_cluster_a_qos2_message_got_live_comes_again_retained_on_a_new_subscribe(
+        cluster: NodeCluster, clients: Callable[[str], RawClient], again: str) -> None:
+    """A retained copy carries its message's identity, so that one published with the
+    SUBSCRIBE comes once (above); a later SUBSCRIBE must still get it, retained
+    [MQTT-3.8.4-3], though the session had it live: it is no retry of that delivery."""
+    view = cluster.settle(NODES, timeout=30)
+    publisher, subscriber = Publisher(clients("a")), clients("b")
+    publisher.client.connect(f"again-pub-{again}")
+    subscriber.connect(f"again-sub-{again}")
+    for n in range(3):
+        topic = owned_by(view, "c", f"again/{again}/{n}")
+        assert subscriber.subscribe([(topic, 2)], packet_id=5) == [2]
+        publisher.publish(topic, b"kept", 2, True)
+        assert received(subscriber, topic, 1.0) == [(b"kept", False)]
+        if again == "unsubscribe-first":
+            unsubscribed(subscriber, topic, 6)
+        subscriber.send(subscribe(7, [(topic, 2)]))
+        assert received(subscriber, topic, 1.0, suback=7) == [(b"kept", True)], n
+        publisher.publish(topic, b"", 1, True)
+        unsubscribed(subscriber, topic, 8)

@@ -59,6 +59,9 @@ class EarlySubscribe:
     #: One node: the retained messages for it, read in the turn it was registered in
     #: (``Subscriptions.acknowledge``); None: gathered when it is acknowledged.
     retained: list[Gathered] | None = None
+    #: When it was registered (wall clock): a message delivered live since is not sent
+    #: again as a retained one (``Subscriptions.acknowledge``).
+    registered_at: float = 0.0
 
     def abandon(self) -> None:
         for registration in self.registered:
@@ -112,6 +115,7 @@ class Subscriptions:
         if forwarded is not None:
             return EarlySubscribe(None, [], [], forwarded)
         replay = retained_wanted(session, event.topics, event.options)
+        registered_at = time.time()
         codes, registered = self.register(session, event.topics, event.options,
                                            event.subscription_id)
         retained = None
@@ -122,7 +126,8 @@ class Subscriptions:
             lookup = self.router.retained_now
             retained = self._best([(f, q, lookup(f))
                                    for f, q in self._wanted(event.topics, codes, replay)])
-        return EarlySubscribe(replay, codes, registered, retained=retained)
+        return EarlySubscribe(replay, codes, registered, retained=retained,
+                              registered_at=registered_at)
 
     async def on_subscribe(self, handler: ClientHandler, event: SubscribeRequested) -> None:
         session = handler.session
@@ -153,7 +158,8 @@ class Subscriptions:
             self._send_retained(session, [g for g in early.retained
                                           if current(g[0].topic) is g[0]])
             return
-        await self.acknowledge(session, event.topics, codes, early.replay, send_suback)
+        await self.acknowledge(session, event.topics, codes, early.replay, send_suback,
+                               early.registered_at)
 
     async def registered(self, session: Session, topics: tuple[tuple[str, int], ...],
                          registered: list[Registration]) -> None:
@@ -215,7 +221,7 @@ class Subscriptions:
 
     async def acknowledge(self, session: Session, topics: tuple[tuple[str, int], ...],
                           codes: list[int], replay: list[bool] | None,
-                          send_ack: Callable[[], bool]) -> None:
+                          send_ack: Callable[[], bool], since: float = 0.0) -> None:
         """The SUBACK (``send_ack``: False if it could not be sent, and then nothing
         follows), then the retained messages [MQTT-3.3.1-6], in one turn once they are
         gathered, if that takes at most ``suback_retained_wait``.
@@ -228,6 +234,9 @@ class Subscriptions:
         some of them does not answer: until the view names its replicas), and never past
         the bound: the client must not wait that long for its SUBACK, which then leaves
         alone.
+        ``since``: when the subscriptions were registered (wall clock); a QoS 2 message
+        delivered live since then is not sent again as a retained one (a cluster probe: a
+        message published with the SUBSCRIBE came twice, 13 rounds of 20).
         """
         wanted = self._wanted(topics, codes, replay)
         if not wanted:
@@ -237,11 +246,11 @@ class Subscriptions:
         if self.router.answers_locally:
             gathered = await self._gather(wanted)  # its own memory: nothing to wait for
             if send_ack():
-                self._send_retained(session, gathered)
+                self._send_retained(session, gathered, since)
             return
         if wait <= 0:
             if send_ack():
-                self._send_retained(session, await self._gather(wanted))
+                self._send_retained(session, await self._gather(wanted), since)
             return
         found: list[Gathered] = []
         done = False
@@ -266,7 +275,7 @@ class Subscriptions:
                     nursery.cancel_scope.cancel()
                     return
         if acked or send_ack():
-            self._send_retained(session, found)
+            self._send_retained(session, found, since)
 
     async def deliver_retained(
         self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],
@@ -313,8 +322,8 @@ class Subscriptions:
                                            max(q, seen[1]), (*seen[2], topic_filter))
         return list(best.values())
 
-    def _send_retained(self, session: Session,
-                       gathered: list[Gathered]) -> None:
+    def _send_retained(self, session: Session, gathered: list[Gathered],
+                       since: float = 0.0) -> None:
         """Hand the gathered retained messages to the session, in the caller's turn.
 
         A session with subscription options gets each as a ``RetainedReplay`` naming the
@@ -329,6 +338,8 @@ class Subscriptions:
         now = time.time()
         sent = 0
         for message, q, filters in gathered:
+            if since and message.mid and session.delivered_since(message.mid, since):
+                continue  # it came live after the subscription was made: once is enough
             dropped = session.dropped
             session.deliver(RetainedReplay(message, filters) if named else message, q, True,
                             now)

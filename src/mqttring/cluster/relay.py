@@ -449,6 +449,7 @@ class SessionRelay:
         _check_filters(f for f, _ in pairs)
         options = None if message.options is None else tuple(message.options)
         replay = retained_wanted(session, pairs, options)
+        since = time.time()
         codes, registered = subscriptions.register(session, pairs, options,
                                                    message.subscription_id)
         return self._answer_in_turn(
@@ -457,7 +458,7 @@ class SessionRelay:
             SubAck(message.packet_id, tuple(codes)) if session.v5 is None
             else SubAck5(message.packet_id, tuple(codes)),
             lambda send_ack: subscriptions.acknowledge(session, pairs, codes, replay,
-                                                       send_ack))
+                                                       send_ack, since))
 
     def on_sunsub(self, node: str, message: SessionUnsubscribe
                   ) -> Callable[[], Awaitable[None]] | None:

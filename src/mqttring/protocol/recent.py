@@ -31,6 +31,11 @@ class RecentIds:
     def __len__(self) -> int:
         return len(self._order)
 
+    def came_since(self, mid: int, since: float) -> bool:
+        """Whether ``mid`` was noted (``seen_before``) at ``since`` or later; notes nothing."""
+        at = self._at.get(mid)
+        return at is not None and at >= since
+
     def seen_before(self, mid: int, now: float) -> bool:
         """Whether ``mid`` came within the horizon; notes it if not."""
         at = self._at

@@ -218,7 +218,10 @@ class Session(QoS2Handshakes):
         access = self.access
         if access is not None and not access.may_read(message.topic):
             return
-        if qos == 2 and message.mid and self._delivered_before(message.mid, now):
+        if qos == 2 and message.mid and self._delivered_before(message.mid, now) and not retain:
+            # (A retained copy sent for a new subscription is noted, so that a live copy
+            # after it is known, but never refused: it is no retry, and a client that got a
+            # message live, then subscribes again, gets it again, retained.)
             return
         v5 = self.v5
         if v5 is not None:
@@ -274,6 +277,13 @@ class Session(QoS2Handshakes):
             self.durable_due = True
         if out is not None and qos and len(self.inflight) < self.limits.max_inflight:
             self._pump(out)
+
+    def delivered_since(self, mid: int, since: float) -> bool:
+        """Whether the QoS 2 message ``mid`` was delivered live at ``since`` (wall clock)
+        or later: a new subscription's retained copy of it is then the same message twice
+        (``Subscriptions.acknowledge``)."""
+        recent = self.recent_qos2
+        return recent is not None and recent.came_since(mid, since)
 
     def _delivered_before(self, mid: int, now: float) -> bool:
         """Whether the QoS 2 message ``mid`` came lately (``RecentIds``); notes it."""
