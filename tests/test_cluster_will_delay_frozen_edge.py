@@ -29,39 +29,58 @@ SUBSCRIBE = 8
 DELAY = 10  # seconds: well past the time the edge takes to come back
 
 
+EDGE, WATCHER = "c", "a"  # the client's edge is also its home: its session moves
+
+
+def connect_with_will(cluster: NodeCluster, client_id: str, topic: str, payload: bytes) -> Raw5:
+    """An MQTT 5 client at the edge, persistent, its will delayed by ``DELAY``."""
+    holder = Raw5(HOST, cluster.port(EDGE))
+    holder.send(encode5(Connect5(
+        client_id, clean_start=False, keepalive=60,
+        will=Will5(topic, payload, 1, False,
+                   Properties([(PropertyId.WILL_DELAY_INTERVAL, DELAY)])),
+        properties=Properties([(PropertyId.SESSION_EXPIRY_INTERVAL, 300)]))))
+    assert holder.recv().reason_code == 0  # type: ignore[attr-defined]
+    return holder
+
+
+def freeze_past_declared_down(cluster: NodeCluster) -> float:
+    """SIGSTOP the edge until the watcher's node sees it down, 3 s more, then SIGCONT (it
+    fences itself and closes its clients); when it was declared down (monotonic)."""
+    frozen = cluster.procs[EDGE].popen
+    assert frozen is not None
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 30
+        while cluster.view(WATCHER).members.get(EDGE) != "down":
+            assert time.monotonic() < deadline, "the frozen edge was never declared down"
+            time.sleep(0.1)
+        declared = time.monotonic()
+        # Frozen a while longer: the other nodes take its shards over, the client's
+        # registration (and its will's due time) with them.
+        while time.monotonic() < declared + 3:
+            time.sleep(0.1)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    return declared
+
+
+def watching(cluster: NodeCluster, topic: str) -> Paho5:
+    watcher = Paho5(HOST, cluster.port(WATCHER))
+    watcher.connect()
+    watcher.subscribe(f"{topic}/#", 1)
+    return watcher
+
+
 def test_a_delayed_will_waits_its_delay_when_its_frozen_edge_comes_back(
         fresh_cluster: Callable[..., NodeCluster]) -> None:
     cluster = fresh_cluster()
-    view = cluster.view("a")
-    edge, home, watcher_node = "c", "c", "a"
     topic = unique("frozen-will")
-    watcher = Paho5(HOST, cluster.port(watcher_node))
-    watcher.connect()
-    watcher.subscribe(f"{topic}/#", 1)
-    client_id = view.client_homed_at(home, unique("fw"))
-    holder = Raw5(HOST, cluster.port(edge))
+    watcher = watching(cluster, topic)
+    client_id = cluster.view("a").client_homed_at(EDGE, unique("fw"))
+    holder = connect_with_will(cluster, client_id, f"{topic}/gone", b"late")
     try:
-        holder.send(encode5(Connect5(
-            client_id, clean_start=False, keepalive=60,
-            will=Will5(f"{topic}/gone", b"late", 1, False,
-                       Properties([(PropertyId.WILL_DELAY_INTERVAL, DELAY)])),
-            properties=Properties([(PropertyId.SESSION_EXPIRY_INTERVAL, 300)]))))
-        assert holder.recv().reason_code == 0  # type: ignore[attr-defined]
-        frozen = cluster.procs[edge].popen
-        assert frozen is not None
-        frozen.send_signal(signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + 30
-            while cluster.view(watcher_node).members.get(edge) != "down":
-                assert time.monotonic() < deadline, "the frozen edge was never declared down"
-                time.sleep(0.1)
-            declared = time.monotonic()
-            # Frozen a while longer: the other nodes take its shards over, the client's
-            # registration (and its will's due time) with them.
-            while time.monotonic() < declared + 3:
-                time.sleep(0.1)
-        finally:
-            frozen.send_signal(signal.SIGCONT)  # it fences itself and closes its clients
+        declared = freeze_past_declared_down(cluster)
         # Nothing until the delay has run from the declaration (less a margin for the
         # time the watcher took to see it).
         early = watcher.messages
@@ -86,37 +105,13 @@ def test_a_client_back_within_the_delay_after_its_edge_froze_gets_no_will(
     """The same, and the client connects again (at another node) within the delay: its
     session goes on, and no will is published [MQTT-3.1.3.2.2]."""
     cluster = fresh_cluster()
-    view = cluster.view("a")
-    edge, home, watcher_node = "c", "c", "a"
     topic = unique("frozen-back")
-    watcher = Paho5(HOST, cluster.port(watcher_node))
-    watcher.connect()
-    watcher.subscribe(f"{topic}/#", 1)
-    client_id = view.client_homed_at(home, unique("fb"))
-    holder = Raw5(HOST, cluster.port(edge))
-    again = Paho5(HOST, cluster.port(watcher_node), client_id)
+    watcher = watching(cluster, topic)
+    client_id = cluster.view("a").client_homed_at(EDGE, unique("fb"))
+    holder = connect_with_will(cluster, client_id, f"{topic}/gone", b"never")
+    again = Paho5(HOST, cluster.port(WATCHER), client_id)
     try:
-        holder.send(encode5(Connect5(
-            client_id, clean_start=False, keepalive=60,
-            will=Will5(f"{topic}/gone", b"never", 1, False,
-                       Properties([(PropertyId.WILL_DELAY_INTERVAL, DELAY)])),
-            properties=Properties([(PropertyId.SESSION_EXPIRY_INTERVAL, 300)]))))
-        assert holder.recv().reason_code == 0  # type: ignore[attr-defined]
-        frozen = cluster.procs[edge].popen
-        assert frozen is not None
-        frozen.send_signal(signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + 30
-            while cluster.view(watcher_node).members.get(edge) != "down":
-                assert time.monotonic() < deadline, "the frozen edge was never declared down"
-                time.sleep(0.1)
-            declared = time.monotonic()
-            # Frozen a while longer: the other nodes take its shards over, the client's
-            # registration (and its will's due time) with them.
-            while time.monotonic() < declared + 3:
-                time.sleep(0.1)
-        finally:
-            frozen.send_signal(signal.SIGCONT)
+        declared = freeze_past_declared_down(cluster)
         present, _ = again.connect(clean_start=False,
                                    properties=props(1, SessionExpiryInterval=300))
         assert present

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_support import HOST, NodeCluster, ViewInfo, start_cluster
+from cluster_support import HOST, NodeCluster, start_cluster
 from mqtt_client import (
     PUBACK,
     PUBCOMP,
@@ -190,14 +190,6 @@ def clients(cluster: NodeCluster) -> Iterator[Callable[[str], RawClient]]:
         client.close()
 
 
-def owned_by(view: ViewInfo, node: str, prefix: str) -> str:
-    """A topic under ``prefix`` whose shard ``node`` owns."""
-    for n in range(10_000):
-        if view.owner_of_topic(topic := f"{prefix}/{n}") == node:
-            return topic
-    raise AssertionError(f"no topic under {prefix} owned by {node}")
-
-
 @pytest.mark.parametrize(("qos", "new_retained"), [(1, False), (2, True)],
                          ids=["qos1-live", "qos2-retained"])
 def test_cluster_the_retained_value_comes_before_what_replaced_it(
@@ -210,7 +202,7 @@ def test_cluster_the_retained_value_comes_before_what_replaced_it(
     publisher.client.connect(f"order-pub-{qos}")
     subscriber.connect(f"order-sub-{qos}")
     for n in range(ROUNDS):
-        topic = owned_by(view, "c", f"order/cluster/{qos}/{n}")
+        topic = view.topic_owned_by("c", f"order/cluster/{qos}/{n}")
         got = subscribe_then_publish(publisher, subscriber, topic, qos, new_retained)
         assert got == [(b"old", True), (b"new", False)], (n, got)
 
@@ -222,7 +214,7 @@ def test_cluster_a_qos2_message_published_with_the_subscribe_comes_once(
     publisher.client.connect("race-pub-cluster")
     subscriber.connect("race-sub-cluster")
     for n in range(ROUNDS * 2):
-        topic = owned_by(view, "c", f"race/cluster/{n}")
+        topic = view.topic_owned_by("c", f"race/cluster/{n}")
         got = published_with_the_subscribe(publisher, subscriber, topic, 2)
         assert [payload for payload, _ in got] == [b"once"], (n, got)
 
@@ -238,7 +230,7 @@ def test_cluster_a_qos2_message_got_live_comes_again_retained_on_a_new_subscribe
     publisher.client.connect(f"again-pub-{again}")
     subscriber.connect(f"again-sub-{again}")
     for n in range(3):
-        topic = owned_by(view, "c", f"again/{again}/{n}")
+        topic = view.topic_owned_by("c", f"again/{again}/{n}")
         assert subscriber.subscribe([(topic, 2)], packet_id=5) == [2]
         publisher.publish(topic, b"kept", 2, True)
         assert received(subscriber, topic, 1.0) == [(b"kept", False)]
