@@ -93,7 +93,7 @@ def test_retained_qos0_dropped_on_subscribe_is_not_counted_as_sent() -> None:
     async def store_then_subscribe() -> None:
         for i in range(10):
             await retained.update(Message(f"r/{i}", PAYLOAD, 0, True), persist=False)
-        await subscriptions.deliver_retained(session, (("r/#", 0),), [0])
+        await subscriptions.acknowledge(session, (("r/#", 0),), [0], None, lambda: True)
 
     subscriptions = Subscriptions(router, None, None, metrics,  # type: ignore[arg-type]
                                   lambda: 100, lambda client_id: None, lambda *denied: None)

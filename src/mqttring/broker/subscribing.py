@@ -242,16 +242,6 @@ class Subscriptions:
         if not wanted:
             send_ack()
             return
-        wait = self.suback_retained_wait()
-        if self.router.answers_locally:
-            gathered = await self._gather(wanted)  # its own memory: nothing to wait for
-            if send_ack():
-                self._send_retained(session, gathered, since)
-            return
-        if wait <= 0:
-            if send_ack():
-                self._send_retained(session, await self._gather(wanted), since)
-            return
         found: list[Gathered] = []
         done = False
         ready = trio.Event()  # gathered, or stalled (waiting for a failover)
@@ -265,26 +255,17 @@ class Subscriptions:
         acked = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(gather)
-            with trio.move_on_after(wait):
+            with trio.move_on_after(self.suback_retained_wait()):
                 await ready.wait()
             if not done:
-                log.info("retained messages for %r wait for a failover or are slow: SUBACK "
-                         "sent first", session.client_id)
+                log.debug("retained messages for %r not gathered yet (a failover, or slow): "
+                          "SUBACK sent first", session.client_id)
                 acked = True
                 if not send_ack():
                     nursery.cancel_scope.cancel()
                     return
         if acked or send_ack():
             self._send_retained(session, found, since)
-
-    async def deliver_retained(
-        self, session: Session, topics: tuple[tuple[str, int], ...], codes: list[int],
-        replay: list[bool] | None = None,
-    ) -> None:
-        """The retained messages for a SUBSCRIBE whose SUBACK has been sent already."""
-        wanted = self._wanted(topics, codes, replay)
-        if wanted:
-            self._send_retained(session, await self._gather(wanted))
 
     @staticmethod
     def _wanted(topics: tuple[tuple[str, int], ...], codes: list[int],

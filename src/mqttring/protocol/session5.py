@@ -53,7 +53,7 @@ subscription whose No Local excludes the client's own message is not one it is d
 for: it adds no identifier, no Retain As Published, and not its granted QoS (``own_grant``,
 asked by the router only when the subscriber is the publisher) [MQTT-3.8.3-3, MQTT-3.3.4-3].
 A retained message sent because of a SUBSCRIBE names that SUBSCRIBE's filters
-(``replay_for``, set by ``Subscriptions.deliver_retained``): only their identifiers go with it.
+(``replay_for``, set by ``Subscriptions._send_retained``): only their identifiers go with it.
 """
 
 from __future__ import annotations
