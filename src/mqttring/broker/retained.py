@@ -239,7 +239,7 @@ class RetainedStore:
 
         ``mid``: the message's identity, if a cluster gave it one (memory only: a retained
         copy that a subscriber's session already got live is then recognised as the same
-        message, ``Session.deliver``)."""
+        message: ``Subscriptions._send_retained``, ``Session.deliver``)."""
         held = self._versions.get(topic)
         if held is not None and held >= version:
             return False

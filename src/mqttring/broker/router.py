@@ -492,7 +492,7 @@ class LocalRouter:
 
     async def retained(self, topic_filter: str,
                        stalled: Callable[[], None] | None = None) -> list[Message]:
-        return self._retained.matching(topic_filter)
+        return self.retained_now(topic_filter)
 
     def retained_now(self, topic_filter: str) -> list[Message]:
         """``retained``, in the caller's turn (``Subscriptions.subscribe_early``)."""
